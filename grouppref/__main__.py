@@ -1,0 +1,3 @@
+from grouppref.cli import main
+
+main()

@@ -1,0 +1,43 @@
+"""The ``grouppref`` command line: one subcommand per stage, plus ``run``, ``demo`` and ``label``.
+
+Each subcommand lives in ``grouppref/commands/<area>.py`` and is a thin wrapper over the
+library; this module only assembles them and turns user errors into one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from grouppref.commands import core, demo
+from grouppref.errors import GroupPrefError
+
+app = typer.Typer(
+    name="grouppref",
+    help="Group-wise preference data and training: generate, rank, label, aggregate, "
+    "validate, export, train (GSPO).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+for module in (core, demo):
+    module.register(app)
+
+
+def main() -> None:
+    """Entry point: run the app; a ``GroupPrefError`` prints one red line and exits with 2."""
+    import datasets
+
+    datasets.disable_progress_bars()  # our own progress bars report each stage
+    try:
+        app()
+    except GroupPrefError as e:
+        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

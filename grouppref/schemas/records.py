@@ -1,0 +1,339 @@
+"""The records every stage reads and writes (DESIGN.md §3).
+
+All are pydantic v2 models with ``extra="forbid"``; every float must be finite. Stage outputs
+are ``datasets.Dataset`` with one row per group (see :mod:`grouppref.schemas.arrow`).
+
+Ids are stable hashes so that re-running a stage on the same prompts gives the same ids:
+``group_id = g-<sha256(prompt content)[:16]>`` and ``candidate_id = c-<sha256(group_id, text)[:16]>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from datetime import datetime, timezone
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+MIN_K = 2
+MAX_K = 16
+
+Scalar = str | int | float | bool
+AnnotatorKind = Literal["human", "reward_model", "rule", "llm_judge", "simulated"]
+Split = Literal["train", "test"]
+
+
+def _finite(x: float) -> float:
+    if not math.isfinite(x):
+        raise ValueError(f"must be a finite number, got {x!r}")
+    return x
+
+
+def _non_blank(s: str) -> str:
+    if not s.strip():
+        raise ValueError("must not be empty or whitespace only")
+    return s
+
+
+def _finite_scalars(d: dict[str, Scalar]) -> dict[str, Scalar]:
+    for key, value in d.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"value of {key!r} must be finite, got {value!r}")
+    return d
+
+
+FiniteFloat = Annotated[float, AfterValidator(_finite)]
+NonBlank = Annotated[str, AfterValidator(_non_blank)]
+Id = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^\S+$")]
+Metadata = Annotated[dict[str, Scalar], AfterValidator(_finite_scalars)]
+
+
+class Record(BaseModel):
+    """Base of all records: unknown keys are errors, and assignments are validated too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def normalise_text(text: str) -> str:
+    """Case-folded text with whitespace collapsed: two candidates equal under it are duplicates."""
+    return re.sub(r"\s+", " ", text).strip().casefold()
+
+
+def _short_hash(*parts: str) -> str:
+    digest = hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()
+    return digest[:16]
+
+
+class ChatMessage(Record):
+    """One chat turn."""
+
+    role: Literal["system", "user", "assistant"]
+    content: NonBlank
+
+
+class Prompt(Record):
+    """A prompt: chat ``messages`` or plain ``text`` (exactly one of them)."""
+
+    prompt_id: Id
+    messages: list[ChatMessage] | None = Field(
+        default=None, description="Chat turns; the last one is usually from the user."
+    )
+    text: NonBlank | None = Field(default=None, description="A plain-text prompt.")
+    reference: str | None = Field(
+        default=None, description="Reference answer for rule / verifiable / similarity rankers."
+    )
+    metadata: Metadata = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Prompt:
+        if (self.messages is None) == (self.text is None):
+            raise ValueError("give exactly one of 'messages' or 'text'")
+        if self.messages is not None and not self.messages:
+            raise ValueError("'messages' must hold at least one chat turn")
+        return self
+
+    def as_messages(self) -> list[ChatMessage]:
+        """The prompt as chat turns (plain text becomes one user turn)."""
+        if self.messages is not None:
+            return list(self.messages)
+        return [ChatMessage(role="user", content=self.text or "")]
+
+    def display_text(self) -> str:
+        """A human-readable rendering (for annotators and reports)."""
+        if self.text is not None:
+            return self.text
+        return "\n\n".join(f"[{m.role}] {m.content}" for m in self.messages or [])
+
+    def content_key(self) -> str:
+        """Canonical JSON of what the prompt says (not its id): the basis of ``group_id``."""
+        if self.text is not None:
+            return json.dumps({"text": self.text}, ensure_ascii=False)
+        turns = [[m.role, m.content] for m in self.messages or []]
+        return json.dumps({"messages": turns}, ensure_ascii=False)
+
+
+def make_group_id(prompt: Prompt) -> str:
+    """Stable id of the group built on ``prompt``: a hash of the prompt's content."""
+    return "g-" + _short_hash(prompt.content_key())
+
+
+def make_candidate_id(group_id: str, text: str) -> str:
+    """Stable id of a candidate: a hash of its group id and its text."""
+    return "c-" + _short_hash(group_id, text)
+
+
+class CandidateSource(Record):
+    """Where a candidate came from."""
+
+    kind: Literal["model", "human", "import"]
+    model: str | None = Field(default=None, description="Model id or path that generated it.")
+    params: Metadata = Field(
+        default_factory=dict, description="Sampling parameters (temperature, top_p, ...)."
+    )
+    seed: int | None = None
+
+
+class Candidate(Record):
+    """One candidate answer to a group's prompt."""
+
+    candidate_id: Id
+    text: NonBlank
+    source: CandidateSource
+    num_tokens: int | None = Field(default=None, ge=0)
+    behavior_logp: FiniteFloat | None = Field(
+        default=None, le=0.0, description="Sum of token log-probs under the generating model."
+    )
+
+
+class CandidateGroup(Record):
+    """A prompt with its K candidates (2 <= K <= 16)."""
+
+    group_id: Id
+    prompt: Prompt
+    candidates: list[Candidate] = Field(min_length=MIN_K, max_length=MAX_K)
+
+    @model_validator(mode="after")
+    def _unique_candidates(self) -> CandidateGroup:
+        seen_ids: set[str] = set()
+        seen_texts: dict[str, str] = {}
+        for c in self.candidates:
+            if c.candidate_id in seen_ids:
+                raise ValueError(f"duplicate candidate id {c.candidate_id!r}")
+            seen_ids.add(c.candidate_id)
+            norm = normalise_text(c.text)
+            if norm in seen_texts:
+                raise ValueError(
+                    f"candidates {seen_texts[norm]!r} and {c.candidate_id!r} have the same "
+                    "normalised text"
+                )
+            seen_texts[norm] = c.candidate_id
+        return self
+
+    @property
+    def k(self) -> int:
+        return len(self.candidates)
+
+    def candidate_ids(self) -> list[str]:
+        return [c.candidate_id for c in self.candidates]
+
+
+def check_tiers(tiers: list[list[str]], candidate_ids: list[str]) -> None:
+    """Raise ``ValueError`` unless ``tiers`` hold every candidate id exactly once, none empty."""
+    seen: set[str] = set()
+    for tier in tiers:
+        if not tier:
+            raise ValueError("empty tier in ranking")
+        for cid in tier:
+            if cid in seen:
+                raise ValueError(f"candidate {cid!r} appears twice in the ranking")
+            seen.add(cid)
+    want = set(candidate_ids)
+    if seen - want:
+        raise ValueError(f"ranking names unknown candidates {sorted(seen - want)}")
+    if want - seen:
+        raise ValueError(f"ranking leaves out candidates {sorted(want - seen)}")
+
+
+class Annotator(Record):
+    """Who produced a ranking."""
+
+    id: Id
+    kind: AnnotatorKind
+    name: str | None = None
+    version: str | None = None
+
+
+class Ranking(Record):
+    """One annotator's ranking of one group: ``tiers`` best first, ties share a tier."""
+
+    annotator: Annotator
+    group_id: Id
+    tiers: list[list[Id]] = Field(min_length=1)
+    scores: dict[str, FiniteFloat] | None = Field(
+        default=None, description="Per-candidate scores behind the ranking, if any."
+    )
+    created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> Ranking:
+        ids = [cid for tier in self.tiers for cid in tier]
+        check_tiers(self.tiers, ids)  # no empty tier, no id twice
+        if self.created_at.tzinfo is None:
+            # Naive datetimes are taken as UTC so that the Arrow round trip is lossless.
+            object.__setattr__(self, "created_at", self.created_at.replace(tzinfo=timezone.utc))
+        return self
+
+
+class AnnotatedGroup(CandidateGroup):
+    """A group plus every ranking of it (at most one per annotator)."""
+
+    rankings: list[Ranking] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _rankings_match(self) -> AnnotatedGroup:
+        ids = self.candidate_ids()
+        annotators: set[str] = set()
+        for r in self.rankings:
+            if r.group_id != self.group_id:
+                raise ValueError(
+                    f"ranking by {r.annotator.id!r} is for group {r.group_id!r}, "
+                    f"not {self.group_id!r}"
+                )
+            check_tiers(r.tiers, ids)
+            if r.scores is not None and set(r.scores) - set(ids):
+                raise ValueError(f"scores name unknown candidates {sorted(set(r.scores) - set(ids))}")
+            if r.annotator.id in annotators:
+                raise ValueError(f"annotator {r.annotator.id!r} ranks this group twice")
+            annotators.add(r.annotator.id)
+        return self
+
+
+class PairPreference(Record):
+    """Aggregated preference for one pair: ``p = P(winner > loser)`` and its confidence."""
+
+    winner: Id
+    loser: Id
+    p: FiniteFloat = Field(ge=0.5, le=1.0)
+    weight: FiniteFloat = Field(ge=0.0, le=1.0)
+    votes_for: FiniteFloat = Field(default=0.0, ge=0.0)
+    votes_against: FiniteFloat = Field(default=0.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> PairPreference:
+        if self.winner == self.loser:
+            raise ValueError(f"pair compares {self.winner!r} with itself")
+        return self
+
+
+class Agreement(Record):
+    """How much the rankings of one group agree."""
+
+    num_annotators: int = Field(ge=0)
+    kendall_w: FiniteFloat | None = Field(default=None, ge=0.0, le=1.0)
+    mean_tau: FiniteFloat | None = Field(default=None, ge=-1.0, le=1.0)
+    noise: FiniteFloat | None = Field(
+        default=None, ge=0.0, le=1.0, description="Share of pairwise votes against the consensus."
+    )
+
+
+class ValidatedGroup(AnnotatedGroup):
+    """An annotated group with its aggregate: consensus, strengths, pair preferences."""
+
+    consensus: list[list[Id]] = Field(min_length=1)
+    strengths: dict[str, FiniteFloat]
+    pairs: list[PairPreference] = Field(default_factory=list)
+    agreement: Agreement
+    flags: list[str] = Field(default_factory=list)
+    split: Split | None = None
+
+    @model_validator(mode="after")
+    def _aggregate_matches(self) -> ValidatedGroup:
+        ids = self.candidate_ids()
+        known = set(ids)
+        check_tiers(self.consensus, ids)
+        if set(self.strengths) != known:
+            raise ValueError("strengths must name every candidate exactly once")
+        seen: set[frozenset[str]] = set()
+        for pair in self.pairs:
+            unknown = {pair.winner, pair.loser} - known
+            if unknown:
+                raise ValueError(f"pair names unknown candidates {sorted(unknown)}")
+            key = frozenset((pair.winner, pair.loser))
+            if key in seen:
+                raise ValueError(f"pair {pair.winner!r} / {pair.loser!r} appears twice")
+            seen.add(key)
+        return self
+
+
+class Reject(Record):
+    """A row (or part of a row) a stage could not use, with the reason. Written to rejects.jsonl."""
+
+    stage: str
+    reason: str
+    source: str | None = None
+    row: int | None = None
+    group_id: str | None = None
+    field: str | None = None
+    scope: Literal["row", "part"] = Field(
+        default="row", description="'row': the whole row was left out; 'part': one piece of it."
+    )
+
+    def one_line(self) -> str:
+        where = ", ".join(
+            x for x in (self.source, f"row {self.row}" if self.row is not None else None,
+                        f"group {self.group_id}" if self.group_id else None,
+                        f"field {self.field!r}" if self.field else None) if x
+        )
+        return f"[{self.stage}] {where}: {self.reason}" if where else f"[{self.stage}] {self.reason}"
+
+
+RECORD_TYPES: dict[str, type[Record]] = {
+    cls.__name__: cls
+    for cls in (
+        ChatMessage, Prompt, CandidateSource, Candidate, CandidateGroup, Annotator, Ranking,
+        AnnotatedGroup, PairPreference, Agreement, ValidatedGroup, Reject,
+    )
+}
