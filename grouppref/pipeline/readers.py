@@ -22,6 +22,7 @@ from grouppref.errors import InputFileError, RowError
 from grouppref.pipeline.store import fingerprint_file, sha256_text
 from grouppref.schemas import (
     MAX_K,
+    AnnotatedGroup,
     Candidate,
     CandidateGroup,
     CandidateSource,
@@ -33,6 +34,7 @@ from grouppref.schemas import (
 )
 
 T = TypeVar("T")
+R = TypeVar("R", bound=BaseModel)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 FORMATS = (".jsonl", ".ndjson", ".json", ".csv", ".parquet")
 
@@ -179,8 +181,8 @@ def _to_reject(stage: str, err: RowError) -> Reject:
 
 def _validation_reason(e: ValidationError) -> tuple[str, str]:
     first = e.errors()[0]
-    loc = ".".join(str(x) for x in first["loc"]) or None
-    return first["msg"], loc or ""
+    loc = ".".join(str(x) for x in first["loc"])
+    return first["msg"].removeprefix("Value error, "), loc
 
 
 # -- prompts ----------------------------------------------------------------------------------
@@ -273,6 +275,17 @@ def read_prompts(source: str | Path, mapping: ColumnMapping | None = None, stage
     return result
 
 
+def record_from_row(model: type[R], row: dict[str, Any], source: str, number: int) -> R:
+    """Validate a row in the record's JSON form; a failure names the first bad field."""
+    try:
+        return model.model_validate(row)
+    except ValidationError as e:
+        msg, loc = _validation_reason(e)
+        raise RowError(msg, field=loc or None, source=source, row=number,
+                       group_id=row.get("group_id") if isinstance(row.get("group_id"), str)
+                       else None) from e
+
+
 # -- groups (import) --------------------------------------------------------------------------
 def _response(value: Any, source: str, number: int, column: str) -> tuple[str, str | None]:
     value = _maybe_json(value)
@@ -316,8 +329,10 @@ def build_group(prompt: Prompt, responses: list[tuple[str, str | None]], stage: 
 
 def read_groups(source: str | Path, mapping: ColumnMapping | None = None, stage: str = "import",
                 split: str = "train") -> ReadResult[CandidateGroup]:
-    """Read candidate groups from one row per prompt (``responses`` list) or one row per response
-    (rows with the same prompt form a group, in file order).
+    """Read candidate groups from one row per prompt (``responses`` list), one row per response
+    (rows with the same prompt form a group, in file order), or rows already in grouppref's
+    group form (``group_id``, ``prompt``, ``candidates`` and optional ``rankings``; these are
+    returned as ``AnnotatedGroup``).
 
     Raises:
         InputFileError: the source cannot be read at all, or holds no rows.
@@ -331,6 +346,9 @@ def read_groups(source: str | Path, mapping: ColumnMapping | None = None, stage:
         try:
             if isinstance(row, RowError):
                 raise row
+            if "candidates" in row:  # a group in grouppref's own (JSON) form, maybe with rankings
+                result.items.append(record_from_row(AnnotatedGroup, row, text, number))
+                continue
             prompt = prompt_from_row(row, mapping, text, number)
             if mapping.responses in row:
                 raw = _maybe_json(row[mapping.responses])

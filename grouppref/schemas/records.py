@@ -16,7 +16,15 @@ import re
 from datetime import datetime, timezone
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 MIN_K = 2
 MAX_K = 16
@@ -232,23 +240,28 @@ class AnnotatedGroup(CandidateGroup):
 
     rankings: list[Ranking] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _rankings_match(self) -> AnnotatedGroup:
-        ids = self.candidate_ids()
+    @field_validator("rankings")
+    @classmethod
+    def _rankings_match(cls, rankings: list[Ranking], info: ValidationInfo) -> list[Ranking]:
+        candidates = info.data.get("candidates")
+        if candidates is None:  # the candidates failed validation; that error is reported
+            return rankings
+        ids = [c.candidate_id for c in candidates]
         annotators: set[str] = set()
-        for r in self.rankings:
-            if r.group_id != self.group_id:
+        for r in rankings:
+            if r.group_id != info.data.get("group_id"):
                 raise ValueError(
                     f"ranking by {r.annotator.id!r} is for group {r.group_id!r}, "
-                    f"not {self.group_id!r}"
+                    f"not {info.data.get('group_id')!r}"
                 )
             check_tiers(r.tiers, ids)
             if r.scores is not None and set(r.scores) - set(ids):
-                raise ValueError(f"scores name unknown candidates {sorted(set(r.scores) - set(ids))}")
+                unknown = sorted(set(r.scores) - set(ids))
+                raise ValueError(f"scores name unknown candidates {unknown}")
             if r.annotator.id in annotators:
                 raise ValueError(f"annotator {r.annotator.id!r} ranks this group twice")
             annotators.add(r.annotator.id)
-        return self
+        return rankings
 
 
 class PairPreference(Record):
@@ -289,15 +302,33 @@ class ValidatedGroup(AnnotatedGroup):
     flags: list[str] = Field(default_factory=list)
     split: Split | None = None
 
-    @model_validator(mode="after")
-    def _aggregate_matches(self) -> ValidatedGroup:
-        ids = self.candidate_ids()
-        known = set(ids)
-        check_tiers(self.consensus, ids)
-        if set(self.strengths) != known:
+    @staticmethod
+    def _ids(info: ValidationInfo) -> list[str] | None:
+        candidates = info.data.get("candidates")
+        return None if candidates is None else [c.candidate_id for c in candidates]
+
+    @field_validator("consensus")
+    @classmethod
+    def _consensus_covers(cls, consensus: list[list[str]], info: ValidationInfo) -> list[list[str]]:
+        if (ids := cls._ids(info)) is not None:
+            check_tiers(consensus, ids)
+        return consensus
+
+    @field_validator("strengths")
+    @classmethod
+    def _strengths_cover(cls, strengths: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        if (ids := cls._ids(info)) is not None and set(strengths) != set(ids):
             raise ValueError("strengths must name every candidate exactly once")
+        return strengths
+
+    @field_validator("pairs")
+    @classmethod
+    def _pairs_known(cls, pairs: list[PairPreference], info: ValidationInfo) -> list[PairPreference]:
+        if (ids := cls._ids(info)) is None:
+            return pairs
+        known = set(ids)
         seen: set[frozenset[str]] = set()
-        for pair in self.pairs:
+        for pair in pairs:
             unknown = {pair.winner, pair.loser} - known
             if unknown:
                 raise ValueError(f"pair names unknown candidates {sorted(unknown)}")
@@ -305,7 +336,7 @@ class ValidatedGroup(AnnotatedGroup):
             if key in seen:
                 raise ValueError(f"pair {pair.winner!r} / {pair.loser!r} appears twice")
             seen.add(key)
-        return self
+        return pairs
 
 
 class Reject(Record):
