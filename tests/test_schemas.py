@@ -239,3 +239,12 @@ def test_ids_are_stable_hashes() -> None:
 def test_schema_json_is_valid_json() -> None:
     text = json.dumps(ValidatedGroup.model_json_schema())
     assert "consensus" in json.loads(text)["properties"]
+
+
+def test_data_format_reference_is_current() -> None:
+    from pathlib import Path
+
+    from grouppref.schemas.docs import render
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "data-format.md"
+    assert path.read_text() == render(), "run: python -m grouppref.schemas.docs > docs/data-format.md"

@@ -1,0 +1,64 @@
+"""Render the data-format reference (docs/data-format.md) from the record schemas.
+
+Run ``python -m grouppref.schemas.docs > docs/data-format.md``; a test checks the file is current.
+"""
+
+from __future__ import annotations
+
+from grouppref.schemas.arrow import features_for
+from grouppref.schemas.records import RECORD_TYPES
+
+HEADER = """# Data format reference
+
+Generated from `grouppref/schemas/records.py` by `python -m grouppref.schemas.docs`; do not
+edit by hand. Every record rejects unknown keys and non-finite numbers. Stage outputs are
+`datasets.Dataset`s with one row per group; free-form maps (metadata, scores, strengths,
+sampling parameters) are stored in Arrow as canonical JSON strings so that the round trip
+model -> Arrow row -> model is exact. `grouppref schema NAME` prints the JSON Schema.
+"""
+
+
+def _type_text(schema: dict) -> str:
+    if "$ref" in schema:
+        return schema["$ref"].rsplit("/", 1)[-1]
+    if "anyOf" in schema:
+        return " or ".join(_type_text(s) for s in schema["anyOf"])
+    if "enum" in schema:
+        return " / ".join(repr(v) for v in schema["enum"])
+    if "const" in schema:
+        return repr(schema["const"])
+    kind = schema.get("type", "any")
+    if kind == "array":
+        return f"list[{_type_text(schema.get('items', {}))}]"
+    if kind == "object":
+        extra = schema.get("additionalProperties")
+        return f"dict[str, {_type_text(extra)}]" if isinstance(extra, dict) else "object"
+    return str(kind)
+
+
+def _limits(schema: dict) -> str:
+    keys = ("minimum", "maximum", "minItems", "maxItems", "minLength", "maxLength", "pattern")
+    return ", ".join(f"{k}={schema[k]}" for k in keys if k in schema)
+
+
+def render() -> str:
+    """The whole reference as Markdown."""
+    lines = [HEADER]
+    for name, cls in RECORD_TYPES.items():
+        schema = cls.model_json_schema()
+        lines += [f"## {name}", "", (cls.__doc__ or "").strip().splitlines()[0], "",
+                  "| field | type | required | limits | description |",
+                  "| --- | --- | --- | --- | --- |"]
+        required = set(schema.get("required", []))
+        for field, prop in schema["properties"].items():
+            description = (cls.model_fields[field].description or "").replace("|", "\\|")
+            lines.append(f"| `{field}` | {_type_text(prop)} | {'yes' if field in required else ''}"
+                         f" | {_limits(prop)} | {description} |")
+        arrow = ", ".join(f"`{k}`: {type(v).__name__ if isinstance(v, dict) else v}"
+                          for k, v in features_for(cls).items())
+        lines += ["", f"Arrow: {arrow}", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render(), end="")
