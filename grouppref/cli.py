@@ -11,7 +11,7 @@ import sys
 import typer
 from rich.console import Console
 
-from grouppref.commands import core, demo
+from grouppref.commands import core, demo, export
 from grouppref.errors import GroupPrefError
 
 app = typer.Typer(
@@ -23,7 +23,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (core, demo):
+for module in (core, export, demo):
     module.register(app)
 
 

@@ -256,7 +256,8 @@ class StageRun(Generic[R]):
         data_dir = self.dir / DATA
         tmp_dir = self.dir / (DATA + ".tmp")
         shutil.rmtree(tmp_dir, ignore_errors=True)
-        dataset.save_to_disk(str(tmp_dir))
+        # An empty dataset must still be saved as one (empty) shard to load back.
+        dataset.save_to_disk(str(tmp_dir), num_shards=1 if len(dataset) == 0 else None)
         shutil.rmtree(data_dir, ignore_errors=True)
         os.replace(tmp_dir, data_dir)
         write_rejects(self.dir / REJECTS, rejects)

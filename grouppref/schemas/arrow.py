@@ -82,48 +82,62 @@ def features_for(model: type[BaseModel]) -> datasets.Features:
     )
 
 
-def _encode(annotation: Any, value: Any) -> Any:
-    if value is None:
-        return None
+# A codec is a small plan compiled once per annotation: "json" (a dict stored as JSON text),
+# ("list", item_codec), ("model", {field: codec}) or None (stored as is).
+Codec = Any
+
+
+def _codec(annotation: Any) -> Codec:
     ann = _unwrap(annotation)
     origin = typing.get_origin(ann)
     if origin is dict:
+        return _JSON
+    if origin is list:
+        item = _codec(typing.get_args(ann)[0])
+        return None if item is None else ("list", item)
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ("model", _model_codec(ann))
+    return None
+
+
+@cache
+def _model_codec(model: type[BaseModel]) -> dict[str, Codec]:
+    return {name: _codec(f.annotation) for name, f in model.model_fields.items()}
+
+
+def _encode(codec: Codec, value: Any) -> Any:
+    if value is None or codec is None:
+        return value
+    if codec == _JSON:
         return json.dumps(value, sort_keys=True, ensure_ascii=False)
-    if origin is list:
-        (item,) = typing.get_args(ann)
-        return [_encode(item, v) for v in value]
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return {n: _encode(f.annotation, value.get(n)) for n, f in ann.model_fields.items()}
-    return value
+    kind, inner = codec
+    if kind == "list":
+        return [_encode(inner, v) for v in value]
+    return {n: _encode(c, value.get(n)) for n, c in inner.items()}
 
 
-def _decode(annotation: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    ann = _unwrap(annotation)
-    origin = typing.get_origin(ann)
-    if origin is dict:
+def _decode(codec: Codec, value: Any) -> Any:
+    if value is None or codec is None:
+        return value
+    if codec == _JSON:
         return json.loads(value)
-    if origin is list:
-        (item,) = typing.get_args(ann)
-        return [_decode(item, v) for v in value]
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return {n: _decode(f.annotation, value.get(n)) for n, f in ann.model_fields.items()}
-    return value
+    kind, inner = codec
+    if kind == "list":
+        return [_decode(inner, v) for v in value]
+    return {n: _decode(c, value.get(n)) for n, c in inner.items()}
 
 
 def to_row(record: BaseModel) -> dict[str, Any]:
     """A record as an Arrow-ready row (matching :func:`features_for`)."""
     dumped = record.model_dump(mode="json")
-    fields = type(record).model_fields
-    return {name: _encode(f.annotation, dumped.get(name)) for name, f in fields.items()}
+    return {name: _encode(c, dumped.get(name)) for name, c in _model_codec(type(record)).items()}
 
 
 def from_row(model: type[R], row: dict[str, Any]) -> R:
     """Rebuild and re-validate a record from a row written by :func:`to_row`."""
-    fields = model.model_fields
-    unknown = set(row) - set(fields)
-    data = {name: _decode(f.annotation, row.get(name)) for name, f in fields.items() if name in row}
+    codecs = _model_codec(model)
+    unknown = set(row) - set(codecs)
+    data = {name: _decode(c, row[name]) for name, c in codecs.items() if name in row}
     data.update({name: row[name] for name in unknown})  # let extra="forbid" name them
     return model.model_validate(data)
 

@@ -1,0 +1,295 @@
+"""The export stage: formats, targets, dataset card, and the trl-pairs export inside TRL."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from grouppref.commands import export as export_commands
+from grouppref.errors import ConfigError, StageError
+from grouppref.pipeline.export import ExportConfig, consensus_pairs, run_export
+from grouppref.pipeline.store import RunStore, read_rejects
+from grouppref.pipeline.validate import ValidateConfig, run_validate
+from grouppref.schemas import PairPreference, ValidatedGroup, from_dataset
+from tests.test_validate import make_validated, write_aggregate
+
+K = 3  # candidates per group in these fixtures: K(K-1)/2 = 3 consensus pairs per group
+
+
+def _run(tmp_path: Path, n: int = 12, chat: bool = True, extra: list | None = None) -> RunStore:
+    """A run with aggregate + validate done: ``n`` groups (every other one chat when ``chat``)."""
+    records = [make_validated(f"Question {i}?", k=K, chat=chat and i % 2 == 0) for i in range(n)]
+    store = write_aggregate(tmp_path / "run", records + (extra or []),
+                            stats={"noise_rate": 0.125, "recommendation": "gspo"},
+                            config={"method": "bt", "api_key": "sk-secret"})
+    run_validate(store, ValidateConfig(test_fraction=0.3, seed=0))
+    return store
+
+
+def _front_matter(card: str) -> dict:
+    match = re.match(r"^---\n(.*?)\n---\n", card, re.S)
+    assert match, card[:200]
+    return yaml.safe_load(match.group(1))
+
+
+# -- groups -------------------------------------------------------------------------------------
+def test_groups_to_dir_round_trip_and_card(tmp_path: Path) -> None:
+    store = _run(tmp_path)
+    validated = {g.group_id: g for g in store.load_records("validate", ValidatedGroup)}
+    result = run_export(store, ExportConfig(to_dir=str(tmp_path / "out"), license="cc-by-4.0"))
+    dsd = datasets.load_from_disk(str(tmp_path / "out"))
+    assert set(dsd) == {"train", "test"}
+    for split, ds in dsd.items():
+        for group in from_dataset(ds, ValidatedGroup):
+            assert group.split == split and group == validated[group.group_id]
+    assert sum(result.rows.values()) == 12
+    card = (tmp_path / "out" / "README.md").read_text()
+    meta = _front_matter(card)
+    assert meta["license"] == "cc-by-4.0"
+    assert meta["task_categories"] == ["text-generation"]
+    assert meta["size_categories"] == ["n<1K"]
+    assert "configs" not in meta  # save_to_disk has no Parquet files to point at
+    assert {s["name"]: s["num_examples"] for s in meta["dataset_info"]["splits"]} == result.rows
+    assert f"| train | {result.rows['train']} | {result.rows['train']} |" in card
+    assert "| noise_rate | 0.125 |" in card and "| recommendation | gspo |" in card
+    assert "method: bt" in card and "test_fraction: 0.3" in card
+    assert "sk-secret" not in card and "api_key: '***'" in card
+    manifest = store.manifest("export")
+    assert manifest and manifest.counts.inputs == manifest.counts.outputs == 12
+    # A second export replaces the first; a directory that is not an export is refused.
+    run_export(store, ExportConfig(to_dir=str(tmp_path / "out")))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not a dataset export"):
+        run_export(store, ExportConfig(to_dir=str(tmp_path / "other")))
+
+
+def test_export_reads_only_fresh_validated_data(tmp_path: Path) -> None:
+    store = write_aggregate(tmp_path / "run", [make_validated("One?")])
+    with pytest.raises(StageError, match="validate"):
+        run_export(store, ExportConfig(to_dir=str(tmp_path / "out")))
+    run_validate(store, ValidateConfig())
+    write_aggregate(tmp_path / "run", [make_validated("One?"), make_validated("Two?")])
+    with pytest.raises(StageError, match="aggregate changed after validate"):
+        run_export(store, ExportConfig(to_dir=str(tmp_path / "out")))
+
+
+def test_config_needs_exactly_one_target() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        ExportConfig()
+    with pytest.raises(ValueError, match="exactly one"):
+        ExportConfig(to_dir="a", parquet="b.parquet")
+    with pytest.raises(ValueError, match="only goes with --hub"):
+        ExportConfig(to_dir="a", dry_run=True)
+
+
+# -- trl-pairs ----------------------------------------------------------------------------------
+def test_consensus_pairs_skip_ties_and_against_and_light_pairs() -> None:
+    group = make_validated("Pairs?", k=4)
+    a, b, c, d = [cid for (cid,) in group.consensus]
+    tied = group.model_copy(update={"consensus": [[a], [b, c], [d]]})
+    pairs = [PairPreference(winner=a, loser=b, p=0.9, weight=0.9),
+             PairPreference(winner=b, loser=c, p=0.5, weight=0.9),   # tie in consensus
+             PairPreference(winner=d, loser=c, p=0.6, weight=0.9),   # against consensus
+             PairPreference(winner=a, loser=d, p=0.95, weight=0.1),  # light
+             PairPreference(winner=c, loser=d, p=0.7, weight=0.5)]
+    tied = tied.model_copy(update={"pairs": pairs})
+    kept, skipped = consensus_pairs(tied, ExportConfig(to_dir="x", min_weight=0.2))
+    assert [(p.winner, p.loser) for p in kept] == [(a, b), (c, d)]
+    assert skipped == {"tie_in_consensus": 1, "against_consensus": 1, "below_min_weight": 1}
+    best, skipped = consensus_pairs(tied, ExportConfig(to_dir="x", pairs="best_worst"))
+    assert [(p.winner, p.loser) for p in best] == [(a, d)]  # top tier vs bottom tier
+    assert skipped["not_best_worst"] == 2  # (a, b) and (c, d)
+
+
+def test_trl_pairs_parquet_with_split_column_and_rejects(tmp_path: Path) -> None:
+    all_tied = make_validated("All tied?", k=K)
+    ids = all_tied.candidate_ids()
+    all_tied = all_tied.model_copy(update={"consensus": [ids], "pairs": [
+        PairPreference(winner=ids[0], loser=ids[1], p=0.5, weight=0.2)]})
+    store = _run(tmp_path, n=6, extra=[all_tied])
+    out = tmp_path / "pairs.parquet"
+    result = run_export(store, ExportConfig(format="trl-pairs", parquet=str(out)))
+    ds = datasets.load_dataset("parquet", data_files=str(out), split="train")
+    assert set(ds.column_names) == {"prompt", "chosen", "rejected", "p", "weight", "group_id",
+                                    "chosen_id", "rejected_id", "split"}
+    assert len(ds) == 6 * K * (K - 1) // 2 and sorted(set(ds["split"])) == ["test", "train"]
+    groups = {g.group_id: g for g in store.load_records("validate", ValidatedGroup)}
+    for row in ds:
+        group = groups[row["group_id"]]
+        text = {c.candidate_id: c.text for c in group.candidates}
+        assert row["chosen"] == [{"role": "assistant", "content": text[row["chosen_id"]]}]
+        assert row["rejected"] == [{"role": "assistant", "content": text[row["rejected_id"]]}]
+        pair = next(p for p in group.pairs if (p.winner, p.loser) == (row["chosen_id"],
+                                                                     row["rejected_id"]))
+        assert (row["p"], row["weight"]) == (pair.p, pair.weight)
+        assert row["prompt"][-1] == {"role": "user", "content": group.prompt.messages[-1].content
+                                     if group.prompt.messages else group.prompt.text}
+    (reject,) = result.rejects
+    assert reject.group_id == all_tied.group_id and "no consensus pair" in reject.reason
+    assert result.skipped_pairs == {"tie_in_consensus": 1}
+    counts = store.manifest("export").counts
+    assert (counts.inputs, counts.outputs, counts.rejected) == (7, 6, 1)
+    assert [r.group_id for r in read_rejects(store.stage_dir("export") / "rejects.jsonl")] == [
+        all_tied.group_id]
+    assert out.with_suffix(".md").read_text().startswith("---\n")
+
+
+def test_hub_dry_run_writes_the_hub_layout(tmp_path: Path) -> None:
+    store = _run(tmp_path)
+    result = run_export(store, ExportConfig(format="trl-pairs", hub="me/prefs", dry_run=True,
+                                            pairs="best_worst"))
+    where = store.stage_dir("export") / "dry-run"
+    assert Path(result.location) == where
+    assert result.files == ["data/train-00000-of-00001.parquet",
+                            "data/test-00000-of-00001.parquet", "README.md"]
+    # The names match the pattern `datasets` itself gives pushed shards.
+    from datasets.arrow_dataset import PUSH_TO_HUB_WITHOUT_METADATA_CONFIGS_SPLIT_PATTERN_SHARDED
+
+    pattern = PUSH_TO_HUB_WITHOUT_METADATA_CONFIGS_SPLIT_PATTERN_SHARDED.replace("{split}", "train")
+    assert Path(where / result.files[0]).match(pattern)
+    assert sorted(str(p.relative_to(where)) for p in where.rglob("*") if p.is_file()) == sorted(
+        result.files)
+    # The folder loads like the Hub repo would: through the card's `configs`.
+    dsd = datasets.load_dataset(str(where))
+    assert {s: len(ds) for s, ds in dsd.items()} == result.rows
+    assert sum(result.rows.values()) == 12  # best_worst: one pair per group
+    meta = _front_matter((where / "README.md").read_text())
+    assert meta["configs"][0]["data_files"][0] == {"split": "train", "path": "data/train-*"}
+
+
+def test_hub_push_without_token_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import get_token
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    if get_token():
+        pytest.skip("a Hugging Face token is saved on this machine: this test would push")
+    store = _run(tmp_path, n=4)
+    with pytest.raises(ConfigError, match="HF_TOKEN"):
+        run_export(store, ExportConfig(hub="me/prefs"))
+
+
+def test_cli_export(tmp_path: Path) -> None:
+    store = _run(tmp_path, n=4)
+    app = typer.Typer()
+    export_commands.register(app)
+    out = tmp_path / "cli.parquet"
+    result = CliRunner().invoke(app, ["export", str(store.root), "--parquet", str(out),
+                                      "--format", "trl-pairs"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "export (trl-pairs)" in result.output and out.exists()
+    bad = CliRunner().invoke(app, ["export", str(store.root), "--to", "a", "--parquet", "b"])
+    assert isinstance(bad.exception, ConfigError)  # cli.main prints it as one line, exit 2
+    assert "export: give exactly one of --to, --parquet, --hub" in str(bad.exception)
+
+
+# -- TRL ----------------------------------------------------------------------------------------
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} <eos> {% endfor %}"
+                 "{% if add_generation_prompt %}<assistant> {% endif %}")
+
+
+def _word_tokenizer(texts: list[str]):  # noqa: ANN202 - transformers type
+    """A word-level tokenizer trained on ``texts`` with a tiny chat template (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    specials = ["<pad>", "<unk>", "<eos>", "<system>", "<user>", "<assistant>"]
+    tok.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=specials))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
+                                        unk_token="<unk>", eos_token="<eos>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def test_trl_pairs_train_one_dpo_step(tmp_path: Path) -> None:
+    """TRL's own data utilities and DPOTrainer accept the export: with policy == reference the
+    first DPO loss is exactly -log sigmoid(0) = log 2, and the step changes the weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl import DPOConfig, DPOTrainer
+    from trl.data_utils import is_conversational, maybe_apply_chat_template
+
+    store = _run(tmp_path, n=8)
+    run_export(store, ExportConfig(format="trl-pairs", to_dir=str(tmp_path / "out")))
+    train = datasets.load_from_disk(str(tmp_path / "out"))["train"]
+    assert is_conversational(train[0])
+    texts = [m["content"] for row in train for col in ("prompt", "chosen", "rejected")
+             for m in row[col]]
+    tokenizer = _word_tokenizer(texts)
+    rendered = maybe_apply_chat_template(train[0], tokenizer)
+    assert rendered["prompt"].endswith("<assistant> ")
+    assert rendered["chosen"].startswith(train[0]["chosen"][0]["content"])
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    args = DPOConfig(output_dir=str(tmp_path / "dpo"), max_steps=1, per_device_train_batch_size=4,
+                     bf16=False, use_cpu=True, report_to="none", logging_steps=1,
+                     save_strategy="no", max_length=64, learning_rate=1e-2)
+    trainer = DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=args,
+                         train_dataset=train, processing_class=tokenizer)
+    first = trainer.train_dataset[0]
+    chosen = tokenizer.decode(first["chosen_ids"]).split()
+    assert chosen == [*train[0]["chosen"][0]["content"].split(), "<eos>"]
+    trainer.train()
+    loss = trainer.state.log_history[0]["loss"]
+    assert loss == pytest.approx(torch.log(torch.tensor(2.0)).item(), abs=1e-6)
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+def test_trl_pairs_plain_text_prompts(tmp_path: Path) -> None:
+    from trl.data_utils import is_conversational
+
+    store = _run(tmp_path, n=4, chat=False)
+    run_export(store, ExportConfig(format="trl-pairs", to_dir=str(tmp_path / "out")))
+    row = datasets.load_from_disk(str(tmp_path / "out"))["train"][0]
+    assert not is_conversational(row)
+    assert isinstance(row["prompt"], str) and isinstance(row["chosen"], str)
+    json.dumps(row)  # plain JSON-able values
+
+
+def test_hub_push_network_failure_is_a_stage_error_without_the_token(tmp_path: Path) -> None:
+    """The real push path (push_to_hub) against a closed loopback port: one clear error line,
+    and the token appears nowhere. A subprocess, because the Hub endpoint is read at import."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    store = _run(tmp_path, n=4)
+    with socket.socket() as s:  # a port that was free a moment ago: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (
+        "import sys\n"
+        "from grouppref.errors import StageError\n"
+        "from grouppref.pipeline.export import ExportConfig, run_export\n"
+        "from grouppref.pipeline.store import RunStore\n"
+        "try:\n"
+        f"    run_export(RunStore({str(store.root)!r}), ExportConfig(hub='me/prefs'))\n"
+        "except StageError as e:\n"
+        "    print('STAGE_ERROR', e)\n"
+        "    sys.exit(0)\n"
+        "sys.exit(1)\n")
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+           "HF_TOKEN": "hf_TOKENthatMustNotLeak", "HF_HUB_DISABLE_TELEMETRY": "1",
+           "HF_HUB_OFFLINE": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "STAGE_ERROR push to the Hub dataset 'me/prefs' failed" in proc.stdout
+    assert "TOKENthatMustNotLeak" not in proc.stdout + proc.stderr
