@@ -11,7 +11,7 @@ import sys
 import typer
 from rich.console import Console
 
-from grouppref.commands import core, demo, export
+from grouppref.commands import core, demo, export, label_data, label_server
 from grouppref.errors import GroupPrefError
 
 app = typer.Typer(
@@ -23,7 +23,8 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (core, export, demo):
+label_data.register(label_server.label_app)  # push/pull/status join serve/stop/users
+for module in (core, export, label_server, demo):
     module.register(app)
 
 
