@@ -11,7 +11,16 @@ import sys
 import typer
 from rich.console import Console
 
-from grouppref.commands import core, demo, export, label_data, label_server
+from grouppref.commands import (
+    aggregate,
+    core,
+    demo,
+    export,
+    label_data,
+    label_server,
+    run,
+    train,
+)
 from grouppref.errors import GroupPrefError
 
 app = typer.Typer(
@@ -24,7 +33,7 @@ app = typer.Typer(
 )
 
 label_data.register(label_server.label_app)  # push/pull/status join serve/stop/users
-for module in (core, export, label_server, demo):
+for module in (core, aggregate, export, train, label_server, run, demo):
     module.register(app)
 
 

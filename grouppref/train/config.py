@@ -1,0 +1,228 @@
+"""Settings of ``grouppref train`` and ``grouppref eval``: one pydantic model each, every field with
+the description that is also its CLI help. Everything here is checked before a model loads."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from grouppref.errors import ConfigError
+from grouppref.train.data import DataConfig
+
+LossName = Literal["gspo", "plackett_luce", "dpo"]
+Tracker = Literal["tensorboard", "trackio"]
+_TRACKER_PACKAGES = {"tensorboard": "tensorboard", "trackio": "trackio"}
+
+
+class LoraSettings(BaseModel):
+    """Low-rank adapters through ``peft`` (only the adapters train; the base stays frozen)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(default=16, ge=1, description="LoRA rank.")
+    alpha: float = Field(default=32.0, gt=0, description="LoRA scaling numerator (alpha / r).")
+    dropout: float = Field(default=0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default="all-linear",
+        description="Module names to adapt (e.g. q_proj v_proj), or 'all-linear'.",
+    )
+    save: Literal["merged", "adapter"] = Field(
+        default="merged",
+        description="'merged': save the full model with the adapters folded in (loads like any "
+        "model); 'adapter': save only the peft adapter (small; load with peft).",
+    )
+
+
+class TrainConfig(BaseModel):
+    """Settings of the ``train`` stage (GSPO and its baselines; DESIGN.md §4)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(
+        default=None,
+        description="Policy to train: Hub id or local folder (default: the embedded SmolLM2).",
+    )
+    ref_model: str | None = Field(
+        default=None,
+        description="Reference model for the implicit reward (default: the initial policy). Its "
+        "log-probs are computed once, cached with the data, and it is freed before training.",
+    )
+    loss: LossName = Field(
+        default="gspo",
+        description="gspo: weighted pairwise loss over every pair with its consensus p_ij; "
+        "plackett_luce: listwise over the consensus order; dpo: best vs worst only.",
+    )
+    beta: float = Field(default=0.1, gt=0, description="Implicit reward scale: "
+                        "s = beta * (log pi - log pi_ref).")
+    length_normalise: bool = Field(
+        default=False, description="Divide each candidate's log-prob by its token count."
+    )
+    label_smoothing: float = Field(
+        default=0.0, ge=0.0, lt=0.5,
+        description="Robust / conservative label smoothing epsilon (gspo and dpo).",
+    )
+    robust: bool = Field(
+        default=False, description="Use the unbiased rDPO correction with label_smoothing as "
+        "the assumed label-flip rate, instead of smoothing the targets.",
+    )
+    sft_weight: float = Field(
+        default=0.0, ge=0.0, description="Weight of an SFT term (NLL per token) on the best candidate."
+    )
+    importance_clip: tuple[float, float] | None = Field(
+        default=None,
+        description="Clip range of importance weights exp(mean_t(log pi - log pi_behavior)) for "
+        "off-policy data (needs behavior_logp on the candidates); unset: no weighting.",
+    )
+    lr: float = Field(default=5e-6, gt=0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up steps.")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
+        default="linear", description="Learning-rate schedule after warm-up."
+    )
+    max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
+    epochs: int = Field(default=1, ge=1, description="Passes over the training groups.")
+    max_steps: int | None = Field(
+        default=None, ge=1, description="Stop after this many optimizer steps (overrides epochs)."
+    )
+    batch_size: int = Field(default=4, ge=1, description="Groups per device per micro-batch.")
+    eval_batch_size: int = Field(default=8, ge=1, description="Groups per device when evaluating.")
+    grad_accum: int = Field(default=1, ge=1, description="Micro-batches per optimizer step.")
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+        default="no", description="Autocast precision: bf16 (CPU or a bf16 GPU), fp16 (CUDA only)."
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in backward to save memory."
+    )
+    lora: LoraSettings | None = Field(default=None, description="Train LoRA adapters only.")
+    share_prefix: bool = Field(
+        default=True, description="Compute each group's prompt once for its K candidates."
+    )
+    disable_dropout: bool = Field(
+        default=True, description="Set the model's dropout to 0 (implicit rewards start at 0)."
+    )
+    seed: int = Field(default=0, description="Seed of initialisation, shuffling and dropout.")
+    logging_steps: int = Field(default=10, ge=1, description="Log training metrics every N steps.")
+    eval_steps: int | None = Field(
+        default=None, ge=1,
+        description="Evaluate on the held-out split every N steps (always at start and end).",
+    )
+    save_steps: int | None = Field(
+        default=None, ge=1, description="Write a resumable checkpoint every N steps."
+    )
+    save_total_limit: int = Field(default=2, ge=1, description="Checkpoints kept (oldest removed).")
+    report_to: list[Tracker] = Field(
+        default_factory=list, description="Extra metric backends: tensorboard, trackio."
+    )
+    data: DataConfig = Field(default_factory=DataConfig,
+                             description="Tokenisation: max lengths, overflow, chat template.")
+    ref_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Precision of the reference log-prob pass."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.importance_clip is not None:
+            low, high = self.importance_clip
+            if not 0 < low <= 1 <= high:
+                raise ValueError(f"importance_clip {self.importance_clip} must satisfy "
+                                 "0 < low <= 1 <= high")
+        if self.robust and self.label_smoothing == 0:
+            raise ValueError("robust needs label_smoothing > 0 (the assumed label-flip rate)")
+        if self.gradient_checkpointing and self.share_prefix:
+            raise ValueError("gradient_checkpointing turns the KV cache off, which share_prefix "
+                             "needs; set share_prefix to false (--no-share-prefix) with it")
+        return self
+
+    def reference_name(self) -> str | None:
+        """The reference model: ``ref_model`` or, by default, the initial policy."""
+        return self.ref_model if self.ref_model is not None else self.model
+
+
+def check_trackers(report_to: list[str]) -> None:
+    """Fail before any loading when a requested metric backend is not installed.
+
+    Raises:
+        ConfigError: a backend of ``report_to`` whose package is missing.
+    """
+    for name in report_to:
+        if importlib.util.find_spec(_TRACKER_PACKAGES[name]) is None:
+            raise ConfigError(f"report_to {name!r}: the package {_TRACKER_PACKAGES[name]!r} is "
+                              f"not installed; `pip install {_TRACKER_PACKAGES[name]}` or drop it")
+
+
+def check_precision(mixed_precision: str) -> None:
+    """Fail early when the hardware cannot run the requested precision.
+
+    Raises:
+        ConfigError: fp16 without CUDA, or bf16 on a GPU without bf16 support.
+    """
+    import torch
+
+    if mixed_precision == "fp16" and not torch.cuda.is_available():
+        raise ConfigError("mixed_precision 'fp16' needs a CUDA GPU; use 'bf16' (CPU works) or 'no'")
+    if (mixed_precision == "bf16" and torch.cuda.is_available()
+            and not torch.cuda.is_bf16_supported()):
+        raise ConfigError("mixed_precision 'bf16': this GPU has no bf16; use 'fp16' or 'no'")
+
+
+class EvalConfig(BaseModel):
+    """Settings of the ``eval`` stage: pair accuracy and margins of models on a group dataset."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(
+        default=None,
+        description="Model to evaluate (in a run: default the model RUN/train saved).",
+    )
+    baseline: str | None = Field(
+        default=None,
+        description="Model to compare with (in a run: default the model training started from).",
+    )
+    ref_model: str | None = Field(
+        default=None,
+        description="Reference of the implicit reward beta*(log pi - log pi_ref) (default: the "
+        "baseline); without one only the models' own log-prob orderings are scored.",
+    )
+    split: Literal["test", "train", "all"] = Field(
+        default="test", description="Which groups to score: the held-out split, train, or all."
+    )
+    beta: float | None = Field(
+        default=None, gt=0,
+        description="Implicit reward scale (default: the one RUN/train used, else 0.1).",
+    )
+    length_normalise: bool | None = Field(
+        default=None, description="Divide each candidate's log-ratio by its token count "
+        "(default: as RUN/train did, else off).",
+    )
+    batch_size: int = Field(default=8, ge=1, description="Groups per forward pass.")
+    share_prefix: bool = Field(default=True, description="Compute each prompt once per group.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Precision of the scoring passes."
+    )
+    data: DataConfig = Field(default_factory=DataConfig,
+                             description="Tokenisation: max lengths, overflow, chat template.")
+
+
+def cpu_launch() -> bool:
+    """True under a multi-process launch (torchrun / accelerate launch) on a machine without
+    CUDA, XPU or NPU: accelerate then needs ``cpu=True`` to start DDP over gloo, else every
+    process would train alone."""
+    import os
+
+    import torch
+    from accelerate.utils import is_npu_available, is_xpu_available
+
+    launched = int(os.environ.get("LOCAL_RANK", -1)) != -1 or int(os.environ.get("WORLD_SIZE", 1)) > 1
+    return launched and not (torch.cuda.is_available() or is_xpu_available() or is_npu_available())
+
+
+def process_state() -> Any:
+    """accelerate's shared ``PartialState`` (rank, world size, barriers), CPU launches included.
+
+    Call this, not ``PartialState()``, wherever the state may be created first.
+    """
+    from accelerate import PartialState
+
+    return PartialState(cpu=cpu_launch())
