@@ -23,11 +23,13 @@ class PromptsConfig(BaseModel):
     split: str = Field(default="train", description="Split to read from a dataset with splits.")
     mapping: ColumnMapping = Field(default_factory=ColumnMapping,
                                    description="Which columns hold the prompt fields.")
+    limit: int | None = Field(default=None, ge=1, description="Read only the first N rows.")
 
 
 def run_prompts(store: RunStore, config: PromptsConfig, force: bool = False) -> StageRun[Prompt]:
     """Read ``config.source`` into ``RUN/prompts``; bad rows go to rejects with their reason."""
-    result = read_prompts(config.source, config.mapping, stage=STAGE, split=config.split)
+    result = read_prompts(config.source, config.mapping, stage=STAGE, split=config.split,
+                          limit=config.limit)
     cfg = config.model_copy(update={"source": str(Path(config.source))})
     stage = store.open_stage(STAGE, cfg, input_fingerprint=result.fingerprint, record_type=Prompt,
                              stage_version=STAGE_VERSION, force=force)

@@ -245,8 +245,9 @@ def prompt_from_row(row: dict[str, Any], mapping: ColumnMapping, source: str, nu
 
 
 def read_prompts(source: str | Path, mapping: ColumnMapping | None = None, stage: str = "prompts",
-                 split: str = "train") -> ReadResult[Prompt]:
-    """Read prompts; bad rows and repeated prompts become rejects.
+                 split: str = "train", limit: int | None = None) -> ReadResult[Prompt]:
+    """Read prompts (the first ``limit`` rows when given); bad rows and repeated prompts become
+    rejects.
 
     Raises:
         InputFileError: the source cannot be read at all, or holds no rows.
@@ -256,6 +257,8 @@ def read_prompts(source: str | Path, mapping: ColumnMapping | None = None, stage
     result: ReadResult[Prompt] = ReadResult(source=text, items=[])
     seen: dict[str, int] = {}
     for number, row in iter_rows(source, split):
+        if limit is not None and result.rows >= limit:
+            break
         result.rows += 1
         try:
             if isinstance(row, RowError):
