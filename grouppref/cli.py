@@ -18,6 +18,7 @@ from grouppref.commands import (
     export,
     label_data,
     label_server,
+    rank,
     run,
     train,
 )
@@ -33,15 +34,17 @@ app = typer.Typer(
 )
 
 label_data.register(label_server.label_app)  # push/pull/status join serve/stop/users
-for module in (core, aggregate, export, train, label_server, run, demo):
+for module in (core, rank, aggregate, export, train, label_server, run, demo):
     module.register(app)
 
 
 def main() -> None:
     """Entry point: run the app; a ``GroupPrefError`` prints one red line and exits with 2."""
     import datasets
+    import transformers
 
     datasets.disable_progress_bars()  # our own progress bars report each stage
+    transformers.utils.logging.disable_progress_bar()
     try:
         app()
     except GroupPrefError as e:
