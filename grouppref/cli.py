@@ -16,6 +16,7 @@ from grouppref.commands import (
     core,
     demo,
     export,
+    generate,
     label_data,
     label_server,
     rank,
@@ -34,7 +35,7 @@ app = typer.Typer(
 )
 
 label_data.register(label_server.label_app)  # push/pull/status join serve/stop/users
-for module in (core, rank, aggregate, export, train, label_server, run, demo):
+for module in (core, generate, rank, aggregate, export, train, label_server, run, demo):
     module.register(app)
 
 

@@ -12,6 +12,7 @@ identical (checked in tests/test_models.py).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib.util
 import os
 import re
@@ -160,3 +161,52 @@ def load_causal_lm(name: str | None, dtype: str = "float32", device: str = "cpu"
 def model_label(name: str | None) -> str:
     """How a model is named in records and manifests (the embedded one by its short name)."""
     return EMBEDDED_NAME if is_embedded(name) else str(name)
+
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".gguf", ".pt")
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    """sha256 of a file, remembered under the grouppref cache by (path, size, mtime)."""
+    stat = path.stat()
+    memo_key = sha256_text(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}")
+    memo = cache_root() / "fingerprints" / memo_key
+    if memo.exists():
+        return memo.read_text().strip()
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
+    tmp.write_text(digest.hexdigest())
+    os.replace(tmp, memo)
+    return digest.hexdigest()
+
+
+def _model_folder(name: str | None) -> Path | None:
+    resolved = resolve_model(name)
+    if Path(resolved).is_dir():
+        return Path(resolved)
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(resolved, "config.json")
+    return Path(cached).parent if isinstance(cached, str) else None
+
+
+def model_fingerprint(name: str | None) -> str:
+    """sha256 over a model's config and weight files (names and contents).
+
+    A Hub id is fingerprinted through its snapshot in the Hub cache; when that cannot be found
+    the id itself is used (the model then loads from the same id).
+    """
+    folder = _model_folder(name)
+    if folder is None:
+        return sha256_text(f"hub:{resolve_model(name)}")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(_WEIGHT_SUFFIXES))
+    parts = [f"{p.name}:{_file_sha256(p)}" for p in files]
+    return sha256_text("\n".join(parts))

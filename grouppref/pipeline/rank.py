@@ -17,6 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from grouppref.errors import ConfigError, StageError
+from grouppref.models import model_fingerprint
 from grouppref.pipeline import rank_scoring as rs
 from grouppref.pipeline.progress import stage_progress
 from grouppref.pipeline.rank_settings import (
@@ -175,9 +176,7 @@ def _parse_row(row: dict[str, Any], number: int, source: str) -> AnnotatedGroup 
 
 
 def _model_fingerprints(rankers: list[Ranker]) -> list[str]:
-    """Cheap fingerprints of the models' folders (config, file names and sizes)."""
-    from grouppref.pipeline.generate import model_fingerprint  # heavy module, needed only here
-
+    """Fingerprints of the rankers' model folders (weights hashed once, then memoised)."""
     return [model_fingerprint(path) for r in rankers if (path := r.model_path()) is not None]
 
 

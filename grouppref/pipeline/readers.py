@@ -363,9 +363,10 @@ def read_groups(source: str | Path, mapping: ColumnMapping | None = None, stage:
                 result.items.append(group)
                 result.rejects.extend(rejects)
             elif mapping.response in row:
+                response = _response(row[mapping.response], text, number, mapping.response)
                 key = make_group_id(prompt)
                 entry = pending.setdefault(key, (prompt, number, []))
-                entry[2].append(_response(row[mapping.response], text, number, mapping.response))
+                entry[2].append(response)
                 result.rows -= 1 if len(entry[2]) > 1 else 0  # one group = one input row
             else:
                 raise RowError(f"no responses: the row has neither {mapping.responses!r} nor "

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from grouppref.errors import ConfigError, StageError
-from grouppref.models import load_causal_lm, load_tokenizer, model_label
+from grouppref.models import load_causal_lm, load_tokenizer, model_fingerprint, model_label
 from grouppref.pipeline.store import Manifest, RunStore, Shard, StageRun, sha256_text
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.train.config import EvalConfig, process_state
@@ -46,7 +46,7 @@ from grouppref.train.data import (
 )
 from grouppref.train.logps import group_logps
 from grouppref.train.losses import best_worst, implicit_rewards, pair_accuracy
-from grouppref.train.reference import ensure_reference, model_fingerprint
+from grouppref.train.reference import ensure_reference
 
 Tensor = torch.Tensor
 STAGE = "eval"

@@ -30,63 +30,19 @@ from typing import Any
 import torch
 
 from grouppref.errors import StageError
-from grouppref.models import cache_root, load_causal_lm, model_label, resolve_model
+from grouppref.models import load_causal_lm, model_fingerprint, model_label
 from grouppref.pipeline.store import canonical_json, sha256_text
 from grouppref.train.config import process_state
 from grouppref.train.data import DataConfig, TokenizedGroup, collate_groups
 from grouppref.train.logps import group_logps
 
 FORMAT_VERSION = "1"
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".gguf", ".pt")
-
 
 class MissingReferenceError(StageError):
     """Groups lack reference log-probs (the reference pass was skipped or its cache is partial)."""
 
 
 # -- fingerprints -----------------------------------------------------------------------------
-def _file_sha256(path: Path) -> str:
-    """sha256 of a file, remembered under the grouppref cache by (path, size, mtime)."""
-    stat = path.stat()
-    memo_key = sha256_text(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}")
-    memo = cache_root() / "fingerprints" / memo_key
-    if memo.exists():
-        return memo.read_text().strip()
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    tmp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
-    tmp.write_text(digest.hexdigest())
-    os.replace(tmp, memo)
-    return digest.hexdigest()
-
-
-def _model_folder(name: str | None) -> Path | None:
-    resolved = resolve_model(name)
-    if Path(resolved).is_dir():
-        return Path(resolved)
-    from huggingface_hub import try_to_load_from_cache
-
-    cached = try_to_load_from_cache(resolved, "config.json")
-    return Path(cached).parent if isinstance(cached, str) else None
-
-
-def model_fingerprint(name: str | None) -> str:
-    """sha256 over a model's config and weight files (names and contents).
-
-    A Hub id is fingerprinted through its snapshot in the Hub cache; when that cannot be found
-    the id itself is used (the model then loads from the same id).
-    """
-    folder = _model_folder(name)
-    if folder is None:
-        return sha256_text(f"hub:{resolve_model(name)}")
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(_WEIGHT_SUFFIXES))
-    parts = [f"{p.name}:{_file_sha256(p)}" for p in files]
-    return sha256_text("\n".join(parts))
-
-
 def tokens_fingerprint(groups: Sequence[TokenizedGroup]) -> str:
     """sha256 over every group's id, prompt token ids and candidate token ids, in order."""
     digest = hashlib.sha256()
