@@ -68,3 +68,6 @@ def artifacts_dir() -> Path:
     """Where tests save screenshots and other artifacts (git-ignored)."""
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+# the embedded Argilla server and PostgreSQL fixtures (tests/argilla_fixtures.py)
+pytest_plugins = ["tests.argilla_fixtures"]

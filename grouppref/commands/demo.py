@@ -1,7 +1,8 @@
 """``grouppref demo``: the whole pipeline on the embedded defaults (offline, CPU).
 
 The demo is ``examples/demo.yaml`` run by the same code as ``grouppref run``; ``--quick``
-shrinks it (6 prompts, short answers, 2 training steps) for a smoke test.
+shrinks it (8 prompts, K=3, short answers, 2 training steps) for a smoke test; ``--human``
+replaces the simulated panel by people ranking in a local Argilla.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import typer
 
 from grouppref.commands.run import console, print_outcome
 from grouppref.config import load_config
-from grouppref.pipeline.runner import RunConfig, run_pipeline
+from grouppref.labeling.credentials import load_credentials
+from grouppref.labeling.server import EmbeddedArgilla, ServerConfig
+from grouppref.pipeline.runner import LabelRunConfig, RunConfig, run_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = ROOT / "examples" / "demo.yaml"
@@ -37,14 +40,53 @@ def demo_config(out: Path, quick: bool = False) -> RunConfig:
     return cfg.model_copy(update=updates)
 
 
+def human_config(cfg: RunConfig, state_dir: Path, annotators: int) -> RunConfig:
+    """The demo with people instead of the simulated panel: push, wait, pull."""
+    label = LabelRunConfig(state_dir=str(state_dir), min_rankings=annotators, poll_seconds=10,
+                           push={"min_submitted": annotators, "suggest_from": "ensemble"})
+    return cfg.model_copy(update={"simulate": None, "label": label})
+
+
+def _accounts(server: EmbeddedArgilla, count: int) -> list[tuple[str, str]]:
+    """Annotator logins ``annotator-1..N`` (made once; kept in the 0600 credentials file)."""
+    known = load_credentials(server.credentials_path).users
+    logins = []
+    for i in range(1, count + 1):
+        name = f"annotator-{i}"
+        if name in known:
+            logins.append((name, known[name].password))
+        else:
+            user, password, _ = server.create_user(name, role="annotator")
+            logins.append((user, password))
+    return logins
+
+
 def demo(
     out: Annotated[Path, typer.Option("--out", help="Run directory.")] = Path("runs/demo"),
     force: Annotated[bool, typer.Option("--force", help="Re-run every stage.")] = False,
     quick: Annotated[bool, typer.Option(help="A small, fast version (smoke test).")] = False,
+    human: Annotated[bool, typer.Option(help="Rank in the Argilla web UI instead of the "
+                                        "simulated panel (starts a local Argilla).")] = False,
+    annotators: Annotated[int, typer.Option(help="With --human: annotator accounts, and "
+                                            "rankings needed per group.")] = 1,
+    port: Annotated[int, typer.Option(help="With --human: the Argilla port.")] = 6900,
 ) -> None:
     """Run the demo pipeline end to end on the shipped prompts and embedded models."""
     cfg = demo_config(out, quick=quick)
-    outcome = run_pipeline(cfg, force=["all"] if force else None, console=console)
+    forced = ["all"] if force else None
+    if not human:
+        print_outcome(run_pipeline(cfg, force=forced, console=console), cfg.run_dir)
+        return
+    state_dir = out / "argilla"
+    with EmbeddedArgilla(ServerConfig(state_dir=state_dir, port=port)) as server:
+        logins = _accounts(server, annotators)
+        console.print(f"[bold]Argilla[/] is up at {server.url} - log in as:", highlight=False)
+        for user, password in logins:
+            console.print(f"  {user} / {password}", highlight=False)
+        console.print("Rank each group in the web UI; the demo goes on once every group has "
+                      f"{annotators} submitted ranking(s). Ctrl-C stops (state is kept).")
+        outcome = run_pipeline(human_config(cfg, state_dir, annotators), force=forced,
+                               wait=True, console=console)
     print_outcome(outcome, cfg.run_dir)
 
 

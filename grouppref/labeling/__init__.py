@@ -1,0 +1,1 @@
+"""Human labeling in Argilla: dataset settings, push, pull, status, and an embedded server."""
