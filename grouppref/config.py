@@ -46,6 +46,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 def _allowed(error: dict[str, Any]) -> str:
     ctx = error.get("ctx") or {}
+    if error["type"] == "union_tag_invalid" and "expected_tags" in ctx:
+        return f"; allowed: {ctx['expected_tags']}"
     if "expected" in ctx:
         return f"; allowed: {ctx['expected']}"
     if error["type"] == "extra_forbidden":
@@ -53,15 +55,47 @@ def _allowed(error: dict[str, Any]) -> str:
     return ""
 
 
-def format_validation_error(e: ValidationError, source: str) -> str:
-    """One line per problem: ``source: dotted.key: message (got X; allowed: ...)``."""
+def _key_path(loc: tuple[Any, ...], data: Any) -> list[str]:
+    """The keys of ``loc`` that exist in the input: pydantic adds the tags of tagged unions
+    (``rankers.0.rule.checks``), which are no keys of the file."""
+    path, node = [], data
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part not in node and 0 < i < len(loc) - 1:
+            continue  # a union tag, not a key (a missing key is always the last part)
+        path.append(str(part))
+        node = node.get(part) if isinstance(node, dict) else (
+            node[part] if isinstance(node, list) and isinstance(part, int)
+            and part < len(node) else None)
+    return path
+
+
+def _union_tag(error: dict[str, Any]) -> tuple[tuple[Any, ...], str, Any]:
+    """Location, message and given value of a problem; a tagged union's tag problem is
+    reported at the tag's own key (``rank.rankers.0.kind``), not at the list item."""
+    ctx = error.get("ctx") or {}
+    tag_key = str(ctx.get("discriminator", "")).strip("'")
+    if error["type"] == "union_tag_invalid" and tag_key:
+        return (*error["loc"], tag_key), "not an allowed value", ctx.get("tag")
+    if error["type"] == "union_tag_not_found" and tag_key:
+        return (*error["loc"], tag_key), "Field required", {}  # nothing given
+    return error["loc"], error["msg"].removeprefix("Value error, "), error.get("input")
+
+
+def format_validation_error(e: ValidationError, source: str, data: Any = None) -> str:
+    """One line per problem: ``source: dotted.key: message (got X; allowed: ...)``.
+
+    With the validated ``data``, the dotted key leaves out pydantic's union tags.
+    """
     lines = []
     for error in e.errors():
-        key = ".".join(str(x) for x in error["loc"]) or "(top level)"
-        given = error.get("input")
+        loc, message, given = _union_tag(error)
+        parts = _key_path(loc, data) if data is not None else [str(x) for x in loc]
+        key = ".".join(parts) or "(top level)"
         shown = f"; got {given!r}" if not isinstance(given, dict | list) else ""
-        message = error["msg"].removeprefix("Value error, ")
-        lines.append(f"{source}: {key}: {message}{shown}{_allowed(error)}")
+        allowed = _allowed(error)
+        if allowed and allowed.removeprefix("; allowed: ") in message:
+            allowed = ""  # the message lists them already
+        lines.append(f"{source}: {key}: {message}{shown}{allowed}")
     return "\n".join(lines)
 
 
@@ -77,4 +111,4 @@ def load_config(model: type[M], path: str | Path, overrides: dict[str, Any] | No
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, str(path))) from e
+        raise ConfigError(format_validation_error(e, str(path), data)) from e

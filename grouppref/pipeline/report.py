@@ -13,6 +13,7 @@ import base64
 import html
 import io
 import json
+import re
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,12 +35,18 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem 
 color:#1d232a;line-height:1.45;padding:0 1rem}
 h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.2rem;border-bottom:1px solid #d8dee4;
 padding-bottom:.2rem;margin-top:2rem}table{border-collapse:collapse;margin:.6rem 0;font-size:.9rem}
-th,td{border:1px solid #d8dee4;padding:.3rem .6rem;text-align:right}th{background:#f3f5f7}
-td:first-child,th:first-child{text-align:left}.muted{color:#57606a;font-size:.9rem}
+th,td{border:1px solid #d8dee4;padding:.3rem .6rem;text-align:left}th{background:#f3f5f7}
+td.num{text-align:right;font-variant-numeric:tabular-nums}.muted{color:#57606a;font-size:.9rem}
 .box{background:#f6f8fa;border-left:4px solid #0969da;padding:.6rem 1rem;margin:.8rem 0}
 .warn{border-left-color:#bf8700}img{max-width:100%;height:auto}
 .grid{display:grid;grid-template-columns:1fr 1fr;gap:1rem}
 """
+
+
+# Nothing outside the file may load: images are data: URIs, styles inline.
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+NAV = (("stages", "Stages"), ("agreement", "Agreement"), ("noise", "Annotators and noise"),
+       ("training", "Training"), ("evaluation", "Evaluation"))
 
 
 class ReportConfig(BaseModel):
@@ -67,9 +74,14 @@ def _img(src: str, alt: str) -> str:
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>"
-                   for row in rows)
+    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(value: Any) -> str:
+    """A table cell: numbers right-aligned, text left-aligned."""
+    num = isinstance(value, int | float) and not isinstance(value, bool)
+    return f"<td{' class=num' if num else ''}>{html.escape(_fmt(value))}</td>"
 
 
 def _fmt(value: Any) -> str:
@@ -94,15 +106,30 @@ def section_counts(store: RunStore, max_reasons: int) -> str:
     for m in store.manifests():
         c = m.counts
         rows.append([m.stage, m.status, c.inputs, c.outputs, c.rejected, c.partial,
-                     f"{m.seconds:.1f}" if m.seconds is not None else None])
+                     m.seconds])
         rejects = read_rejects(store.stage_dir(m.stage) / "rejects.jsonl")
-        common = Counter(r.reason.split(":")[0][:90] for r in rejects).most_common(max_reasons)
-        reasons += [[m.stage, reason, n] for reason, n in common]
-    out = "<h2>Stages</h2>" + _table(
-        ["stage", "status", "in", "out", "rejected", "partial", "seconds"], rows)
+        common = Counter((r.scope, reject_kind(r.reason)) for r in rejects)
+        reasons += [[m.stage, "whole row" if scope == "row" else "part of a row", reason, n]
+                    for (scope, reason), n in common.most_common(max_reasons)]
+    out = _h2("Stages", "stages") + _table(
+        ["stage", "status", "in", "out", "rejected", "partly rejected", "seconds"], rows)
     if reasons:
-        out += "<h3>Most common reject reasons</h3>" + _table(["stage", "reason", "rows"], reasons)
+        out += "<h3>Most common reject reasons</h3>" + _table(
+            ["stage", "rejected", "reason", "count"], reasons)
     return out
+
+
+def reject_kind(reason: str) -> str:
+    """A reject reason with its numbers blanked, so equal causes count together."""
+    return re.sub(r"\d+(\.\d+)?", "#", reason)[:160]
+
+
+def _h2(title: str, anchor: str) -> str:
+    return f"<h2 id='{anchor}'>{html.escape(title)}</h2>"
+
+
+def _missing(title: str, anchor: str, why: str) -> str:
+    return _h2(title, anchor) + f"<p class='muted'>{html.escape(why)}</p>"
 
 
 def _validated(store: RunStore) -> list[ValidatedGroup]:
@@ -117,7 +144,8 @@ def section_agreement(groups: list[ValidatedGroup]) -> str:
     weights = [p.weight for g in groups for p in g.pairs]
     probs = [p.p for g in groups for p in g.pairs]
     if not ws and not weights:
-        return ""
+        return _missing("Agreement and pair weights", "agreement",
+                        "No aggregated groups yet (run the aggregate stage).")
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.2))
     axes[0].hist(ws, bins=20, range=(0, 1), color="#0969da")
     axes[0].set(title="Kendall's W per group", xlabel="W", ylabel="groups")
@@ -127,7 +155,7 @@ def section_agreement(groups: list[ValidatedGroup]) -> str:
     axes[2].set(title="pair probability p_ij", xlabel="p", ylabel="pairs")
     flags = Counter(f for g in groups for f in g.flags)
     flag_rows = [[f, n] for f, n in flags.most_common()]
-    return ("<h2>Agreement and pair weights</h2>" + _img(_figure_png(fig), "agreement histograms")
+    return (_h2("Agreement and pair weights", "agreement") + _img(_figure_png(fig), "agreement histograms")
             + f"<p class='muted'>{len(groups)} groups, {len(weights)} pairs.</p>"
             + (_table(["flag", "groups"], flag_rows) if flag_rows else ""))
 
@@ -135,8 +163,9 @@ def section_agreement(groups: list[ValidatedGroup]) -> str:
 def section_noise(store: RunStore) -> str:
     report = _read_json(store.stage_dir("aggregate") / "report.json")
     if not report:
-        return ""
-    out = "<h2>Annotators and noise</h2>"
+        return _missing("Annotators and noise", "noise",
+                        "No aggregate report yet (run the aggregate stage).")
+    out = _h2("Annotators and noise", "noise")
     annotators = report.get("annotators") or []
     sim = store.manifest("simulate")
     truth = (sim.stats.get("annotators") or {}) if sim is not None else {}
@@ -184,7 +213,7 @@ def section_training(store: RunStore) -> str:
     train = [r for r in log if r.get("split") == "train" and "loss" in r]
     held = [r for r in log if r.get("split") == "eval"]
     if not train:
-        return ""
+        return _missing("Training", "training", "No training in this run.")
     keys = [k for k in ("loss", "pair_accuracy", "margin") if any(k in r for r in train)]
     fig, axes = plt.subplots(1, len(keys), figsize=(4.3 * len(keys), 3.2), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
@@ -198,13 +227,14 @@ def section_training(store: RunStore) -> str:
     speed = (f"<p class='muted'>last logged step {last['step']}: "
              f"{_fmt(last.get('groups_per_s'))} groups/s, {_fmt(last.get('tokens_per_s'))} "
              f"tokens/s, KL to reference {_fmt(last.get('kl'))}</p>")
-    return "<h2>Training</h2>" + _img(_figure_png(fig), "training curves") + speed
+    return _h2("Training", "training") + _img(_figure_png(fig), "training curves") + speed
 
 
 def section_eval(store: RunStore) -> str:
     metrics = _read_json(store.stage_dir("eval") / "metrics.json")
     if not metrics or "metrics" not in metrics:
-        return ""
+        return _missing("Evaluation on the held-out split", "evaluation",
+                        "No evaluation in this run.")
     before = metrics["metrics"].get("baseline") or {}
     after = metrics["metrics"].get("model") or {}
     keys = [k for k in before if isinstance(before.get(k), int | float) and k != "groups"]
@@ -215,8 +245,33 @@ def section_eval(store: RunStore) -> str:
             f"split); before = {html.escape(str(metrics.get('baseline')))}, after = "
             f"{html.escape(str(metrics.get('model')))}; implicit reward beta = "
             f"{_fmt(metrics.get('beta'))} against {html.escape(str(metrics.get('ref_model')))}.</p>")
-    return ("<h2>Evaluation on the held-out split</h2>" + head
+    plot = _eval_plot(before, after, keys)
+    return (_h2("Evaluation on the held-out split", "evaluation") + head + plot
             + _table(["metric", "before", "after", "change"], rows))
+
+
+def _eval_plot(before: dict[str, Any], after: dict[str, Any], keys: list[str]) -> str:
+    """Bars before/after: accuracies (share of pairs ordered as the consensus) and margins."""
+    both = [k for k in keys if isinstance(after.get(k), int | float)]
+    groups = [[k for k in both if "accuracy" in k], [k for k in both if "accuracy" not in k]]
+    groups = [g for g in groups if g]
+    if not groups:
+        return ""
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.2 * len(groups), 3.2), squeeze=False)
+    for ax, names in zip(axes[0], groups, strict=True):
+        x = range(len(names))
+        ax.bar([i - 0.2 for i in x], [before[k] for k in names], 0.4, label="before",
+               color="#8c959f")
+        ax.bar([i + 0.2 for i in x], [after[k] for k in names], 0.4, label="after",
+               color="#0969da")
+        ax.set_xticks(list(x), [k.replace("_", " ") for k in names], rotation=15)
+        ax.axhline(0, color="#57606a", linewidth=0.6)
+        ax.legend()
+    axes[0][0].set(title="pair accuracy vs the consensus" if "accuracy" in groups[0][0]
+                   else "margins and rewards")
+    if len(groups) > 1:
+        axes[0][1].set(title="margins, rewards and KL")
+    return _img(_figure_png(fig), "evaluation before and after training")
 
 
 def render_report(store: RunStore, config: ReportConfig) -> str:
@@ -228,11 +283,14 @@ def render_report(store: RunStore, config: ReportConfig) -> str:
     sections += [section_agreement(groups), section_noise(store), section_training(store),
                  section_eval(store)]
     body = "".join(s for s in sections if s)
+    nav = " &middot; ".join(f"<a href='#{a}'>{t}</a>" for a, t in NAV)
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<link rel='icon' href='data:,'>"  # no favicon request
             f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
             f"<h1>{html.escape(title)}</h1><p class='muted'>{html.escape(str(store.root))} "
-            f"&middot; generated {now}</p>{body}</body></html>")
+            f"&middot; generated {now}</p><nav class='muted'>{nav}</nav>{body}</body></html>")
 
 
 def run_report(store: RunStore, config: ReportConfig | None = None) -> Path:

@@ -2,30 +2,34 @@
 
 Order: prompts -> generate (or import) -> rank -> simulate -> label -> aggregate -> validate
 -> export -> train -> eval -> report. A section left out of the config skips its stage.
-Each stage's own cache decides whether it re-computes (same settings + same input => skipped).
+Each stage's own cache decides whether it re-computes (same settings + same input => the
+stage is *cached*: its manifest and output stay untouched); ``force`` re-runs named stages.
+Exports are cached by the runner (``RUN/export/run-exports.json``: settings, the validate
+output they were made from, and where they went); the report is re-rendered every time.
 
-The ``label`` stage is human work: it pushes the groups to Argilla, then checks how many have
-enough submitted rankings. Too few: it prints "waiting for N submissions", saves nothing new
-and the run stops with exit code 0 (``--wait`` polls instead). Once enough are in, it pulls
-them into RUN/label and the run goes on.
+The ``label`` stage is human work (:mod:`grouppref.pipeline.run_label`): it pushes the groups
+to Argilla and counts the groups with enough submitted rankings. Too few: the run stops with
+"waiting for N more submitted ranking(s)" (exit code 0; ``--wait`` polls instead); run it
+again later and it pulls the rankings into RUN/label and goes on.
+
+When the config does not name ``aggregate.input_stage``, aggregate reads the last annotating
+stage the config has: label, else simulate, else rank.
 """
 
 from __future__ import annotations
 
-import time
-from collections import Counter
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rich.console import Console
 
+from grouppref.config import format_validation_error, read_config_file
 from grouppref.errors import ConfigError
-from grouppref.labeling.client import ClientSettings, connect, resolve_credentials
-from grouppref.labeling.pull import DatasetState, PullConfig, fetch_state, pull_run
-from grouppref.labeling.push import PushConfig, push_run
 from grouppref.pipeline.aggregate import AggregateConfig, run_aggregate
 from grouppref.pipeline.export import ExportConfig, run_export
 from grouppref.pipeline.generate import GenerateConfig, run_generate
@@ -33,36 +37,20 @@ from grouppref.pipeline.import_groups import ImportConfig, run_import
 from grouppref.pipeline.prompts import PromptsConfig, run_prompts
 from grouppref.pipeline.rank import RankConfig, run_rank
 from grouppref.pipeline.report import ReportConfig, run_report
+from grouppref.pipeline.run_label import LabelRunConfig, WaitingForLabels, label_summary, run_label
 from grouppref.pipeline.simulate import SimulateConfig, run_simulate
-from grouppref.pipeline.store import RunStore, StageRun
+from grouppref.pipeline.store import RunStore, StageRun, config_hash
 from grouppref.pipeline.validate import ValidateConfig, run_validate
 from grouppref.train.config import EvalConfig, TrainConfig
 from grouppref.train.eval import run_eval
-from grouppref.train.stage import TrainOutcome, run_train
+from grouppref.train.stage import run_train
 
 STAGES = ("prompts", "generate", "rank", "simulate", "label", "aggregate", "validate", "export",
           "train", "eval", "report")
-StageName = Literal["prompts", "generate", "rank", "simulate", "label", "aggregate", "validate",
-                    "export", "train", "eval", "report"]
+EXPORT_STATE = "run-exports.json"
 
-
-class LabelRunConfig(BaseModel):
-    """Human labeling inside a run: push, wait for enough rankings, pull."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    push: PushConfig = Field(default_factory=PushConfig, description="Settings of the push.")
-    pull: PullConfig = Field(default_factory=PullConfig, description="Settings of the pull.")
-    min_rankings: int = Field(default=1, ge=1, description="Submitted human rankings a group "
-                              "needs before the run goes on.")
-    min_groups: float = Field(default=1.0, gt=0.0, le=1.0, description="Share of the groups "
-                              "that must have min_rankings before the run goes on.")
-    api_url: str | None = Field(default=None, description="Argilla URL (default: "
-                                "$ARGILLA_API_URL, else the embedded server's).")
-    state_dir: str | None = Field(default=None, description="State dir of the embedded server "
-                                  "to use (default: its default).")
-    poll_seconds: float = Field(default=30.0, gt=0, description="With --wait: seconds between "
-                                "progress checks.")
+__all__ = ["STAGES", "LabelRunConfig", "RunConfig", "RunOutcome", "WaitingForLabels",
+           "check_stages", "load_run_config", "run_pipeline"]
 
 
 class RunConfig(BaseModel):
@@ -70,7 +58,8 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    run_dir: str = Field(description="Run directory (created when missing).")
+    run_dir: str = Field(description="Run directory (created when missing); --run-dir "
+                         "overrides it.")
     prompts: PromptsConfig | None = Field(default=None, description="Read prompts into the run.")
     generate: GenerateConfig | None = Field(default=None, description="Sample candidates.")
     import_: ImportConfig | None = Field(default=None, alias="import", description="Import "
@@ -79,14 +68,18 @@ class RunConfig(BaseModel):
     simulate: SimulateConfig | None = Field(default=None, description="Simulated annotators.")
     label: LabelRunConfig | None = Field(default=None, description="Human rankings in Argilla.")
     aggregate: AggregateConfig | None = Field(default_factory=AggregateConfig,
-                                              description="Bradley-Terry / Plackett-Luce fit.")
+                                              description="Bradley-Terry fit of the rankings "
+                                              "(on by default; null skips it).")
     validation: ValidateConfig | None = Field(default_factory=ValidateConfig, alias="validate",
-                                              description="Checks and the train/test split.")
-    export: list[ExportConfig] = Field(default_factory=list, description="Exports (any number).")
+                                              description="Checks and the train/test split "
+                                              "(on by default; null skips it).")
+    export: list[ExportConfig] = Field(default_factory=list, description="Exports, any number "
+                                     "(each a target: to_dir, parquet or hub).")
     train: TrainConfig | None = Field(default=None, description="GSPO training.")
     eval: EvalConfig | None = Field(default=None, description="Before/after evaluation.")
     report: ReportConfig | None = Field(default_factory=ReportConfig,
-                                        description="The HTML report.")
+                                        description="The HTML report (on by default; "
+                                        "null skips it).")
 
     @model_validator(mode="after")
     def _one_source(self) -> RunConfig:
@@ -99,139 +92,231 @@ class RunConfig(BaseModel):
 
 @dataclass
 class RunOutcome:
-    """How a run ended: ``done``, or ``waiting`` for human rankings (with the message)."""
+    """How a run ended: ``done``, or ``waiting`` for human rankings (with the message).
+
+    ``ran`` lists the stages that computed, ``cached`` those whose output was reused,
+    ``skipped`` those the config leaves out.
+    """
 
     status: Literal["done", "waiting"]
     ran: list[str] = field(default_factory=list)
+    cached: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     message: str = ""
     report: Path | None = None
 
 
-class WaitingForLabels(Exception):  # noqa: N818 - a state, not an error
-    """Raised inside the label stage when too few rankings are in; the run stops cleanly."""
+@dataclass
+class _Done:
+    """One stage's result as the runner reports it."""
+
+    cached: bool
+    line: str
+    report: Path | None = None
 
 
-def _selected(start: str | None, until: str | None) -> list[str]:
-    for name in (start, until):
-        if name is not None and name not in STAGES:
-            raise ConfigError(f"unknown stage {name!r}; stages are: {', '.join(STAGES)}")
+# -- config --------------------------------------------------------------------------------
+def _set_path(data: dict[str, Any], assignment: str) -> None:
+    """Apply ``a.b.0.c=VALUE`` (VALUE parsed as YAML) to ``data`` in place."""
+    key, eq, raw = assignment.partition("=")
+    parts = [p for p in key.strip().split(".") if p]
+    if not eq or not parts:
+        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. "
+                          "--set rank.rankers.0.model=path/to/model")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {assignment!r}: cannot parse the value as YAML") from e
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"--set {assignment!r}: {'.'.join(parts[:i]) or 'the top'} is "
+                                  f"a list of {len(node)}; {part!r} is not an index in it")
+            index: int | str = int(part)
+        elif isinstance(node, dict):
+            index = part
+            if not last and not isinstance(node.get(part), dict | list):
+                node[part] = {}
+        else:
+            raise ConfigError(f"--set {assignment!r}: {'.'.join(parts[:i])} is a value, not a "
+                              "section")
+        if last:
+            node[index] = value
+        else:
+            node = node[index]
+
+
+def load_run_config(path: str | Path, sets: list[str] | None = None,
+                    run_dir: str | None = None) -> RunConfig:
+    """Read and validate a run config; ``sets`` are ``KEY.PATH=VALUE`` overrides.
+
+    Raises:
+        InputFileError: the file cannot be read.
+        ConfigError: a bad override, an unknown key or a value that is not allowed (every
+            problem on its own line, naming the dotted key and what is allowed).
+    """
+    data = read_config_file(path)
+    for assignment in sets or []:
+        _set_path(data, assignment)
+    if run_dir:
+        data["run_dir"] = run_dir
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, str(path), data)) from e
+
+
+def check_stages(start: str | None = None, until: str | None = None,
+                 force: list[str] | None = None) -> list[str]:
+    """The stages from ``start`` to ``until``; every name is checked (``force`` may say all).
+
+    Raises:
+        ConfigError: an unknown stage name, or ``start`` after ``until``.
+    """
+    for option, name in [("--from", start), ("--until", until),
+                         *(("--force", f) for f in force or [])]:
+        if name is not None and name not in STAGES and not (option == "--force" and name == "all"):
+            allowed = ", ".join(STAGES) + (", all" if option == "--force" else "")
+            raise ConfigError(f"{option} {name!r}: unknown stage; allowed: {allowed}")
     first = STAGES.index(start) if start else 0
     last = STAGES.index(until) if until else len(STAGES) - 1
     if first > last:
-        raise ConfigError(f"--from {start} comes after --until {until}")
+        raise ConfigError(f"--from {start} comes after --until {until} in the stage order "
+                          f"({', '.join(STAGES)})")
     return list(STAGES[first:last + 1])
 
 
-def _say_stage(console: Console, stage: StageRun[Any]) -> None:
+# -- stages --------------------------------------------------------------------------------
+def _stage_done(stage: StageRun[Any], extra: str = "") -> _Done:
     c = stage.manifest.counts
-    state = "[yellow]cached[/]" if stage.cached else "[green]done[/]"
-    console.print(f"{stage.manifest.stage:>9}: {state} {c.inputs} in, {c.outputs} out, "
-                  f"{c.rejected} rejected ({stage.dir})", highlight=False)
+    partial = f", {c.partial} partly rejected" if c.partial else ""
+    return _Done(stage.cached, f"{c.inputs} in, {c.outputs} out, {c.rejected} rejected{partial}"
+                 f"{extra} ({stage.dir})")
 
 
-def _label(store: RunStore, config: LabelRunConfig, force: bool, wait: bool,
-           console: Console) -> StageRun[Any]:
-    creds = resolve_credentials(api_url=config.api_url,
-                                state_dir=Path(config.state_dir) if config.state_dir else None)
-    workspace = creds.workspace or config.push.workspace
-    push_cfg = config.push.model_copy(update={"workspace": workspace})
-    pull_cfg = config.pull.model_copy(update={"workspace": workspace,
-                                              "dataset": config.pull.dataset or push_cfg.dataset})
-    with connect(creds, ClientSettings()) as client:
-        pushed = push_run(store, push_cfg, client, progress=False)
-        console.print(f"{'label':>9}: pushed {pushed.groups} groups to {creds.api_url} "
-                      f"(dataset {pushed.dataset!r}, {pushed.created} new)", highlight=False)
-        name = pull_cfg.dataset_name(store)
-        while True:
-            state = fetch_state(client, name, workspace)
-            have = _groups_with(state, config.min_rankings)
-            need = max(1, round(config.min_groups * len(state.records)))
-            if have >= need:
-                break
-            message = (f"waiting for {need - have} more group(s) with {config.min_rankings} "
-                       f"submitted ranking(s) each ({have}/{len(state.records)} ready); rank "
-                       f"them at {creds.api_url}, then run again")
-            if not wait:
-                raise WaitingForLabels(message)
-            console.print(f"{'label':>9}: {message}", highlight=False)
-            time.sleep(config.poll_seconds)
-        return pull_run(store, pull_cfg, client, force=force, progress=False).stage
+def _aggregate_config(config: RunConfig) -> AggregateConfig | None:
+    agg = config.aggregate
+    if agg is None or agg.input_stage is not None:
+        return agg
+    last = "label" if config.label else "simulate" if config.simulate else (
+        "rank" if config.rank else None)
+    return agg.model_copy(update={"input_stage": last}) if last else agg
 
 
-def _groups_with(state: DatasetState, min_rankings: int) -> int:
-    """Records with at least ``min_rankings`` submitted responses."""
-    submitted = Counter(r.group_id for r in state.responses if r.status == "submitted")
-    return sum(n >= min_rankings for n in submitted.values())
+def _export_all(store: RunStore, exports: list[ExportConfig], force: bool) -> _Done:
+    """Every export, each skipped when it was made from the same validate output."""
+    path = store.stage_dir("export") / EXPORT_STATE
+    done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    validated = store.require("validate").output_fingerprint
+    lines, all_cached = [], True
+    for exp in exports:
+        key = config_hash(exp, "run-export-1")
+        last = done.get(key)
+        local = exp.hub is None or exp.dry_run
+        if (not force and last and last["input"] == validated
+                and (not local or Path(last["location"]).exists())):
+            lines.append(str(last["location"]))
+            continue
+        all_cached = False
+        result = run_export(store, exp)
+        done[key] = {"input": validated, "location": result.location, "rows": result.rows}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(done, indent=1) + "\n")
+        lines.append(f"{sum(result.rows.values())} rows ({exp.format}) -> {result.location}")
+    return _Done(all_cached, "; ".join(lines))
 
 
-def _stage_calls(config: RunConfig, store: RunStore, force: set[str], wait: bool,
-                 console: Console) -> dict[str, Callable[[], Any]]:
-    def export_all() -> bool:
-        for exp in config.export:
-            result = run_export(store, exp)
-            console.print(f"{'export':>9}: {sum(result.rows.values())} rows ({exp.format}) -> "
-                          f"{result.location}", highlight=False)
-        return True
+def _stage_calls(config: RunConfig, store: RunStore, forced: set[str], wait: bool,
+                 console: Console) -> dict[str, Callable[[], _Done | None]]:
+    """Per stage: a call that runs it (or reuses it) and says what it did; None: not configured."""
+    def when(section: Any, call: Callable[[], _Done]) -> Callable[[], _Done | None]:
+        return lambda: call() if section else None
 
-    calls: dict[str, Callable[[], Any]] = {
-        "prompts": lambda: config.prompts and run_prompts(store, config.prompts, "prompts" in force),
-        "generate": lambda: (run_generate(store, config.generate, force="generate" in force)
-                             if config.generate else
-                             run_import(store, config.import_, force="generate" in force)
-                             if config.import_ else None),
-        "rank": lambda: config.rank and run_rank(store, config.rank, "rank" in force),
-        "simulate": lambda: config.simulate and run_simulate(store, config.simulate,
-                                                             "simulate" in force),
-        "label": lambda: config.label and _label(store, config.label, "label" in force, wait,
-                                                 console),
-        "aggregate": lambda: config.aggregate and run_aggregate(store, config.aggregate,
-                                                                "aggregate" in force),
-        "validate": lambda: config.validation and run_validate(store, config.validation,
-                                                               "validate" in force),
-        "export": lambda: config.export and export_all(),
-        "train": lambda: config.train and run_train(store.root, config.train,
-                                                    force="train" in force),
-        "eval": lambda: config.eval and run_eval(store, config.eval, "eval" in force),
-        "report": lambda: config.report and run_report(store, config.report),
+    def generate() -> _Done:
+        if config.generate:
+            return _stage_done(run_generate(store, config.generate, force="generate" in forced))
+        assert config.import_ is not None  # the config validator guarantees one source
+        return _stage_done(run_import(store, config.import_, force="generate" in forced))
+
+    def label() -> _Done:
+        assert config.label is not None
+        stage = run_label(store, config.label, force="label" in forced, wait=wait,
+                          console=console)
+        return _stage_done(stage, f"; {label_summary(stage)}")
+
+    def train() -> _Done:
+        assert config.train is not None
+        out = run_train(store.root, config.train, force="train" in forced)
+        return _Done(out.cached, f"{out.counts.get('outputs')} groups used (training and "
+                     f"held out); model -> {out.out_dir}")
+
+    def report() -> _Done:
+        path = run_report(store, config.report)
+        return _Done(False, str(path), report=path)
+
+    aggregate = _aggregate_config(config)
+    return {
+        "prompts": when(config.prompts, lambda: _stage_done(
+            run_prompts(store, config.prompts, "prompts" in forced))),
+        "generate": generate,
+        "rank": when(config.rank, lambda: _stage_done(
+            run_rank(store, config.rank, "rank" in forced))),
+        "simulate": when(config.simulate, lambda: _stage_done(
+            run_simulate(store, config.simulate, "simulate" in forced))),
+        "label": when(config.label, label),
+        "aggregate": when(aggregate, lambda: _stage_done(
+            run_aggregate(store, aggregate, "aggregate" in forced))),
+        "validate": when(config.validation, lambda: _stage_done(
+            run_validate(store, config.validation, "validate" in forced))),
+        "export": when(config.export, lambda: _export_all(store, config.export,
+                                                          "export" in forced)),
+        "train": when(config.train, train),
+        "eval": when(config.eval, lambda: _stage_done(
+            run_eval(store, config.eval, "eval" in forced))),
+        "report": when(config.report, report),
     }
-    return calls
 
 
 def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | None = None,
                  force: list[str] | None = None, wait: bool = False,
                  console: Console | None = None) -> RunOutcome:
-    """Run the configured stages in order (see the module docstring).
+    """Run the configured stages from ``start`` to ``until`` in order (see the module docstring).
+
+    Args:
+        config (RunConfig): the validated run config.
+        start (str | None): first stage to run (default: the first).
+        until (str | None): last stage to run (default: the last).
+        force (list[str] | None): stages to re-run even when cached ("all": every stage).
+        wait (bool): poll Argilla until enough human rankings are in instead of stopping.
+        console (Console | None): where progress lines go.
+
+    Returns:
+        RunOutcome: ``done``, or ``waiting`` with the message of the label stage.
 
     Raises:
         ConfigError: an unknown stage name in ``start``/``until``/``force``.
+        GroupPrefError: whatever a stage raises (bad input, missing model, ...).
     """
     console = console or Console()
-    forced = set(force or [])
-    if "all" in forced:
-        forced = set(STAGES)
-    for name in forced:
-        _selected(name, name)
+    selected = check_stages(start, until, force)
+    forced = set(STAGES) if "all" in (force or []) else set(force or [])
     store = RunStore(config.run_dir)
     store.root.mkdir(parents=True, exist_ok=True)
     calls = _stage_calls(config, store, forced, wait, console)
     outcome = RunOutcome(status="done")
-    for name in _selected(start, until):
+    for name in selected:
         try:
-            result = calls[name]()
+            done = calls[name]()
         except WaitingForLabels as waiting:
             outcome.status, outcome.message = "waiting", str(waiting)
             return outcome
-        if not result:
+        if done is None:
             outcome.skipped.append(name)
             continue
-        outcome.ran.append(name)
-        if isinstance(result, StageRun):
-            _say_stage(console, result)
-        elif isinstance(result, TrainOutcome):
-            state = "[yellow]cached[/]" if result.cached else "[green]done[/]"
-            console.print(f"{'train':>9}: {state} model -> {result.out_dir}", highlight=False)
-        elif isinstance(result, Path):
-            outcome.report = result
-            console.print(f"{'report':>9}: {result}", highlight=False)
+        (outcome.cached if done.cached else outcome.ran).append(name)
+        outcome.report = done.report or outcome.report
+        state = "[yellow]cached[/]" if done.cached else "[green]done[/]"
+        console.print(f"{name:>9}: {state} {done.line}", highlight=False, soft_wrap=True)
     return outcome

@@ -1,0 +1,135 @@
+"""``grouppref report``: one self-contained HTML file, rendered in headless Chromium.
+
+The run is the import example (no model) plus two training steps and an evaluation of a tiny
+2-layer Llama (``tiny_lm_dir``), so every section of the report has data. The browser test
+records every request the page makes (only the file itself may be loaded), every console
+message and page error, checks each section and that every plot decoded, and saves a
+full-page screenshot to ``test-artifacts/report.png``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from grouppref.commands import run as run_commands
+from grouppref.pipeline.report import ReportConfig, reject_kind, render_report, run_report
+from grouppref.pipeline.runner import load_run_config, run_pipeline
+from grouppref.pipeline.store import RunStore
+from tests.test_label_browser import FLAGS
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "import.yaml"
+SECTIONS = {"stages": "Stages", "agreement": "Agreement and pair weights",
+            "noise": "Annotators and noise", "training": "Training",
+            "evaluation": "Evaluation on the held-out split"}
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_lm_dir: Path) -> RunStore:
+    """The import example, then 2 GSPO steps and an evaluation of the tiny LM."""
+    base = tmp_path_factory.mktemp("report")
+    train = {"model": str(tiny_lm_dir), "max_steps": 2, "batch_size": 2, "logging_steps": 1,
+             "eval_steps": 1, "lr": 1e-3, "data": {"max_prompt_length": 64,
+                                                    "max_response_length": 32}}
+    cfg = load_run_config(EXAMPLE, [
+        f"import.source={ROOT / 'examples' / 'data' / 'candidates.jsonl'}",
+        f"export.0.to_dir={base / 'export' / 'groups'}",
+        f"export.1.parquet={base / 'export' / 'pairs.parquet'}",
+        f"train={json.dumps(train)}", "eval={}"], run_dir=str(base / "run"))
+    outcome = run_pipeline(cfg)
+    assert outcome.status == "done" and "eval" in outcome.ran and outcome.report is not None
+    return RunStore(cfg.run_dir)
+
+
+def test_report_has_every_section_with_the_run_numbers(trained_run: RunStore) -> None:
+    page = render_report(trained_run, ReportConfig(title="t <&> t"))
+    for anchor, title in SECTIONS.items():
+        assert f"<h2 id='{anchor}'>{html.escape(title)}</h2>" in page
+    assert "<title>t &lt;&amp;&gt; t</title>" in page  # escaped
+    # every stage's counts as the manifests have them
+    for m in trained_run.manifests():
+        c = m.counts
+        assert (f"<td>{m.stage}</td><td>complete</td><td class=num>{c.inputs}</td><td class=num>"
+                f"{c.outputs}</td><td class=num>{c.rejected}</td><td class=num>{c.partial}</td>"
+                ) in page
+    # the verify rule skips the 4 groups without a reference: part-rejects, counted together
+    assert ("<td>rank</td><td>part of a row</td><td>ranker &#x27;rule:verify&#x27; skipped the "
+            "group: the prompt has no reference answer</td><td class=num>4</td>") in page
+    # before/after evaluation rows are metrics.json's numbers (3 decimals)
+    metrics = json.loads((trained_run.stage_dir("eval") / "metrics.json").read_text())
+    before, after = metrics["metrics"]["baseline"], metrics["metrics"]["model"]
+    acc = "pair_accuracy"
+    assert (f"<td>{acc}</td><td class=num>{before[acc]:.3f}</td><td class=num>"
+            f"{after[acc]:.3f}</td><td class=num>{after[acc] - before[acc]:.3f}</td>") in page
+    assert "Recommended loss: <b>" in page and "Estimated label noise" in page
+    # self-contained: plots are data URIs, nothing refers to another file or host
+    assert len(re.findall(r"<img src=\"data:image/png;base64,", page)) == 3
+    assert not re.search(r"(src|href)=[\"'](?!data:|#)", page)
+
+
+def test_reject_kinds_count_equal_causes_together() -> None:
+    assert reject_kind("empty response #3 left out") == reject_kind("empty response #12 left out")
+    assert reject_kind("only 1 distinct responses; --min-k is 2") == \
+        "only # distinct responses; --min-k is #"
+
+
+@pytest.mark.browser
+def test_report_renders_in_chromium_without_errors_or_requests(
+        trained_run: RunStore, chromium_executable: str, artifacts_dir: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    path = run_report(trained_run).resolve()
+    url = path.as_uri()
+    requests: list[str] = []
+    problems: list[str] = []
+    with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
+        ctx = p.chromium.launch_persistent_context(
+            profile, executable_path=chromium_executable, args=FLAGS, headless=True,
+            viewport={"width": 1280, "height": 900})
+        try:
+            page = ctx.new_page()
+            page.on("request", lambda r: requests.append(r.url))
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+                    if m.type in ("error", "warning") else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.goto(url, wait_until="load")
+            for anchor, title in SECTIONS.items():
+                assert page.locator(f"h2#{anchor}").inner_text() == title
+            images: list[dict[str, Any]] = page.evaluate(
+                "Array.from(document.images).map(i => ({ok: i.complete, w: i.naturalWidth}))")
+            assert len(images) == 3 and all(i["ok"] and i["w"] > 300 for i in images)
+            rows = page.locator("#stages + table tbody tr").count()
+            assert rows == len(trained_run.manifests())
+            page.screenshot(path=str(artifacts_dir / "report.png"), full_page=True)
+        finally:
+            ctx.close()
+    assert problems == []
+    assert requests == [url]  # the page itself and nothing else
+
+
+def test_report_command_writes_the_file_and_refuses_a_non_run(trained_run: RunStore,
+                                                               tmp_path: Path) -> None:
+    app = typer.Typer()
+    run_commands.register(app)
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(app, ["report", str(trained_run.root), "--output", str(out),
+                                      "--title", "My run"])
+    assert result.exit_code == 0, result.output
+    assert "<title>My run</title>" in out.read_text()
+    bad = CliRunner().invoke(app, ["report", str(tmp_path / "nowhere")])
+    assert "no stage has run here" in str(bad.exception)
+
+
+def test_docs_list_every_setting() -> None:
+    doc = (ROOT / "docs" / "report.md").read_text()
+    for name in ReportConfig.model_fields:
+        assert f"| `{name}` |" in doc, name
