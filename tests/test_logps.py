@@ -1,0 +1,117 @@
+"""Prefix-shared log-probs equal the unshared computation and a naive per-candidate loop
+(no padding at all), values and parameter gradients, within 1e-4 in fp32."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from grouppref.errors import ConfigError
+from grouppref.train.data import GroupBatch, TokenizedGroup, collate_groups
+from grouppref.train.logps import group_logps
+
+ATOL = 1e-4
+RTOL = 1e-4
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def model(tiny_lm_dir):
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(tiny_lm_dir, dtype=torch.float32).train()
+
+
+def _groups() -> list[TokenizedGroup]:
+    """Three groups: prompts of 5, 11 and 1 tokens; K = 3, 2, 4; responses of 1 to 9 tokens."""
+    g = torch.Generator().manual_seed(7)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, 5000, (n,), generator=g).tolist()
+
+    def group(gid: str, p: int, lens: list[int]) -> TokenizedGroup:
+        k = len(lens)
+        return TokenizedGroup(group_id=gid, prompt_ids=ids(p), cand_ids=[ids(n) for n in lens],
+                              p_ij=[[0.5] * k for _ in range(k)], w_ij=[[0.0] * k for _ in range(k)],
+                              order=list(range(k)), ref_logps=None, behavior_logps=[None] * k,
+                              split=None)
+
+    return [group("a", 5, [3, 9, 1]), group("b", 11, [4, 2]), group("c", 1, [2, 5, 7, 6])]
+
+
+def _naive(model, groups: list[TokenizedGroup]) -> torch.Tensor:
+    """One unpadded forward pass per candidate over prompt + response, (B, K)."""
+    k = max(len(g.cand_ids) for g in groups)
+    out = torch.zeros(len(groups), k)
+    for b, grp in enumerate(groups):
+        for i, cand in enumerate(grp.cand_ids):
+            ids = torch.tensor([grp.prompt_ids + cand])
+            logp = model(input_ids=ids).logits[0, :-1].float().log_softmax(-1)  # (L-1, V)
+            picked = logp.gather(1, ids[0, 1:, None])[:, 0]
+            out = out.index_put((torch.tensor(b), torch.tensor(i)), picked[len(grp.prompt_ids) - 1:].sum())
+    return out
+
+
+def _repad(batch: GroupBatch, prompt_left: bool, resp_right: bool) -> GroupBatch:
+    """The same batch with prompts right-padded and/or responses left-padded (flip alignment)."""
+    def flip(ids, mask, to_left):
+        key = mask if to_left else 1 - mask
+        idx = key.argsort(dim=-1, stable=True)
+        return ids.gather(-1, idx), mask.gather(-1, idx)
+
+    p_ids, p_mask = flip(batch.prompt_ids, batch.prompt_mask, prompt_left)
+    c_ids, c_mask = flip(batch.cand_ids, batch.cand_mask, not resp_right)
+    return dataclasses.replace(batch, prompt_ids=p_ids, prompt_mask=p_mask, cand_ids=c_ids,
+                               cand_mask=c_mask)
+
+
+def _value_and_grads(model, fn) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad()
+    logps = fn()
+    # A weighted sum so every candidate's gradient matters with a different weight.
+    weights = torch.arange(1, logps.numel() + 1, dtype=logps.dtype).reshape(logps.shape) / logps.numel()
+    (logps * weights).sum().backward()
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    return logps.detach(), grads
+
+
+def _assert_same(got, want) -> None:
+    (v1, g1), (v2, g2) = got, want
+    torch.testing.assert_close(v1, v2, atol=ATOL, rtol=RTOL)
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL)
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    return _value_and_grads(model, lambda: _naive(model, _groups()))
+
+
+@pytest.mark.parametrize("share_prefix", [True, False])
+@pytest.mark.parametrize(("prompt_left", "resp_right"), [(True, True), (False, True), (False, False)])
+def test_group_logps_equal_naive_with_grads(model, reference, share_prefix, prompt_left, resp_right):
+    batch = _repad(collate_groups(_groups(), PAD), prompt_left, resp_right)
+    got = _value_and_grads(model, lambda: group_logps(model, batch, share_prefix=share_prefix))
+    _assert_same(got, reference)
+    assert (got[0][1, 2:] == 0).all() and got[0][0, 3] == 0  # invalid slots are 0
+
+
+def test_collate_pads_prompts_left_and_responses_right():
+    batch = collate_groups(_groups(), PAD)
+    assert batch.prompt_ids.shape == (3, 11) and batch.cand_ids.shape == (3, 4, 9)
+    assert batch.prompt_mask[0].tolist() == [0] * 6 + [1] * 5
+    assert batch.cand_mask[0, 0].tolist() == [1] * 3 + [0] * 6
+    assert batch.valid.tolist() == [[True] * 3 + [False], [True] * 2 + [False] * 2, [True] * 4]
+
+
+def test_shared_prefix_needs_a_cache(tiny_lm_dir):
+    from transformers import LlamaForCausalLM
+
+    gc_model = LlamaForCausalLM.from_pretrained(tiny_lm_dir, dtype=torch.float32).train()
+    gc_model.activation_checkpointing_enable()
+    batch = collate_groups(_groups(), PAD)
+    with pytest.raises(ConfigError, match="KV cache"):
+        group_logps(gc_model, batch, share_prefix=True)
+    assert group_logps(gc_model, batch, share_prefix=False).shape == (3, 4)
