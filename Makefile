@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml requirements/lock.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/grouppref demo
+	HF_HUB_OFFLINE=1 $(VENV)/bin/grouppref demo
 
 test: $(STAMP)
 	$(PY) -m ruff check grouppref tests benchmarks
