@@ -222,8 +222,11 @@ def test_kind_weights_and_config_errors(tmp_path: Path) -> None:
 def test_recommendation_is_dpo_only_above_the_threshold() -> None:
     assert recommendation(0.10, 0.15)["loss"] == "gspo"
     high = recommendation(0.20, 0.15)
-    assert high["loss"] == "dpo" and high["automatic"] is False and "30%" in high["note"]
+    assert high["loss"] == "dpo" and high["automatic"] is False and "evidence" in high["note"]
     assert recommendation(None, 0.15)["loss"] == "gspo"
+    assert AggregateConfig().dpo_fallback_threshold == 0.25  # docs/evidence.md, experiment 5
+    doomed = recommendation(0.45, 0.25, all_unreliable=True)
+    assert doomed["loss"] is None and "should not be trained on" in doomed["reason"]
 
 
 def test_cli_aggregate_and_simulate_with_report(tmp_path: Path) -> None:

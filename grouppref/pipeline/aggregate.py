@@ -75,8 +75,9 @@ class AggregateConfig(BaseModel):
                                                    "no usable ranking: reject the row or flag it.")
     tie_tolerance: float = Field(default=1e-6, ge=0, description="Strength gap under which the "
                                  "consensus puts two candidates in one tier.")
-    dpo_fallback_threshold: float = Field(default=0.15, ge=0, le=1, description="Recommend the "
-                                          "dpo loss when the estimated noise rate is above this.")
+    dpo_fallback_threshold: float = Field(default=0.25, ge=0, le=1, description="Recommend the "
+                                          "dpo loss when the estimated noise rate is above this "
+                                          "(0.25: docs/evidence.md, experiment 5).")
     batch_size: int = Field(default=4096, ge=1, description="Groups fitted together per batch.")
     max_iter: int = Field(default=100, ge=1, description="Newton iterations per fit.")
     shard_size: int = Field(default=5000, ge=1, description="Groups per resumable shard.")

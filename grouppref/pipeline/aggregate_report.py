@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from grouppref.pipeline.aggregate import AggregateConfig
 
 RULES = ("too_few_rankings", "low_agreement", "cycle", "coin_flip")
-NOTE = ("a recommendation only: the trainer's loss is never switched automatically (in a planning "
-        "experiment the group losses beat DPO at every noise level up to 30%)")
+NOTE = ("a recommendation only: the trainer's loss is never switched automatically "
+        "(docs/evidence.md, experiment 5: no difference at an estimated 19% noise; DPO ahead of "
+        "the soft gspo loss on reward gain from an estimated 29%)")
 
 
 def rule_matches(used_n: np.ndarray, fit: dict[str, np.ndarray], config: AggregateConfig
@@ -161,8 +162,14 @@ def _annotators(parsed: ParsedInput, rel: Reliability) -> list[dict[str, Any]]:
              "dropped": bool(rel.dropped[i])} for i, aid in enumerate(parsed.annotators)]
 
 
-def recommendation(noise: float | None, threshold: float) -> dict[str, Any]:
-    """``{"loss": "dpo" | "gspo", ...}``: DPO fallback only when the noise is above ``threshold``."""
+def recommendation(noise: float | None, threshold: float,
+                   all_unreliable: bool = False) -> dict[str, Any]:
+    """``{"loss": "dpo" | "gspo" | None, ...}``: DPO fallback only when the noise is above
+    ``threshold``; ``None`` (do not train) when every annotator was found unreliable."""
+    if all_unreliable:
+        return {"loss": None, "noise": noise, "threshold": threshold, "automatic": False,
+                "reason": "every annotator was found unreliable (no better than chance): these "
+                          "labels should not be trained on", "note": NOTE}
     if noise is None:
         return {"loss": "gspo", "noise": None, "threshold": threshold, "automatic": False,
                 "reason": "no noise estimate (no two annotators ranked the same groups)",
@@ -191,7 +198,8 @@ def build_report(parsed: ParsedInput, rel: Reliability, fit: dict[str, np.ndarra
                        "flagged": int((hit & kept).sum()) if action == "flag" else 0,
                        "dropped": int(hit.sum()) if action in ("drop", "reject") else 0}
     annotators = _annotators(parsed, rel)
-    rec = recommendation(noise, config.dpo_fallback_threshold)
+    all_unreliable = bool(annotators) and all(a["unreliable"] for a in annotators)
+    rec = recommendation(noise, config.dpo_fallback_threshold, all_unreliable)
     summary = {
         "input_stage": source, "noise_rate": noise, "noise_observed": observed,
         "recommendation": rec["loss"], "dpo_fallback_threshold": config.dpo_fallback_threshold,

@@ -186,11 +186,12 @@ def section_noise(store: RunStore) -> str:
             true = sum(truth[a["id"]]["realised_flip_rate"] for a in kept_sim) / len(kept_sim)
             extra = (f"<br>Simulated annotators kept in the fit: mean estimated flip rate "
                      f"<b>{est:.1%}</b>, mean true flip rate <b>{true:.1%}</b>.")
-        warn = " warn" if rec.get("loss") == "dpo" else ""
+        warn = " warn" if rec.get("loss") != "gspo" else ""
+        loss = str(rec.get("loss") or "none: do not train on these labels")
         out += (f"<div class='box{warn}'>Estimated label noise (all annotators in the fit): "
                 f"<b>{noise['estimated']:.1%}</b>; share of votes against the consensus: "
                 f"{_fmt(noise.get('observed_against_consensus'))}.{extra}<br>Recommended loss: "
-                f"<b>{html.escape(str(rec.get('loss')))}</b> ({html.escape(rec.get('reason', ''))})."
+                f"<b>{html.escape(loss)}</b> ({html.escape(rec.get('reason', ''))})."
                 f"<br><span class='muted'>{html.escape(rec.get('note', ''))}</span></div>")
     rules = report.get("rules") or {}
     if rules:

@@ -1,0 +1,395 @@
+"""Shared pieces of the evidence experiments: the synthetic testbed with a known true reward.
+
+Testbed (one per seed):
+
+* a tiny causal LM built from a config (Llama architecture, hidden 64, 2 layers) over a
+  synthetic vocabulary of ``V`` tokens; its random initialisation is the reference policy;
+* prompts are ``P`` random tokens, responses ``L`` tokens sampled from the reference;
+* a hidden true reward, additive over response tokens, with a prompt-independent part
+  ``u[y_t]`` and a prompt-dependent part ``M[x_s, y_t]`` of equal variance:
+  ``r(x, y) = (1/L) Σ_t [u[y_t] + (1/√P) Σ_s M[x_s, y_t]]``, so no prompt-independent
+  scorer can order candidates perfectly (its accuracy ceiling is reported);
+* a simulated annotator panel from :mod:`grouppref.pipeline.simulate` ranks each group
+  (Mallows around the true order, flip rate = expected share of votes against the truth);
+* aggregation with the package's own tensors (:mod:`grouppref.pipeline.reliability`,
+  :func:`grouppref.pipeline.aggregate.fit_groups`): reliability weights, BT ``p_ij``,
+  ``w_ij``, consensus order and the noise estimate the aggregate report would show;
+* training with the package's losses (:mod:`grouppref.train.losses`) on log-probs from
+  :func:`grouppref.train.logps.group_logps`, in a short loop of our own (the package trainer
+  reads ValidatedGroup records and a tokenizer; the synthetic vocabulary has neither).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from grouppref.pipeline.aggregate import AggregateConfig, fit_groups
+from grouppref.pipeline.reliability import estimate_reliability, noise_rate
+from grouppref.pipeline.simulate import AnnotatorSpec, simulate_order
+from grouppref.train.data import GroupBatch
+from grouppref.train.logps import group_logps
+from grouppref.train.losses import dpo_loss, gspo_loss, implicit_rewards, plackett_luce_loss
+
+Tensor = torch.Tensor
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "evidence"
+METHODS = ("dpo_one", "dpo_consensus", "gspo_hard", "gspo_soft", "plackett_luce")
+
+
+@dataclass
+class Testbed:
+    """Sizes of the synthetic task and of training."""
+
+    vocab: int = 32  # synthetic tokens
+    prompt_len: int = 4  # P
+    resp_len: int = 6  # L
+    hidden: int = 64
+    layers: int = 2
+    beta: float = 0.1
+    lr: float = 1e-3
+    batch_groups: int = 16
+    eval_prompts: int = 64
+    eval_k: int = 4  # candidates per held-out group (pair accuracy)
+    eval_samples: int = 8  # policy samples per held-out prompt (true-reward gain)
+
+
+@dataclass
+class Task:
+    """One seed's hidden reward, reference model and data."""
+
+    bed: Testbed
+    u: Tensor  # (V,) prompt-independent token reward
+    m: Tensor  # (V, V) prompt x response token interaction
+    ref: Any  # frozen reference model (the policy's initialisation)
+    r_std: float  # std of the true reward of reference samples (the reward unit)
+    eval_prompts: Tensor  # (E, P)
+    eval_cands: Tensor  # (E, K_eval, L)
+    eval_ref_logps: Tensor  # (E, K_eval)
+    ref_sample_reward: float  # mean true reward of reference samples on the held-out prompts
+    gen: torch.Generator
+
+
+def tiny_lm(bed: Testbed, seed: int) -> Any:
+    """A randomly initialised Llama-architecture causal LM over the synthetic vocabulary."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=bed.vocab, hidden_size=bed.hidden, intermediate_size=2 * bed.hidden,
+                      num_hidden_layers=bed.layers, num_attention_heads=4, num_key_value_heads=4,
+                      max_position_embeddings=64, bos_token_id=0, eos_token_id=1, pad_token_id=0,
+                      tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg)
+    model.eval()  # no dropout in Llama; eval() just silences the train/eval distinction
+    return model
+
+
+def true_reward(task: Task, prompts: Tensor, resp: Tensor) -> Tensor:
+    """``r(x, y)`` for prompts (..., P) and responses (..., L) -> (...)."""
+    inter = task.m[prompts[..., :, None], resp[..., None, :]].sum(-2) / math.sqrt(task.bed.prompt_len)
+    return (task.u[resp] + inter).mean(-1)
+
+
+@torch.no_grad()
+def sample(model: Any, prompts: Tensor, n: int, length: int, gen: torch.Generator) -> Tensor:
+    """``n`` responses of ``length`` tokens per prompt at temperature 1: (B, P) -> (B, n, L)."""
+    b, p = prompts.shape
+    seq = prompts.repeat_interleave(n, 0)  # (B*n, P)
+    for _ in range(length):
+        logits = model(input_ids=seq, use_cache=False, logits_to_keep=1).logits[:, -1].float()
+        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+        seq = torch.cat([seq, nxt], 1)
+    return seq[:, p:].reshape(b, n, length)
+
+
+def make_batch(prompts: Tensor, cands: Tensor, ref_logps: Tensor | None = None,
+               p_ij: Tensor | None = None, w_ij: Tensor | None = None,
+               order: Tensor | None = None) -> GroupBatch:
+    """A :class:`GroupBatch` of fixed-length prompts (B, P) and candidates (B, K, L)."""
+    b, k, length = cands.shape
+    return GroupBatch(
+        prompt_ids=prompts, prompt_mask=torch.ones_like(prompts), cand_ids=cands,
+        cand_mask=torch.ones_like(cands), valid=torch.ones(b, k, dtype=torch.bool),
+        p_ij=p_ij if p_ij is not None else torch.full((b, k, k), 0.5),
+        w_ij=w_ij if w_ij is not None else torch.zeros(b, k, k),
+        order=order if order is not None else torch.arange(k).expand(b, k).clone(),
+        ref_logps=ref_logps, behavior_logps=torch.full((b, k), float("nan")),
+        num_tokens=torch.full((b, k), length), group_ids=[str(i) for i in range(b)])
+
+
+@torch.no_grad()
+def batched_logps(model: Any, prompts: Tensor, cands: Tensor, chunk: int = 64) -> Tensor:
+    """Summed response log-probs (B, K) in chunks of groups, without gradients."""
+    out = [group_logps(model, make_batch(prompts[s:s + chunk], cands[s:s + chunk]))
+           for s in range(0, prompts.shape[0], chunk)]
+    return torch.cat(out)
+
+
+def make_task(bed: Testbed, seed: int) -> Task:
+    """The hidden reward, reference model and held-out set of one seed."""
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    u = torch.randn(bed.vocab, generator=gen)
+    m = torch.randn(bed.vocab, bed.vocab, generator=gen)
+    ref = tiny_lm(bed, seed)
+    for prm in ref.parameters():
+        prm.requires_grad_(False)
+    task = Task(bed=bed, u=u, m=m, ref=ref, r_std=1.0, eval_prompts=torch.empty(0),
+                eval_cands=torch.empty(0), eval_ref_logps=torch.empty(0), ref_sample_reward=0.0,
+                gen=gen)
+    ep = torch.randint(2, bed.vocab, (bed.eval_prompts, bed.prompt_len), generator=gen)
+    task.eval_prompts = ep
+    task.eval_cands = sample(ref, ep, bed.eval_k, bed.resp_len, gen)
+    task.eval_ref_logps = batched_logps(ref, ep, task.eval_cands)
+    ref_samples = sample(ref, ep, bed.eval_samples, bed.resp_len, gen)
+    r = true_reward(task, ep[:, None].expand(-1, bed.eval_samples, -1), ref_samples)
+    task.r_std = float(r.std())
+    task.ref_sample_reward = float(r.mean())
+    return task
+
+
+def make_groups(task: Task, n_prompts: int, k: int, seed: int) -> dict[str, Tensor]:
+    """Training groups: prompts (N, P), K reference samples each (N, K, L), their true
+    rewards (N, K) and reference log-probs (N, K)."""
+    gen = torch.Generator().manual_seed(20_000 + seed)
+    prompts = torch.randint(2, task.bed.vocab, (n_prompts, task.bed.prompt_len), generator=gen)
+    cands = sample(task.ref, prompts, k, task.bed.resp_len, gen)
+    return {"prompts": prompts, "cands": cands,
+            "reward": true_reward(task, prompts[:, None].expand(-1, k, -1), cands),
+            "ref_logps": batched_logps(task.ref, prompts, cands)}
+
+
+def panel(condition: str) -> list[AnnotatorSpec]:
+    """The simulated panel of a condition: ``noise=F`` (3 annotators with flip rate F) or
+    ``adversarial`` (3 at 0.1 plus one random and one reversed annotator)."""
+    if condition == "adversarial":
+        return [*panel("noise=0.1"), AnnotatorSpec(id="random", behavior="random"),
+                AnnotatorSpec(id="reversed", behavior="reversed")]
+    f = float(condition.split("=")[1])
+    return [AnnotatorSpec(id=f"sim-{i + 1}", flip_rate=f) for i in range(3)]
+
+
+def annotate(reward: Tensor, specs: list[AnnotatorSpec], seed: int) -> Tensor:
+    """Every annotator's strict order of every group: (N, K) rewards -> (N, A, K) tier index
+    of each candidate (0 = best), as the aggregate stage encodes rankings."""
+    rng = np.random.default_rng(30_000 + seed)
+    n, k = reward.shape
+    ranks = np.zeros((n, len(specs), k), dtype=np.int64)
+    for g in range(n):
+        scores = reward[g].tolist()
+        for a, spec in enumerate(specs):
+            order = simulate_order(scores, spec, rng)
+            ranks[g, a, order] = np.arange(k)
+    return torch.from_numpy(ranks)
+
+
+def aggregate(ranks: Tensor, config: AggregateConfig | None = None) -> dict[str, Any]:
+    """The aggregate stage's math on (N, A, K) ranks: reliability -> weighted BT fit.
+
+    Returns p (N, K, K), w (N, K, K), order (N, K) consensus best first (ties by strength),
+    hard p/w from the consensus tiers, the noise estimate and per-annotator weights.
+    """
+    cfg = config or AggregateConfig()
+    n, a, k = ranks.shape
+    ann = torch.arange(a).expand(n, a).clone()
+    rel = estimate_reliability(
+        ranks, ann, torch.ones(a, dtype=torch.float64), alpha=cfg.prior_strength,
+        iterations=cfg.reliability_iterations, min_groups=cfg.min_groups_for_reliability,
+        unreliable_tau=cfg.unreliable_tau, z=cfg.unreliable_z, drop=cfg.drop_unreliable,
+        batch_size=cfg.batch_size, max_iter=cfg.max_iter, tie_tol=cfg.tie_tolerance)
+    slot_w = rel.weight[ann]
+    fit = fit_groups(ranks, slot_w, torch.ones(n, k, dtype=torch.bool), cfg)
+    tiers = fit["tiers"]
+    order = torch.argsort(tiers.double() * 1e6 - fit["theta"], dim=1, stable=True)
+    above = tiers[:, :, None] < tiers[:, None, :]  # i in a better tier than j
+    hard_p = torch.where(above, 1.0, torch.where(above.transpose(1, 2), 0.0, 0.5))
+    hard_w = (tiers[:, :, None] != tiers[:, None, :]).float()
+    return {"p": fit["p"].float(), "w": fit["w"].float(), "order": order, "hard_p": hard_p.float(),
+            "hard_w": hard_w, "noise": noise_rate(rel), "weights": rel.weight.tolist()}
+
+
+def method_data(method: str, groups: dict[str, Tensor], agg: dict[str, Any],
+                ranks: Tensor) -> dict[str, Tensor]:
+    """What each method trains on: candidates, ref log-probs and targets per group.
+
+    DPO methods keep only the chosen/rejected pair (K = 2), so their steps cost what a DPO
+    step costs; the group methods keep all K candidates.
+    """
+    n = ranks.shape[0]
+    rows = torch.arange(n)
+    if method in ("dpo_one", "dpo_consensus"):
+        order = ranks[:, 0].argsort(1) if method == "dpo_one" else agg["order"]
+        idx = torch.stack([order[:, 0], order[:, -1]], 1)  # (N, 2) best, worst
+        return {"prompts": groups["prompts"], "cands": groups["cands"][rows[:, None], idx],
+                "ref_logps": groups["ref_logps"][rows[:, None], idx],
+                "order": torch.arange(2).expand(n, 2).clone()}
+    out = {"prompts": groups["prompts"], "cands": groups["cands"], "ref_logps": groups["ref_logps"],
+           "order": agg["order"]}
+    if method == "gspo_hard":
+        out |= {"p": agg["hard_p"], "w": agg["hard_w"]}
+    elif method == "gspo_soft":
+        out |= {"p": agg["p"], "w": agg["w"]}
+    return out
+
+
+def loss_of(method: str, s: Tensor, data: dict[str, Tensor], idx: Tensor) -> Tensor:
+    """Mean loss of a batch of groups ``idx`` under ``method``; s is (B, K)."""
+    valid = torch.ones_like(s, dtype=torch.bool)
+    order = data["order"][idx]
+    if method in ("dpo_one", "dpo_consensus"):
+        return dpo_loss(s, order, valid).mean()
+    if method == "plackett_luce":
+        return plackett_luce_loss(s, order, valid).mean()
+    return gspo_loss(s, data["p"][idx], data["w"][idx], valid).mean()
+
+
+@torch.no_grad()
+def evaluate(model: Any, task: Task) -> dict[str, float]:
+    """Held-out pair accuracy of the implicit reward against the truth, and the policy's
+    true-reward gain over the reference (in units of the reference samples' reward std), and
+    the Monte-Carlo KL(policy || reference) per response from the same samples."""
+    bed = task.bed
+    s = bed.beta * (batched_logps(model, task.eval_prompts, task.eval_cands) - task.eval_ref_logps)
+    r = true_reward(task, task.eval_prompts[:, None].expand(-1, bed.eval_k, -1), task.eval_cands)
+    ds, dr = s[:, :, None] - s[:, None, :], r[:, :, None] - r[:, None, :]
+    upper = torch.ones(bed.eval_k, bed.eval_k, dtype=torch.bool).triu(1) & (dr != 0)
+    acc = ((torch.sign(ds) * torch.sign(dr) + 1) / 2)[upper.expand_as(ds)].mean()
+    gen = torch.Generator().manual_seed(40_000)  # same draws for every method
+    ys = sample(model, task.eval_prompts, bed.eval_samples, bed.resp_len, gen)
+    reward = true_reward(task, task.eval_prompts[:, None].expand(-1, bed.eval_samples, -1), ys)
+    kl = batched_logps(model, task.eval_prompts, ys) - batched_logps(task.ref, task.eval_prompts, ys)
+    return {"pair_accuracy": float(acc),
+            "reward_gain": (float(reward.mean()) - task.ref_sample_reward) / task.r_std,
+            "kl": float(kl.mean())}
+
+
+def train_method(task: Task, data: dict[str, Tensor], method: str, steps: list[int],
+                 seed: int) -> dict[int, dict[str, float]]:
+    """Train a fresh copy of the reference with ``method``; evaluate after each of ``steps``
+    (constant learning rate, so step counts are training lengths of one run)."""
+    model = copy.deepcopy(task.ref)
+    for prm in model.parameters():
+        prm.requires_grad_(True)
+    opt = torch.optim.Adam(model.parameters(), lr=task.bed.lr)
+    n = data["prompts"].shape[0]
+    gen = torch.Generator().manual_seed(50_000 + seed)  # same batch order for every method
+    perm = torch.randperm(n, generator=gen)
+    pos, out = 0, {}
+    for step in range(1, max(steps) + 1):
+        if pos + task.bed.batch_groups > n:
+            perm, pos = torch.randperm(n, generator=gen), 0
+        idx = perm[pos:pos + task.bed.batch_groups]
+        pos += task.bed.batch_groups
+        batch = make_batch(data["prompts"][idx], data["cands"][idx], data["ref_logps"][idx])
+        s = implicit_rewards(group_logps(model, batch), batch.ref_logps, task.bed.beta)
+        loss = loss_of(method, s, data, idx)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step in steps:
+            out[step] = evaluate(model, task)
+    return out
+
+
+# -- statistics and output ---------------------------------------------------------------------
+def mean_std(x: list[float]) -> dict[str, float]:
+    a = np.asarray(x, dtype=float)
+    return {"mean": float(a.mean()), "std": float(a.std(ddof=1)) if a.size > 1 else 0.0,
+            "n": int(a.size)}
+
+
+def paired_ci(a: list[float], b: list[float], level: float = 0.95) -> dict[str, float]:
+    """Mean of the paired differences a − b with a Student-t confidence interval."""
+    from scipy import stats
+
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    mean = float(d.mean())
+    if d.size < 2:
+        return {"mean": mean, "lo": math.nan, "hi": math.nan, "n": int(d.size)}
+    half = float(stats.t.ppf(0.5 + level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": int(d.size)}
+
+
+def environment() -> dict[str, Any]:
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "machine": platform.machine(),
+            "processor": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def independent_ceiling(task: Task) -> float:
+    """Held-out pair accuracy of the best prompt-independent scorer: the true reward with the
+    prompt part replaced by its mean over prompts, ``q(y) = (1/L) Σ_t [u + √P·mean_x M[x, ·]][y_t]``."""
+    bed = task.bed
+    per_token = task.u + math.sqrt(bed.prompt_len) * task.m[2:].mean(0)  # prompts use tokens >= 2
+    q = per_token[task.eval_cands].mean(-1)  # (E, K)
+    r = true_reward(task, task.eval_prompts[:, None].expand(-1, bed.eval_k, -1), task.eval_cands)
+    dq, dr = q[:, :, None] - q[:, None, :], r[:, :, None] - r[:, None, :]
+    upper = torch.ones(bed.eval_k, bed.eval_k, dtype=torch.bool).triu(1) & (dr != 0)
+    return float(((torch.sign(dq) * torch.sign(dr) + 1) / 2)[upper.expand_as(dq)].mean())
+
+
+def realised_flip_rates(ranks: Tensor, reward: Tensor) -> list[float]:
+    """Per annotator, the share of its pairwise votes against the true reward: (N, A, K) ranks."""
+    dr = reward[:, None, :, None] - reward[:, None, None, :]  # (N, 1, K, K)
+    dk = (ranks[:, :, None, :] - ranks[:, :, :, None]).double()  # > 0: i ranked above j
+    decided = dr > 0
+    against = (dk < 0) & decided
+    return (against.sum((0, 2, 3)) / decided.sum((0, 2, 3))).tolist()
+
+
+def _cached(arg: tuple[Any, Any, Path | None]) -> Any:
+    fn, job, path = arg
+    if path is not None and path.exists():
+        return json.loads(path.read_text(encoding="utf-8"))
+    out = fn(job)
+    if path is not None:
+        write_json(path, out)
+    return out
+
+
+def run_pool(fn: Any, jobs: list[dict[str, Any]], workers: int, cache: Path | None = None) -> list[Any]:
+    """``fn`` over ``jobs`` in ``workers`` spawned processes of one torch thread each.
+
+    With ``cache``, each job's result is kept as ``cache/<hash of the job>.json`` and reused,
+    so an interrupted run resumes where it stopped.
+    """
+    import hashlib
+
+    def key(job: dict[str, Any]) -> Path | None:
+        if cache is None:
+            return None
+        digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
+        return cache / f"{digest}.json"
+
+    args = [(fn, job, key(job)) for job in jobs]
+    if workers <= 1:  # in-process (tests): one thread, restored afterwards
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return [_cached(a) for a in args]
+        finally:
+            torch.set_num_threads(threads)
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(workers, initializer=torch.set_num_threads,
+                                      initargs=(1,)) as pool:
+        return pool.map(_cached, args, chunksize=1)

@@ -1,0 +1,87 @@
+"""Smoke tests of the evidence experiments' ``--quick`` modes (experiments 1 and 2).
+
+They run the real scripts end to end (tiny LM, simulated panel, package aggregation and
+losses) at toy sizes and check the shape and sanity of the results JSON, not the findings:
+the full runs and their numbers are in docs/evidence.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks.evidence import common, group_size, synthetic
+
+
+@pytest.fixture(scope="module")
+def synthetic_result(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("synthetic")
+    return synthetic.main(["--quick", "--workers", "1", "--out", str(out)]), out
+
+
+@pytest.fixture(scope="module")
+def group_size_result(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("group_size")
+    return group_size.main(["--quick", "--workers", "1", "--out", str(out)]), out
+
+
+def _ok_ci(ci: dict) -> None:
+    assert ci["n"] == 2
+    assert ci["lo"] <= ci["mean"] <= ci["hi"]
+
+
+def test_synthetic_files_and_structure(synthetic_result: tuple[dict, Path]) -> None:
+    result, out = synthetic_result
+    on_disk = json.loads((out / "synthetic_quick.json").read_text())
+    assert on_disk["summary"] == json.loads(json.dumps(result["summary"]))
+    assert (out / "synthetic_quick.png").stat().st_size > 1000
+    assert "| noise=0.1 | gspo_soft |" in (out / "synthetic_quick_tables.md").read_text()
+    cfg = result["settings"]
+    # one row per condition x seed x method x training length
+    assert len(result["runs"]) == len(cfg["conditions"]) * len(cfg["seeds"]) * 5 * len(cfg["steps"])
+    for cond in cfg["conditions"]:
+        for step in cfg["steps"]:
+            block = result["summary"][cond][str(step)]
+            assert set(block["methods"]) == set(common.METHODS)
+            assert set(block["vs_dpo_consensus"]) == set(common.METHODS) - {"dpo_consensus"}
+            for m in common.METHODS:
+                acc = block["methods"][m]["pair_accuracy"]
+                assert 0.0 <= acc["mean"] <= 1.0 and acc["n"] == 2
+                assert math.isfinite(block["methods"][m]["reward_gain"]["mean"])
+                assert block["methods"][m]["kl"]["mean"] > 0  # the policy moved
+            for d in block["vs_dpo_consensus"].values():
+                _ok_ci(d["pair_accuracy"])
+
+
+def test_synthetic_panel_and_noise(synthetic_result: tuple[dict, Path]) -> None:
+    result, _ = synthetic_result
+    runs = result["runs"]
+    clean = next(r for r in runs if r["condition"] == "noise=0.1")
+    # 3 annotators at flip rate 0.1: realised rates near 0.1, the estimate in a sane range
+    assert all(0.0 <= f <= 0.25 for f in clean["realised_flip_rates"])
+    assert 0.0 <= clean["noise_estimate"] <= 0.3
+    adv = next(r for r in runs if r["condition"] == "adversarial")
+    # panel: sim-1..3 (0.1), random, reversed: the reversed one votes against the truth always
+    assert adv["realised_flip_rates"][4] == pytest.approx(1.0)
+    assert adv["annotator_weights"][4] == 0.0  # and aggregation gives it no weight
+    # the task is not solvable by a prompt-independent scorer
+    assert 0.5 < clean["independent_ceiling"] < 1.0
+
+
+def test_group_size_structure(group_size_result: tuple[dict, Path]) -> None:
+    result, out = group_size_result
+    assert (out / "group_size_quick.png").stat().st_size > 1000
+    cfg = result["settings"]
+    for k in cfg["ks"]:
+        for step in cfg["steps"]:
+            same = result["summary"]["equal_prompts"][str(k)][str(step)]
+            budget = result["summary"]["equal_budget"][str(k)][str(step)]
+            assert same["prompts"] == cfg["prompts"]
+            assert budget["prompts"] == cfg["budget"] // k  # N * K fixed
+            for block in (same, budget):
+                for m in group_size.METHODS:
+                    assert 0.0 <= block["methods"][m]["pair_accuracy"]["mean"] <= 1.0
+                _ok_ci(block["gspo_soft_minus_dpo"]["pair_accuracy"])
