@@ -121,7 +121,7 @@ def section_counts(store: RunStore, max_reasons: int) -> str:
 
 def reject_kind(reason: str) -> str:
     """A reject reason with its numbers blanked, so equal causes count together."""
-    return re.sub(r"\d+(\.\d+)?", "#", reason)[:160]
+    return re.sub(r"(?<![\w.-])\d+(\.\d+)?(?![\w-])", "#", reason)[:160]
 
 
 def _h2(title: str, anchor: str) -> str:
