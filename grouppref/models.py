@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from grouppref.errors import GroupPrefError
+from grouppref.pipeline.store import sha256_text
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_ALIASES = {"", "embedded", "default", EMBEDDED_NAME, "HuggingFaceTB/SmolLM2-135M-Instruct"}
@@ -164,10 +165,6 @@ def model_label(name: str | None) -> str:
 
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".gguf", ".pt")
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _file_sha256(path: Path) -> str:

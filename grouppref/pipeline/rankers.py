@@ -187,11 +187,12 @@ def _check_architecture(name: str | None, suffixes: tuple[str, ...], role: str) 
     return config
 
 
-class RewardRanker:
-    """A sequence classifier with one output; the score is its logit for (prompt, candidate),
-    formatted with the reward model's own chat template when it has one."""
+class _TransformersRanker:
+    """What the reward-model and judge rankers share: settings with a ``model`` name, a device
+    and dtype, and a model/tokenizer loaded lazily by the subclass's ``load()``."""
 
-    def __init__(self, settings: RewardRankerSettings, device: str = "cpu", dtype: str = "float32"):
+    def __init__(self, settings: RewardRankerSettings | JudgeRankerSettings, device: str = "cpu",
+                 dtype: str = "float32"):
         self.settings, self.device, self.dtype = settings, device, dtype
         self.model: Any = None
         self.tokenizer: Any = None
@@ -199,6 +200,11 @@ class RewardRanker:
     def model_path(self) -> str:
         """The resolved model folder or Hub id."""
         return resolve_model(self.settings.model)
+
+
+class RewardRanker(_TransformersRanker):
+    """A sequence classifier with one output; the score is its logit for (prompt, candidate),
+    formatted with the reward model's own chat template when it has one."""
 
     def check(self) -> None:
         """Raise ``ModelNotFoundError``/``ConfigError`` unless the model is a 1-output classifier."""
@@ -272,7 +278,7 @@ def _collect(slots: list[Any], values: list[float]) -> list[Outcome]:
     return out
 
 
-class JudgeRanker:
+class JudgeRanker(_TransformersRanker):
     """A causal LM as judge.
 
     pointwise: one prompt per candidate (``POINTWISE_TEMPLATE``, in the judge's chat template
@@ -280,15 +286,6 @@ class JudgeRanker:
     pairwise: one prompt per ordered pair (i as A, j as B; both orders), ``d[i, j] =
     log P(A) - log P(B)``; the score is :func:`~grouppref.pipeline.rank_scoring.pairwise_scores`.
     """
-
-    def __init__(self, settings: JudgeRankerSettings, device: str = "cpu", dtype: str = "float32"):
-        self.settings, self.device, self.dtype = settings, device, dtype
-        self.model: Any = None
-        self.tokenizer: Any = None
-
-    def model_path(self) -> str:
-        """The resolved model folder or Hub id."""
-        return resolve_model(self.settings.model)
 
     def check(self) -> None:
         """Raise ``ModelNotFoundError``/``ConfigError`` unless the model is a causal LM."""
