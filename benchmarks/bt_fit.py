@@ -2,7 +2,7 @@
 
 Both fit the same MAP objective (BT log-likelihood + L2 prior ``alpha ||theta||^2``) on the
 same synthetic groups: K candidates ranked by A simulated annotators (Mallows around random
-true scores, flip rate 0.2, :mod:`grouppref.pipeline.simulate`). Prints groups/s of both, the
+true scores, flip rate 0.2, :mod:`grouppref.pipeline.simulate.stage`). Prints groups/s of both, the
 ratio, and the largest difference of the (centred) strengths.
 
     .venv/bin/python benchmarks/bt_fit.py --groups 20000 --k 4 --annotators 3
@@ -20,8 +20,8 @@ import choix
 import numpy as np
 import torch
 
-from grouppref.pipeline import bt
-from grouppref.pipeline.simulate import AnnotatorSpec, simulate_order
+from grouppref.pipeline.simulate.stage import AnnotatorSpec, simulate_order
+from grouppref.stats import bt
 
 
 def make_rankings(groups: int, k: int, annotators: int, seed: int) -> np.ndarray:

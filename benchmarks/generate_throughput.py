@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from grouppref.models import load_causal_lm, load_tokenizer
-from grouppref.pipeline.generate import GenerateConfig, ModelShare, run_generate
-from grouppref.pipeline.readers import read_prompts
-from grouppref.pipeline.store import RunStore
+from grouppref.models.loading import load_causal_lm, load_tokenizer
+from grouppref.pipeline.generate.stage import GenerateConfig, ModelShare, run_generate
+from grouppref.readers.rows import read_prompts
+from grouppref.runs.store import RunStore
 from grouppref.schemas import Prompt
 
 DEMO = Path(__file__).resolve().parents[1] / "data" / "demo_prompts.jsonl"

@@ -20,11 +20,11 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from grouppref.pipeline.rank_settings import (  # noqa: E402
+from grouppref.pipeline.rank.rankers import JudgeRanker, SimilarityRanker  # noqa: E402
+from grouppref.pipeline.rank.settings import (  # noqa: E402
     JudgeRankerSettings,
     SimilarityRankerSettings,
 )
-from grouppref.pipeline.rankers import JudgeRanker, SimilarityRanker  # noqa: E402
 from grouppref.schemas import CandidateGroup  # noqa: E402
 from tests.factories import make_group  # noqa: E402
 

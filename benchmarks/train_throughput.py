@@ -86,7 +86,7 @@ def run_grouppref(args, share_prefix: bool) -> dict:
 
     import torch
 
-    from grouppref.models import load_causal_lm, load_tokenizer
+    from grouppref.models.loading import load_causal_lm, load_tokenizer
     from grouppref.train.data import collate_groups
     from grouppref.train.logps import group_logps
     from grouppref.train.losses import gspo_loss, implicit_rewards
@@ -127,7 +127,7 @@ def run_trl(args) -> dict:
     from transformers import TrainerCallback
     from trl import DPOConfig, DPOTrainer
 
-    from grouppref.models import load_causal_lm, load_tokenizer
+    from grouppref.models.loading import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(None)
     model = load_causal_lm(None).train()

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import datasets
 
-from grouppref.pipeline.export import ExportConfig, run_export
-from grouppref.pipeline.store import RunStore
-from grouppref.pipeline.validate import ValidateConfig, run_validate
+from grouppref.pipeline.export.stage import ExportConfig, run_export
+from grouppref.pipeline.validate.stage import ValidateConfig, run_validate
+from grouppref.runs.store import RunStore
 from grouppref.schemas import (
     Agreement,
     AnnotatedGroup,

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from grouppref.labeling.processes import free_port
-from grouppref.labeling.server import EmbeddedArgilla
+from grouppref.labeling.server.embedded import EmbeddedArgilla
+from grouppref.labeling.server.processes import free_port
 
 _SKIPPED: dict[str, list[str]] = defaultdict(list)
 

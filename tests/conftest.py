@@ -17,7 +17,7 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 @pytest.fixture(scope="session")
 def embedded_model_dir() -> Path:
     """The embedded SmolLM2-135M-Instruct as a safetensors folder (converted once, cached)."""
-    from grouppref.models import embedded_model_dir as resolve
+    from grouppref.models.loading import embedded_model_dir as resolve
 
     return resolve()
 

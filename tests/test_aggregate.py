@@ -14,13 +14,13 @@ from typer.testing import CliRunner
 
 from grouppref.commands import aggregate as aggregate_cmd
 from grouppref.errors import ConfigError, StageError
-from grouppref.pipeline import bt
-from grouppref.pipeline.aggregate import AggregateConfig, read_report, run_aggregate
-from grouppref.pipeline.aggregate_report import recommendation
-from grouppref.pipeline.reliability import estimate_reliability, noise_rate
-from grouppref.pipeline.simulate import AnnotatorSpec, order_flips, simulate_order
-from grouppref.pipeline.store import RunStore
+from grouppref.pipeline.aggregate.outcome import recommendation
+from grouppref.pipeline.aggregate.stage import AggregateConfig, read_report, run_aggregate
+from grouppref.pipeline.simulate.stage import AnnotatorSpec, order_flips, simulate_order
+from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
+from grouppref.stats import bt
+from grouppref.stats.reliability import estimate_reliability, noise_rate
 from tests.factories import make_group, make_ranking
 from tests.test_simulate import rank_run, scored_group, write_stage
 
@@ -102,7 +102,7 @@ def _panel_run(tmp_path: Path, n: int, orders: list[list[list[int]]] | None = No
 
 def test_output_rows_match_a_direct_weighted_fit(tmp_path: Path) -> None:
     store = rank_run(tmp_path, n=30)
-    from grouppref.pipeline.simulate import SimulateConfig, run_simulate
+    from grouppref.pipeline.simulate.stage import SimulateConfig, run_simulate
 
     run_simulate(store, SimulateConfig(annotators=PANEL[:3]))
     stage = run_aggregate(store, AggregateConfig(min_groups_for_reliability=5))

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from grouppref.commands import label_server
 from grouppref.errors import ConfigError
-from grouppref.labeling.credentials import load_credentials
-from grouppref.labeling.processes import pid_alive
-from grouppref.labeling.server import EmbeddedArgilla
+from grouppref.labeling.server.credentials import load_credentials
+from grouppref.labeling.server.embedded import EmbeddedArgilla
+from grouppref.labeling.server.processes import pid_alive
 
 pytestmark = [pytest.mark.argilla, pytest.mark.slow]
 

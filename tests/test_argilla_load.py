@@ -19,7 +19,7 @@ import argilla as rg
 import httpx
 import pytest
 
-from grouppref.labeling.server import EmbeddedArgilla
+from grouppref.labeling.server.embedded import EmbeddedArgilla
 
 pytestmark = [pytest.mark.argilla, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from grouppref.labeling.serverenv import PLUGIN_DIR
+from grouppref.labeling.server.venv import PLUGIN_DIR
 
 _spec = importlib.util.spec_from_file_location("sql_matching", PLUGIN_DIR / "sql_matching.py")
 m = importlib.util.module_from_spec(_spec)

@@ -17,7 +17,7 @@ import argilla as rg
 import httpx
 import pytest
 
-from grouppref.labeling.server import EmbeddedArgilla
+from grouppref.labeling.server.embedded import EmbeddedArgilla
 
 pytestmark = pytest.mark.argilla
 

@@ -12,7 +12,7 @@ import pytest
 import scipy.stats
 import torch
 
-from grouppref.pipeline import bt
+from grouppref.stats import bt
 
 ATOL_CHOIX = 1e-6  # strengths after centring, same L2 prior
 ALPHA = 0.1

@@ -68,6 +68,6 @@ def test_two_cpu_processes_keep_replicas_equal(tiny_lm_dir: Path, tmp_path: Path
 
 
 def _load(path: Path):
-    from grouppref.models import load_causal_lm
+    from grouppref.models.loading import load_causal_lm
 
     return load_causal_lm(str(path))

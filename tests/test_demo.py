@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from grouppref.commands.demo import demo_config, human_config
-from grouppref.pipeline.runner import STAGES
-from grouppref.pipeline.store import RunStore
+from grouppref.runner import STAGES
+from grouppref.runs.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 

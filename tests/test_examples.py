@@ -25,8 +25,8 @@ from rich.console import Console
 from typer.testing import CliRunner, Result
 
 from grouppref.commands import run as run_commands
-from grouppref.pipeline.runner import load_run_config, run_pipeline
-from grouppref.pipeline.store import RunStore
+from grouppref.runner import load_run_config, run_pipeline
+from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, ValidatedGroup
 from tests.test_label_push_pull import annotator_http, annotator_records, respond
 

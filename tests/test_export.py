@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from grouppref.commands import export as export_commands
 from grouppref.errors import ConfigError, StageError
-from grouppref.pipeline.export import ExportConfig, consensus_pairs, run_export
-from grouppref.pipeline.store import RunStore, read_rejects
-from grouppref.pipeline.validate import ValidateConfig, run_validate
+from grouppref.pipeline.export.stage import ExportConfig, consensus_pairs, run_export
+from grouppref.pipeline.validate.stage import ValidateConfig, run_validate
+from grouppref.runs.store import RunStore, read_rejects
 from grouppref.schemas import PairPreference, ValidatedGroup, from_dataset
 from tests.test_validate import make_validated, write_aggregate
 
@@ -277,8 +277,8 @@ def test_hub_push_network_failure_is_a_stage_error_without_the_token(tmp_path: P
     code = (
         "import sys\n"
         "from grouppref.errors import StageError\n"
-        "from grouppref.pipeline.export import ExportConfig, run_export\n"
-        "from grouppref.pipeline.store import RunStore\n"
+        "from grouppref.pipeline.export.stage import ExportConfig, run_export\n"
+        "from grouppref.runs.store import RunStore\n"
         "try:\n"
         f"    run_export(RunStore({str(store.root)!r}), ExportConfig(hub='me/prefs'))\n"
         "except StageError as e:\n"

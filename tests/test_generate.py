@@ -19,11 +19,8 @@ from typer.testing import CliRunner
 
 from grouppref.commands import generate as generate_cmd
 from grouppref.errors import ConfigError, RowError, StageError
-from grouppref.models import EMBEDDED_NAME, ModelNotFoundError, load_causal_lm, load_tokenizer
-from grouppref.pipeline.generate import GenerateConfig, ModelShare, run_generate
-from grouppref.pipeline.generate_shard import PromptEncoder, _bad_slots, _Draw
-from grouppref.pipeline.import_groups import ImportConfig, run_import
-from grouppref.pipeline.sampling import (
+from grouppref.models.loading import EMBEDDED_NAME, ModelNotFoundError, load_causal_lm, load_tokenizer
+from grouppref.models.sampling import (
     Sample,
     SeededSampler,
     derive_seed,
@@ -31,7 +28,10 @@ from grouppref.pipeline.sampling import (
     neutral_generation_config,
     sample_batch,
 )
-from grouppref.pipeline.store import RunStore
+from grouppref.pipeline.generate.shard import PromptEncoder, _bad_slots, _Draw
+from grouppref.pipeline.generate.stage import GenerateConfig, ModelShare, run_generate
+from grouppref.pipeline.imports.stage import ImportConfig, run_import
+from grouppref.runs.store import RunStore
 from grouppref.schemas import ChatMessage, Prompt
 
 REPO = Path(__file__).resolve().parents[1]
@@ -204,8 +204,8 @@ def test_resume_after_sigkill_gives_the_uninterrupted_rows(tmp_path: Path, tiny_
     driver = tmp_path / "driver.py"
     driver.write_text(textwrap.dedent("""
         import json, os, signal, sys
-        from grouppref.pipeline.generate import GenerateConfig, run_generate
-        from grouppref.pipeline.store import RunStore, StageRun
+        from grouppref.pipeline.generate.stage import GenerateConfig, run_generate
+        from grouppref.runs.store import RunStore, StageRun
         from grouppref.schemas import Prompt
 
         run, config_json, prompts_json, kill_after = sys.argv[1:5]

@@ -43,10 +43,10 @@ from grouppref.labeling.dataset import (
     schema_diff,
     suggestion_agent,
 )
-from grouppref.labeling.processes import free_port
 from grouppref.labeling.pull import PullConfig, label_status, pull_run
 from grouppref.labeling.push import PushConfig, SchemaMismatchError, TargetConfig, push_run
-from grouppref.pipeline.store import RunStore, fingerprint_records
+from grouppref.labeling.server.processes import free_port
+from grouppref.runs.store import RunStore, fingerprint_records
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from tests.factories import make_group
 

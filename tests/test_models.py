@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grouppref.models import (
+from grouppref.models.loading import (
     EMBEDDED_NAME,
     ModelNotFoundError,
     cache_root,

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from grouppref.commands import rank as rank_cmd
 from grouppref.errors import ConfigError, StageError
-from grouppref.models import ModelNotFoundError
-from grouppref.pipeline.rank import STAGE_VERSION, RankConfig, load_rank_config, run_rank
-from grouppref.pipeline.rank_settings import parse_ranker_spec
-from grouppref.pipeline.store import RunStore
+from grouppref.models.loading import ModelNotFoundError
+from grouppref.pipeline.rank.settings import parse_ranker_spec
+from grouppref.pipeline.rank.stage import STAGE_VERSION, RankConfig, load_rank_config, run_rank
+from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, CandidateGroup
 from tests.factories import make_annotated, make_group, make_ranking
 

@@ -11,9 +11,20 @@ import pytest
 import torch
 
 from grouppref.errors import ConfigError
-from grouppref.models import ModelNotFoundError
-from grouppref.pipeline import rank_scoring as rs
-from grouppref.pipeline.rank_settings import (
+from grouppref.models.loading import ModelNotFoundError
+from grouppref.pipeline.rank import scoring as rs
+from grouppref.pipeline.rank.rankers import (
+    POINTWISE_TEMPLATE,
+    JudgeRanker,
+    RewardRanker,
+    RuleRanker,
+    SimilarityRanker,
+    Skip,
+    format_for_reward,
+    minilm_dir,
+    padded_batches,
+)
+from grouppref.pipeline.rank.settings import (
     JudgeRankerSettings,
     KeywordsCheck,
     LengthCheck,
@@ -25,17 +36,6 @@ from grouppref.pipeline.rank_settings import (
     parse_ranker_spec,
     parse_weights,
     ranker_keys,
-)
-from grouppref.pipeline.rankers import (
-    POINTWISE_TEMPLATE,
-    JudgeRanker,
-    RewardRanker,
-    RuleRanker,
-    SimilarityRanker,
-    Skip,
-    format_for_reward,
-    minilm_dir,
-    padded_batches,
 )
 from tests.factories import make_group
 
@@ -289,7 +289,7 @@ def test_judge_pointwise_matches_unbatched(tiny_lm_dir: Path) -> None:
 
 
 def test_judge_pairwise_matches_naive(tiny_lm_dir: Path) -> None:
-    from grouppref.pipeline.rankers import PAIRWISE_TEMPLATE
+    from grouppref.pipeline.rank.rankers import PAIRWISE_TEMPLATE
 
     judge = _judge(tiny_lm_dir, mode="pairwise", batch_size=4)
     g = _groups()[0]

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from grouppref.errors import InputFileError
-from grouppref.pipeline.readers import ColumnMapping, read_groups, read_prompts
+from grouppref.readers.rows import ColumnMapping, read_groups, read_prompts
 from grouppref.schemas import AnnotatedGroup
 from tests.factories import make_annotated, make_group
 

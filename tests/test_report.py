@@ -21,9 +21,9 @@ import typer
 from typer.testing import CliRunner
 
 from grouppref.commands import run as run_commands
-from grouppref.pipeline.report import ReportConfig, reject_kind, render_report, run_report
-from grouppref.pipeline.runner import load_run_config, run_pipeline
-from grouppref.pipeline.store import RunStore
+from grouppref.pipeline.report.stage import ReportConfig, reject_kind, render_report, run_report
+from grouppref.runner import load_run_config, run_pipeline
+from grouppref.runs.store import RunStore
 from tests.test_label_browser import FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]

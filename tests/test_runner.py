@@ -15,9 +15,9 @@ import pytest
 
 from grouppref.errors import ConfigError, StageError
 from grouppref.labeling.pull import ArgillaResponse, DatasetState
-from grouppref.pipeline.run_label import label_progress
-from grouppref.pipeline.runner import RunConfig, check_stages, load_run_config, run_pipeline
-from grouppref.pipeline.store import RunStore
+from grouppref.labeling.stage import label_progress
+from grouppref.runner import RunConfig, check_stages, load_run_config, run_pipeline
+from grouppref.runs.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "import.yaml"
@@ -192,7 +192,7 @@ def test_label_progress_counts_the_fewest_missing_submissions() -> None:
 
 
 def test_docs_list_every_setting_and_option() -> None:
-    from grouppref.pipeline.run_label import LabelRunConfig
+    from grouppref.labeling.stage import LabelRunConfig
 
     doc = (ROOT / "docs" / "run.md").read_text()
     for model in (RunConfig, LabelRunConfig):

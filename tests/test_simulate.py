@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from grouppref.errors import ConfigError, StageError
-from grouppref.pipeline.simulate import (
+from grouppref.pipeline.simulate.stage import (
     AnnotatorSpec,
     SimulateConfig,
     mallows_flip_rate,
@@ -19,7 +19,7 @@ from grouppref.pipeline.simulate import (
     simulate_order,
     true_scores,
 )
-from grouppref.pipeline.store import RunStore
+from grouppref.runs.store import RunStore
 from grouppref.schemas import (
     AnnotatedGroup,
     Annotator,

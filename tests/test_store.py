@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from grouppref.errors import StageError
-from grouppref.pipeline.store import RunStore, fingerprint_file
+from grouppref.runs.store import RunStore, fingerprint_file
 from grouppref.schemas import CandidateGroup, Reject
 from tests.factories import make_group
 
@@ -21,7 +21,7 @@ TOY_STAGE = textwrap.dedent(
     """
     # A shard-writing stage over 12 inputs, 2 per shard, slowed down so it can be killed.
     import sys, time
-    from grouppref.pipeline.store import RunStore
+    from grouppref.runs.store import RunStore
     from grouppref.schemas import CandidateGroup, Reject
     from tests.factories import make_group
 

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from grouppref.commands import train as train_commands
 from grouppref.errors import ConfigError, StageError
-from grouppref.models import load_causal_lm, load_tokenizer
-from grouppref.pipeline.store import RunStore, Shard
+from grouppref.models.loading import load_causal_lm, load_tokenizer
+from grouppref.runs.store import RunStore, Shard
 from grouppref.schemas import (
     Agreement,
     Annotator,

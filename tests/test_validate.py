@@ -13,15 +13,15 @@ from typer.testing import CliRunner
 
 from grouppref.commands import export as export_commands
 from grouppref.errors import StageError
-from grouppref.pipeline.export import ExportConfig, run_export
-from grouppref.pipeline.store import RunStore
-from grouppref.pipeline.validate import (
+from grouppref.pipeline.export.stage import ExportConfig, run_export
+from grouppref.pipeline.validate.stage import (
     ValidateConfig,
     load_report,
     run_validate,
     split_key,
     split_of,
 )
+from grouppref.runs.store import RunStore
 from grouppref.schemas import (
     Agreement,
     ChatMessage,

@@ -9,10 +9,10 @@ Testbed (one per seed):
   ``u[y_t]`` and a prompt-dependent part ``M[x_s, y_t]`` of equal variance:
   ``r(x, y) = (1/L) Σ_t [u[y_t] + (1/√P) Σ_s M[x_s, y_t]]``, so no prompt-independent
   scorer can order candidates perfectly (its accuracy ceiling is reported);
-* a simulated annotator panel from :mod:`grouppref.pipeline.simulate` ranks each group
+* a simulated annotator panel from :mod:`grouppref.pipeline.simulate.stage` ranks each group
   (Mallows around the true order, flip rate = expected share of votes against the truth);
-* aggregation with the package's own tensors (:mod:`grouppref.pipeline.reliability`,
-  :func:`grouppref.pipeline.aggregate.fit_groups`): reliability weights, BT ``p_ij``,
+* aggregation with the package's own tensors (:mod:`grouppref.stats.reliability`,
+  :func:`grouppref.pipeline.aggregate.stage.fit_groups`): reliability weights, BT ``p_ij``,
   ``w_ij``, consensus order and the noise estimate the aggregate report would show;
 * training with the package's losses (:mod:`grouppref.train.losses`) on log-probs from
   :func:`grouppref.train.logps.group_logps`, in a short loop of our own (the package trainer
@@ -34,9 +34,9 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grouppref.pipeline.aggregate import AggregateConfig, fit_groups
-from grouppref.pipeline.reliability import estimate_reliability, noise_rate
-from grouppref.pipeline.simulate import AnnotatorSpec, simulate_order
+from grouppref.pipeline.aggregate.stage import AggregateConfig, fit_groups
+from grouppref.pipeline.simulate.stage import AnnotatorSpec, simulate_order
+from grouppref.stats.reliability import estimate_reliability, noise_rate
 from grouppref.train.data import GroupBatch
 from grouppref.train.logps import group_logps
 from grouppref.train.losses import dpo_loss, gspo_loss, implicit_rewards, plackett_luce_loss

@@ -34,7 +34,7 @@ import torch
 from benchmarks.evidence import common as c
 from benchmarks.evidence import real_model as rm
 from benchmarks.evidence import smol
-from grouppref.models import resolve_model
+from grouppref.models.loading import resolve_model
 
 
 def settings(quick: bool) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Shared pieces of the real-model experiments (3 and 4): SmolLM2-135M-Instruct on arithmetic
 prompts with a checkable answer and a formatting rule, scored by the package's rule ranker.
 
-Score of a response (:class:`grouppref.pipeline.rankers.RuleRanker`): 1 when its final answer
+Score of a response (:class:`grouppref.pipeline.rank.rankers.RuleRanker`): 1 when its final answer
 equals the sum (``verify``), plus 0.5 when the response is only the number (``regex``), so a
 score is in {0, 0.5, 1, 1.5}.
 """
@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from grouppref.models import load_causal_lm, load_tokenizer
-from grouppref.pipeline.rank_settings import RuleRankerSettings
-from grouppref.pipeline.rankers import RuleRanker
-from grouppref.pipeline.sampling import neutral_generation_config, sample_batch
+from grouppref.models.loading import load_causal_lm, load_tokenizer
+from grouppref.models.sampling import neutral_generation_config, sample_batch
+from grouppref.pipeline.rank.rankers import RuleRanker
+from grouppref.pipeline.rank.settings import RuleRankerSettings
 from grouppref.schemas import (
     Candidate,
     CandidateGroup,

@@ -17,9 +17,9 @@ from rich.table import Table
 from grouppref.commands.core import report_stage
 from grouppref.commands.options import help_of
 from grouppref.errors import ConfigError
-from grouppref.pipeline.aggregate import AggregateConfig, read_report, run_aggregate
-from grouppref.pipeline.simulate import AnnotatorSpec, SimulateConfig, run_simulate
-from grouppref.pipeline.store import RunStore
+from grouppref.pipeline.aggregate.stage import AggregateConfig, read_report, run_aggregate
+from grouppref.pipeline.simulate.stage import AnnotatorSpec, SimulateConfig, run_simulate
+from grouppref.runs.store import RunStore
 
 console = Console()
 Action = Literal["off", "flag", "drop"]

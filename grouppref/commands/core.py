@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from grouppref.errors import ConfigError
-from grouppref.pipeline.prompts import PromptsConfig, run_prompts
-from grouppref.pipeline.readers import ColumnMapping
-from grouppref.pipeline.store import RunStore
+from grouppref.pipeline.prompts.stage import PromptsConfig, run_prompts
+from grouppref.readers.rows import ColumnMapping
+from grouppref.runs.store import RunStore
 from grouppref.schemas import RECORD_TYPES
 
 console = Console()

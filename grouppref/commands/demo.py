@@ -14,9 +14,9 @@ import typer
 
 from grouppref.commands.run import console, print_outcome
 from grouppref.config import load_config
-from grouppref.labeling.credentials import load_credentials
-from grouppref.labeling.server import EmbeddedArgilla, ServerConfig
-from grouppref.pipeline.runner import LabelRunConfig, RunConfig, run_pipeline
+from grouppref.labeling.server.credentials import load_credentials
+from grouppref.labeling.server.embedded import EmbeddedArgilla, ServerConfig
+from grouppref.runner import LabelRunConfig, RunConfig, run_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = ROOT / "examples" / "demo.yaml"

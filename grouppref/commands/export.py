@@ -13,9 +13,9 @@ from rich.table import Table
 from grouppref.commands.core import report_stage
 from grouppref.commands.options import help_of
 from grouppref.errors import ConfigError
-from grouppref.pipeline.export import ExportConfig, run_export
-from grouppref.pipeline.store import RunStore
-from grouppref.pipeline.validate import CHECKS, ValidateConfig, load_report, run_validate
+from grouppref.pipeline.export.stage import ExportConfig, run_export
+from grouppref.pipeline.validate.stage import CHECKS, ValidateConfig, load_report, run_validate
+from grouppref.runs.store import RunStore
 
 console = Console()
 

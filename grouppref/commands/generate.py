@@ -11,10 +11,10 @@ from pydantic import BaseModel, ValidationError
 from grouppref.commands.core import report_stage
 from grouppref.commands.options import help_of
 from grouppref.errors import ConfigError
-from grouppref.pipeline.generate import GenerateConfig, ModelShare, run_generate
-from grouppref.pipeline.import_groups import ImportConfig, run_import
-from grouppref.pipeline.readers import ColumnMapping
-from grouppref.pipeline.store import RunStore
+from grouppref.pipeline.generate.stage import GenerateConfig, ModelShare, run_generate
+from grouppref.pipeline.imports.stage import ImportConfig, run_import
+from grouppref.readers.rows import ColumnMapping
+from grouppref.runs.store import RunStore
 
 G = GenerateConfig
 M = ColumnMapping

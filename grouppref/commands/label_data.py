@@ -26,7 +26,7 @@ from grouppref.labeling.client import (
 )
 from grouppref.labeling.pull import PullConfig, label_status, pull_run
 from grouppref.labeling.push import DEFAULT_WORKSPACE, PushConfig, TargetConfig, push_run
-from grouppref.pipeline.store import RunStore
+from grouppref.runs.store import RunStore
 
 console = Console()
 M = TypeVar("M", bound=BaseModel)

@@ -15,9 +15,8 @@ import typer
 from rich.console import Console
 
 from grouppref.commands.options import help_of
-from grouppref.labeling.credentials import CREDENTIALS_FILE, load_credentials
-from grouppref.labeling.processes import RUN_FILE
-from grouppref.labeling.server import (
+from grouppref.labeling.server.credentials import CREDENTIALS_FILE, load_credentials
+from grouppref.labeling.server.embedded import (
     EmbeddedArgilla,
     ServerConfig,
     create_user,
@@ -25,6 +24,7 @@ from grouppref.labeling.server import (
     running_url,
     stop_state_dir,
 )
+from grouppref.labeling.server.processes import RUN_FILE
 
 console = Console()
 label_app = typer.Typer(name="label", no_args_is_help=True,

@@ -13,13 +13,13 @@ from rich.console import Console
 from grouppref.commands.core import ForceOpt, RunArg, report_stage
 from grouppref.commands.options import help_of
 from grouppref.errors import ConfigError
-from grouppref.pipeline.rank import RankConfig, load_rank_config, run_rank
-from grouppref.pipeline.rank_settings import (
+from grouppref.pipeline.rank.settings import (
     JudgeRankerSettings,
     parse_ranker_spec,
     parse_weights,
 )
-from grouppref.pipeline.store import RunStore
+from grouppref.pipeline.rank.stage import RankConfig, load_rank_config, run_rank
+from grouppref.runs.store import RunStore
 
 console = Console()
 

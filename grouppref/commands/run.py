@@ -9,9 +9,9 @@ import typer
 from rich.console import Console
 
 from grouppref.errors import StageError
-from grouppref.pipeline.report import ReportConfig, run_report
-from grouppref.pipeline.runner import STAGES, RunOutcome, check_stages, load_run_config, run_pipeline
-from grouppref.pipeline.store import RunStore
+from grouppref.pipeline.report.stage import ReportConfig, run_report
+from grouppref.runner import STAGES, RunOutcome, check_stages, load_run_config, run_pipeline
+from grouppref.runs.store import RunStore
 
 console = Console()
 _STAGES = ", ".join(STAGES)

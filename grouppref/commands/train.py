@@ -222,8 +222,8 @@ def eval_command(
     force: Annotated[bool, typer.Option("--force", help="Re-run even when cached.")] = False,
 ) -> None:
     """Pair accuracy and margins of a model (and a baseline) on a group dataset's consensus."""
-    from grouppref.models import cache_root
-    from grouppref.pipeline.store import RunStore
+    from grouppref.models.loading import cache_root
+    from grouppref.runs.store import RunStore
     from grouppref.train.eval import compare_models, run_eval
     from grouppref.train.stage import is_run, load_groups
 

@@ -70,8 +70,8 @@ def embedded_credentials(state_dir: Path | None = None) -> tuple[str, str, str, 
     Raises:
         ConfigError: no embedded server runs on ``state_dir`` (default: its default state dir).
     """
-    from grouppref.labeling import server
-    from grouppref.labeling.credentials import CREDENTIALS_FILE, load_credentials
+    from grouppref.labeling.server import embedded as server
+    from grouppref.labeling.server.credentials import CREDENTIALS_FILE, load_credentials
 
     state = (state_dir or server.default_state_dir()).expanduser().resolve()
     url = server.running_url(state)

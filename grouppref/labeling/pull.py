@@ -27,8 +27,8 @@ from grouppref.errors import ConfigError
 from grouppref.labeling.client import ArgillaClient
 from grouppref.labeling.dataset import MAPPING_KEY, RANKING, RATIONALE, ranking_from_response
 from grouppref.labeling.push import LABEL_STAGE, TargetConfig, load_groups
-from grouppref.pipeline.progress import stage_progress
-from grouppref.pipeline.store import RunStore, StageRun, canonical_json, sha256_text
+from grouppref.runs.progress import stage_progress
+from grouppref.runs.store import RunStore, StageRun, canonical_json, sha256_text
 from grouppref.schemas import AnnotatedGroup, Ranking, Reject
 
 STAGE_VERSION = "1"

@@ -38,8 +38,8 @@ from grouppref.labeling.dataset import (
     schema_diff,
     schema_summary,
 )
-from grouppref.pipeline.progress import stage_progress
-from grouppref.pipeline.store import RunStore
+from grouppref.runs.progress import stage_progress
+from grouppref.runs.store import RunStore
 from grouppref.schemas import RECORD_TYPES, AnnotatedGroup, Reject
 
 SOURCE_STAGES = ("rank", "generate")

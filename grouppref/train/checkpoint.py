@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from grouppref.errors import ConfigError, StageError
-from grouppref.pipeline.progress import stage_progress
+from grouppref.runs.progress import stage_progress
 from grouppref.train.config import TrainConfig
 from grouppref.train.eval import MetricSums, reduce_sums
 

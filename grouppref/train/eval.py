@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from grouppref.errors import ConfigError, StageError
-from grouppref.models import load_causal_lm, load_tokenizer, model_fingerprint, model_label
-from grouppref.pipeline.store import Manifest, RunStore, Shard, StageRun, sha256_text
+from grouppref.models.loading import load_causal_lm, load_tokenizer, model_fingerprint, model_label
+from grouppref.runs.store import Manifest, RunStore, Shard, StageRun, sha256_text
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.train.config import EvalConfig, process_state
 from grouppref.train.data import (

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from grouppref.errors import StageError
-from grouppref.models import load_causal_lm, model_fingerprint, model_label
-from grouppref.pipeline.store import canonical_json, sha256_text
+from grouppref.models.loading import load_causal_lm, model_fingerprint, model_label
+from grouppref.runs.store import canonical_json, sha256_text
 from grouppref.train.config import process_state
 from grouppref.train.data import DataConfig, TokenizedGroup, collate_groups
 from grouppref.train.logps import group_logps

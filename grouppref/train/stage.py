@@ -21,8 +21,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from grouppref.errors import ConfigError, InputFileError
-from grouppref.pipeline.readers import HUB_ID
-from grouppref.pipeline.store import (
+from grouppref.readers.rows import HUB_ID
+from grouppref.runs.store import (
     RunStore,
     Shard,
     canonical_json,

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from grouppref.errors import StageError
-from grouppref.models import load_causal_lm, load_tokenizer
+from grouppref.models.loading import load_causal_lm, load_tokenizer
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.train import checkpoint
 from grouppref.train.config import TrainConfig, check_precision, check_trackers, cpu_launch

@@ -1,0 +1,213 @@
+"""The ``label`` stage inside ``grouppref run``: push to Argilla, wait for rankings, pull.
+
+1. Push the run's groups (the latest of rank/generate, or ``push.source_stage``) to Argilla.
+   The push is skipped when the source stage's output, the push settings and the server are
+   the same as at the last push (``RUN/label/run-push.json``): records are upserted by group
+   id, so a skipped push changes nothing.
+2. Count the groups with at least ``min_rankings`` *submitted* rankings. Fewer than
+   ``min_groups`` of them: raise :class:`WaitingForLabels` with how many submissions are
+   missing (the run stops with exit code 0); with ``wait`` poll every ``poll_seconds``.
+3. Pull every submitted ranking into ``RUN/label`` (cached when nothing changed).
+
+Credentials: ``api_url`` with ``$ARGILLA_API_KEY``, else ``$ARGILLA_API_URL`` /
+``$ARGILLA_API_KEY``, else the embedded server (``grouppref label serve``) on ``state_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+
+from grouppref.errors import ConfigError
+from grouppref.labeling.client import (
+    ENV_KEY,
+    ArgillaClient,
+    ArgillaCredentials,
+    ClientSettings,
+    connect,
+    resolve_credentials,
+)
+from grouppref.labeling.pull import DatasetState, PullConfig, fetch_state, pull_run
+from grouppref.labeling.push import (
+    LABEL_STAGE,
+    SOURCE_STAGES,
+    PushConfig,
+    load_groups,
+    push_run,
+)
+from grouppref.runs.store import RunStore, StageRun, canonical_json, sha256_text
+from grouppref.schemas import AnnotatedGroup
+
+PUSH_STATE = "run-push.json"
+
+
+class LabelRunConfig(BaseModel):
+    """Human labeling inside a run: push, wait for enough submitted rankings, pull."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    push: PushConfig = Field(default_factory=PushConfig, description="Dataset, workspace, "
+                             "source stage and push settings (the pull reads the same dataset).")
+    min_rankings: int = Field(default=1, ge=1, description="Submitted human rankings a group "
+                              "needs before the run goes on (also the dataset's min_submitted "
+                              "when push.min_submitted is unset).")
+    min_groups: float = Field(default=1.0, gt=0.0, le=1.0, description="Share of the groups "
+                              "that must have min_rankings before the run goes on.")
+    api_url: str | None = Field(default=None, description="Argilla URL; its API key comes from "
+                                "$ARGILLA_API_KEY (default: $ARGILLA_API_URL, else the embedded "
+                                "server's URL and owner key).")
+    state_dir: str | None = Field(default=None, description="State directory of the embedded "
+                                  "server to use (default: its default state directory).")
+    poll_seconds: float = Field(default=30.0, gt=0, description="With --wait: seconds between "
+                                "progress checks.")
+
+
+class WaitingForLabels(Exception):  # noqa: N818 - a state, not an error
+    """Too few rankings are in; the run stops cleanly (exit code 0) with this message."""
+
+
+@dataclass(frozen=True)
+class LabelProgress:
+    """How far the human rankings of the run's groups are."""
+
+    groups: int  # groups of the source stage
+    ready: int  # groups with >= min_rankings submitted rankings
+    needed: int  # groups that must be ready before the run goes on
+    missing: int  # fewest further submissions that would make `needed` groups ready
+    submitted: int  # submitted rankings of the run's groups
+    drafts: int
+    by_annotator: dict[str, int]  # username -> submitted rankings
+
+    @property
+    def done(self) -> bool:
+        return self.ready >= self.needed
+
+
+def label_progress(state: DatasetState, group_ids: list[str], min_rankings: int,
+                   min_groups: float) -> LabelProgress:
+    """Count the submitted rankings per group (only the run's groups count).
+
+    ``missing`` fills the groups closest to ``min_rankings`` first: the sum of the ``needed``
+    smallest deficits ``max(0, min_rankings - submitted)``.
+    """
+    ids = set(group_ids)
+    mine = [r for r in state.responses if r.group_id in ids]
+    per_group = Counter(r.group_id for r in mine if r.status == "submitted")
+    deficits = sorted(max(0, min_rankings - per_group[g]) for g in ids)
+    needed = max(1, math.ceil(min_groups * len(ids) - 1e-9))
+    return LabelProgress(
+        groups=len(ids), ready=sum(d == 0 for d in deficits), needed=needed,
+        missing=sum(deficits[:needed]), submitted=sum(per_group.values()),
+        drafts=sum(r.status == "draft" for r in mine),
+        by_annotator=dict(sorted(Counter(r.username for r in mine
+                                         if r.status == "submitted").items())))
+
+
+def describe(p: LabelProgress) -> str:
+    """One progress line: submissions, drafts, per annotator."""
+    who = ", ".join(f"{name} {n}" for name, n in p.by_annotator.items()) or "none yet"
+    return (f"{p.submitted} submitted ranking(s) ({who}), {p.drafts} draft(s); {p.ready}/"
+            f"{p.groups} groups ready")
+
+
+def credentials(config: LabelRunConfig) -> ArgillaCredentials:
+    """The server and key to use (see the module docstring).
+
+    Raises:
+        ConfigError: ``api_url`` without ``$ARGILLA_API_KEY``, or no server at all.
+    """
+    if config.api_url and not os.environ.get(ENV_KEY):
+        raise ConfigError(f"label.api_url is {config.api_url!r} but ${ENV_KEY} is not set; "
+                          f"export the API key of an owner or admin of that Argilla as {ENV_KEY}")
+    return resolve_credentials(api_url=config.api_url,
+                               state_dir=Path(config.state_dir) if config.state_dir else None)
+
+
+def _push_key(store: RunStore, push: PushConfig, creds: ArgillaCredentials) -> str:
+    manifest = (store.require(push.source_stage) if push.source_stage
+                else store.latest(SOURCE_STAGES))
+    settings = push.model_dump(mode="json", exclude={"batch_size"})
+    return sha256_text(canonical_json({"source": manifest.stage, "input":
+                                       manifest.output_fingerprint, "push": settings,
+                                       "server": creds.api_url}))
+
+
+def _push(store: RunStore, push: PushConfig, client: ArgillaClient, creds: ArgillaCredentials,
+          console: Console, force: bool) -> None:
+    """Push unless the last push had the same key (see the module docstring)."""
+    path = store.stage_dir(LABEL_STAGE) / PUSH_STATE
+    key = _push_key(store, push, creds)
+    if not force and path.exists() and json.loads(path.read_text())["key"] == key:
+        return
+    report = push_run(store, push, client, progress=False)
+    console.print(f"{'label':>9}: pushed {report.groups} groups to {creds.api_url} (dataset "
+                  f"{report.dataset!r}: {report.created} new, {report.updated} updated, "
+                  f"{len(report.refused)} refused)", highlight=False)
+    path.write_text(json.dumps({"key": key, "dataset_id": report.dataset_id}) + "\n")
+
+
+def _state(store: RunStore, push: PushConfig, client: ArgillaClient, creds: ArgillaCredentials,
+           console: Console) -> DatasetState:
+    name = push.dataset_name(store)
+    try:
+        return fetch_state(client, name, push.workspace)
+    except ConfigError:  # the dataset was deleted since the last push: push again
+        _push(store, push, client, creds, console, force=True)
+        return fetch_state(client, name, push.workspace)
+
+
+def run_label(store: RunStore, config: LabelRunConfig, *, force: bool = False,
+              wait: bool = False, console: Console | None = None) -> StageRun[AnnotatedGroup]:
+    """Push, check progress and pull (see the module docstring).
+
+    Raises:
+        WaitingForLabels: too few submitted rankings and ``wait`` is False.
+        ConfigError: no Argilla server, or the dataset's schema differs from the run's.
+        ArgillaConnectionError: the server failed after the retries.
+    """
+    console = console or Console()
+    creds = credentials(config)
+    workspace = creds.workspace or config.push.workspace
+    push = config.push.model_copy(update={
+        "workspace": workspace, "min_submitted": config.push.min_submitted or config.min_rankings})
+    _, groups = load_groups(store, push.source_stage)
+    ids = [g.group_id for g in groups]
+    with connect(creds, ClientSettings()) as client:
+        _push(store, push, client, creds, console, force)
+        last = ""
+        while True:
+            progress = label_progress(_state(store, push, client, creds, console), ids,
+                                      config.min_rankings, config.min_groups)
+            line = describe(progress)
+            if line != last:
+                console.print(f"{'label':>9}: {line}", highlight=False)
+                last = line
+            if progress.done:
+                break
+            message = (f"waiting for {progress.missing} more submitted ranking(s): "
+                       f"{progress.ready}/{progress.groups} groups have {config.min_rankings} "
+                       f"each, the run needs {progress.needed}; rank them in Argilla at "
+                       f"{creds.api_url} (dataset {push.dataset_name(store)!r}, workspace "
+                       f"{workspace!r})")
+            if not wait:
+                raise WaitingForLabels(message + ", then run again")
+            time.sleep(config.poll_seconds)
+        pull = PullConfig(dataset=push.dataset, workspace=workspace,
+                          source_stage=push.source_stage)
+        return pull_run(store, pull, client, force=force, progress=False).stage
+
+
+def label_summary(stage: StageRun[Any]) -> str:
+    """Human rankings in the pulled stage, for the run's closing line of the label stage."""
+    s = stage.manifest.stats
+    return (f"{s.get('human_rankings', 0)} human rankings over "
+            f"{s.get('groups_with_human_rankings', 0)} groups")

@@ -1,0 +1,1 @@
+"""Models: loading (Hub id, local path, embedded SmolLM2) and seeded sampling."""

@@ -1,0 +1,220 @@
+"""From fitted tensors to ValidatedGroup rows (noise rules applied) and the aggregate report."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from grouppref.pipeline.aggregate.parse import ParsedInput
+from grouppref.schemas import Agreement, PairPreference, Reject, ValidatedGroup
+from grouppref.stats.reliability import Reliability, noise_rate
+
+if TYPE_CHECKING:
+    from grouppref.pipeline.aggregate.stage import AggregateConfig
+
+RULES = ("too_few_rankings", "low_agreement", "cycle", "coin_flip")
+NOTE = ("a recommendation only: the trainer's loss is never switched automatically "
+        "(docs/evidence.md, experiment 5: no difference at an estimated 19% noise; DPO ahead of "
+        "the soft gspo loss on reward gain from an estimated 29%)")
+
+
+def rule_matches(used_n: np.ndarray, fit: dict[str, np.ndarray], config: AggregateConfig
+                 ) -> dict[str, np.ndarray]:
+    """Which groups each noise rule matches; every array is ``(B,)`` bool."""
+    theta, valid = fit["theta"], fit["tiers"] >= 0
+    spread = (np.where(valid, theta, -np.inf).max(-1) - np.where(valid, theta, np.inf).min(-1))
+    p_extreme = 1 / (1 + np.exp(-spread))  # p(best > worst)
+    kw = fit["kendall_w"]
+    return {
+        "no_rankings": used_n == 0,
+        "too_few_rankings": used_n < config.min_rankings,
+        "low_agreement": ~np.isnan(kw) & (kw < config.min_kendall_w),
+        "cycle": fit["cycle"].astype(bool),
+        "coin_flip": p_extreme < 0.5 + config.coin_flip_margin,
+    }
+
+
+def _detail(rule: str, b: int, used_n: np.ndarray, fit: dict[str, np.ndarray],
+            config: AggregateConfig) -> str:
+    if rule in ("too_few_rankings", "no_rankings"):
+        return f"{rule} ({used_n[b]} used < {config.min_rankings})"
+    if rule == "low_agreement":
+        return f"low_agreement (Kendall's W {fit['kendall_w'][b]:.3f} < {config.min_kendall_w})"
+    if rule == "cycle":
+        return "cycle (intransitive pairwise majority)"
+    return f"coin_flip (p(best > worst) < {0.5 + config.coin_flip_margin:.2f})"
+
+
+def _pairs(ids: list[str], p: np.ndarray, w: np.ndarray, wins: np.ndarray) -> list[PairPreference]:
+    out = []
+    for i in range(len(ids)):
+        for j in range(i + 1, len(ids)):
+            win, lose = (i, j) if p[i, j] >= 0.5 else (j, i)
+            out.append(PairPreference(
+                winner=ids[win], loser=ids[lose], p=float(max(p[win, lose], 0.5)),
+                weight=float(w[win, lose]), votes_for=float(wins[win, lose]),
+                votes_against=float(wins[lose, win])))
+    return out
+
+
+def _nanmean_or_none(x: np.ndarray) -> float | None:
+    x = x[~np.isnan(x)]
+    return float(x.mean()) if x.size else None
+
+
+def _record(parsed: ParsedInput, b: int, fit: dict[str, np.ndarray], used: np.ndarray,
+            flags: list[str]) -> ValidatedGroup:
+    group = parsed.groups[b]
+    ids = group.candidate_ids()
+    k = len(ids)
+    tiers = fit["tiers"][b, :k]
+    consensus = [[ids[i] for i in range(k) if tiers[i] == t] for t in range(int(tiers.max()) + 1)]
+    c, d = fit["conc"][b][used[b]].sum(), fit["disc"][b][used[b]].sum()
+    kw = fit["kendall_w"][b]
+    agreement = Agreement(
+        num_annotators=int(used[b].sum()),
+        kendall_w=None if math.isnan(kw) else float(min(max(kw, 0.0), 1.0)),
+        mean_tau=_nanmean_or_none(fit["tau"][b][used[b]]),
+        noise=float(d / (c + d)) if c + d > 0 else None)
+    return ValidatedGroup(  # dict(group): the validated sub-records are reused, not re-parsed
+        **dict(group), consensus=consensus,
+        strengths={cid: float(fit["theta"][b, i]) for i, cid in enumerate(ids)},
+        pairs=_pairs(ids, fit["p"][b, :k, :k], fit["w"][b, :k, :k], fit["wins"][b, :k, :k]),
+        agreement=agreement, flags=flags)
+
+
+@dataclass
+class Decisions:
+    """What happens to each group, decided for all at once (arrays over B groups)."""
+
+    used: np.ndarray  # (B, A) bool: rankings used in the fit
+    used_n: np.ndarray  # (B,) int: how many
+    matches: dict[str, np.ndarray]  # rule -> (B,) bool
+    had_dropped: np.ndarray  # (B,) bool: a ranking by a dropped annotator
+    rejected: np.ndarray  # (B,) bool: the row is rejected (no_rankings=reject or a drop rule)
+    flagged: np.ndarray  # (B,) bool: kept with at least one flag
+
+
+def decide(ann: torch.Tensor, rel: Reliability, fit: dict[str, np.ndarray],
+           config: AggregateConfig) -> Decisions:
+    """Apply the noise rules to every group (vectorised)."""
+    a = ann.numpy()
+    weight, dropped = rel.weight.numpy(), rel.dropped.numpy()
+    used = (a >= 0) & (weight[np.clip(a, 0, None)] > 0)
+    had_dropped = ((a >= 0) & dropped[np.clip(a, 0, None)]).any(-1)
+    used_n = used.sum(-1)
+    matches = rule_matches(used_n, fit, config)
+    rejected = matches["no_rankings"] & (config.no_rankings == "reject")
+    flagged = matches["no_rankings"] | had_dropped
+    for rule in RULES:
+        action = getattr(config, rule)
+        rejected = rejected | (matches[rule] & (action == "drop"))
+        flagged = flagged | (matches[rule] & (action == "flag"))
+    return Decisions(used=used, used_n=used_n, matches=matches, had_dropped=had_dropped, rejected=rejected,
+                     flagged=flagged & ~rejected)
+
+
+def group_outcome(parsed: ParsedInput, b: int, fit: dict[str, np.ndarray], dec: Decisions,
+                  config: AggregateConfig, stage: str) -> ValidatedGroup | Reject:
+    """Group ``b`` as a ValidatedGroup with its flags, or a row Reject naming the rules."""
+    group, used_n = parsed.groups[b], dec.used_n
+    if dec.rejected[b]:
+        why = []
+        if dec.matches["no_rankings"][b] and config.no_rankings == "reject":
+            why.append("no usable ranking (none left after validation, kind weights and "
+                       "dropped annotators)")
+        why += [f"dropped by rule {_detail(r, b, used_n, fit, config)}"
+                for r in RULES if dec.matches[r][b] and getattr(config, r) == "drop"]
+        return Reject(stage=stage, reason="; ".join(why), source=parsed.source,
+                      row=parsed.rows[b], group_id=group.group_id)
+    flags = ["no_rankings"] if dec.matches["no_rankings"][b] else []
+    flags += [r for r in RULES if dec.matches[r][b] and getattr(config, r) == "flag"]
+    if dec.had_dropped[b]:
+        flags.append("unreliable_annotator_dropped")
+    return _record(parsed, b, fit, dec.used, flags)
+
+
+def _distribution(x: np.ndarray) -> dict[str, Any]:
+    x = x[~np.isnan(x)]
+    if not x.size:
+        return {"count": 0}
+    q = np.quantile(x, [0.1, 0.25, 0.5, 0.75, 0.9])
+    hist, edges = np.histogram(x, bins=10, range=(0.0, 1.0))
+    return {"count": int(x.size), "mean": float(x.mean()),
+            "quantiles": dict(zip(("p10", "p25", "p50", "p75", "p90"), map(float, q), strict=True)),
+            "histogram": {"edges": [round(float(e), 2) for e in edges],
+                          "counts": [int(h) for h in hist]}}
+
+
+def _annotators(parsed: ParsedInput, rel: Reliability) -> list[dict[str, Any]]:
+    def num(t: torch.Tensor, i: int) -> float | None:
+        v = float(t[i])
+        return None if math.isnan(v) else v
+
+    return [{"id": aid, "kind": parsed.kinds[i], "groups": int(rel.groups[i]),
+             "votes": int(rel.votes[i]), "tau": num(rel.tau, i), "tau_se": num(rel.tau_se, i),
+             "flip_rate": num(rel.flip_rate, i), "loo_disagreement": num(rel.loo_disagreement, i),
+             "weight": float(rel.weight[i]), "unreliable": bool(rel.unreliable[i]),
+             "dropped": bool(rel.dropped[i])} for i, aid in enumerate(parsed.annotators)]
+
+
+def recommendation(noise: float | None, threshold: float,
+                   all_unreliable: bool = False) -> dict[str, Any]:
+    """``{"loss": "dpo" | "gspo" | None, ...}``: DPO fallback only when the noise is above
+    ``threshold``; ``None`` (do not train) when every annotator was found unreliable."""
+    if all_unreliable:
+        return {"loss": None, "noise": noise, "threshold": threshold, "automatic": False,
+                "reason": "every annotator was found unreliable (no better than chance): these "
+                          "labels should not be trained on", "note": NOTE}
+    if noise is None:
+        return {"loss": "gspo", "noise": None, "threshold": threshold, "automatic": False,
+                "reason": "no noise estimate (no two annotators ranked the same groups)",
+                "note": NOTE}
+    high = noise > threshold
+    return {"loss": "dpo" if high else "gspo", "noise": noise, "threshold": threshold,
+            "automatic": False, "note": NOTE,
+            "reason": f"estimated label noise {noise:.1%} {'>' if high else '<='} "
+                      f"threshold {threshold:.1%}"}
+
+
+def build_report(parsed: ParsedInput, rel: Reliability, fit: dict[str, np.ndarray],
+                 dec: Decisions, config: AggregateConfig, source: str) -> dict[str, Any]:
+    """The report: annotators, agreement, noise, rules, recommendation; ``summary`` for the
+    manifest stats."""
+    kept = ~dec.rejected
+    kw = np.clip(fit["kendall_w"][kept], 0.0, 1.0)
+    votes = (fit["conc"] + fit["disc"]).sum()
+    observed = float(fit["disc"].sum() / votes) if votes > 0 else None
+    noise = noise_rate(rel)
+    rules: dict[str, dict[str, Any]] = {}
+    for rule in ("no_rankings", *RULES):
+        action = config.no_rankings if rule == "no_rankings" else getattr(config, rule)
+        hit = dec.matches[rule]
+        rules[rule] = {"action": action, "matched": int(hit.sum()),
+                       "flagged": int((hit & kept).sum()) if action == "flag" else 0,
+                       "dropped": int(hit.sum()) if action in ("drop", "reject") else 0}
+    annotators = _annotators(parsed, rel)
+    all_unreliable = bool(annotators) and all(a["unreliable"] for a in annotators)
+    rec = recommendation(noise, config.dpo_fallback_threshold, all_unreliable)
+    summary = {
+        "input_stage": source, "noise_rate": noise, "noise_observed": observed,
+        "recommendation": rec["loss"], "dpo_fallback_threshold": config.dpo_fallback_threshold,
+        "annotators": len(annotators),
+        "unreliable_annotators": [a["id"] for a in annotators if a["unreliable"]],
+        "dropped_annotators": [a["id"] for a in annotators if a["dropped"]],
+        "kendall_w_mean": float(np.nanmean(kw)) if np.isfinite(kw).any() else None,
+        "groups_flagged": int(dec.flagged.sum()),
+        "groups_with_dropped_annotator": int((dec.had_dropped & kept).sum()),
+        "rules": {r: {"flagged": v["flagged"], "dropped": v["dropped"]} for r, v in rules.items()},
+    }
+    return {"summary": summary, "annotators": annotators,
+            "agreement": {"kendall_w": _distribution(kw)},
+            "noise": {"estimated": noise, "observed_against_consensus": observed,
+                      "method": "vote-weighted mean of per-annotator flip rates from pairwise "
+                      "agreement (moment estimator); observed = share of used votes against "
+                      "the final consensus (biased low: each vote pulls the consensus)"},
+            "rules": rules, "recommendation": rec}

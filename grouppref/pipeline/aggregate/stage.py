@@ -1,0 +1,207 @@
+"""The ``aggregate`` stage: annotated groups -> ValidatedGroup (consensus, strengths, pairs).
+
+Per group a Bradley-Terry MAP fit (L2 prior, see :mod:`grouppref.stats.bt`) on the
+weighted pairwise votes of its rankings (ties count half a win each way); all groups of a
+batch are fitted together. Annotator weights come from reliability across the whole dataset
+(:mod:`grouppref.stats.reliability`); noise rules flag or drop groups; the report
+(``RUN/aggregate/report.json``) gives reliability, agreement, the estimated noise rate and a
+loss *recommendation* (DPO fallback above ``dpo_fallback_threshold``), never an automatic switch.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from grouppref.errors import ConfigError, StageError
+from grouppref.pipeline.aggregate.outcome import build_report, decide, group_outcome
+from grouppref.pipeline.aggregate.parse import ParsedInput, encode_rankings, parse_rows
+from grouppref.runs.progress import stage_progress
+from grouppref.runs.store import RunStore, StageRun
+from grouppref.schemas import Reject, ValidatedGroup
+from grouppref.schemas.records import AnnotatorKind
+from grouppref.stats import bt
+from grouppref.stats.reliability import estimate_reliability, fit_batches
+
+STAGE = "aggregate"
+STAGE_VERSION = "1"
+INPUT_STAGES = ("label", "simulate", "rank")
+REPORT = "report.json"
+Action = Literal["off", "flag", "drop"]
+
+
+def _default_kind_weights() -> dict[AnnotatorKind, float]:
+    return {"human": 1.0, "simulated": 1.0, "llm_judge": 0.5, "reward_model": 0.5, "rule": 0.5}
+
+
+class AggregateConfig(BaseModel):
+    """Settings of the ``aggregate`` stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_stage: str | None = Field(default=None, description="Stage to read AnnotatedGroups "
+                                    "from; default: the first complete of label, simulate, rank.")
+    prior_strength: float = Field(default=0.1, gt=0, description="L2 prior alpha on strengths "
+                                  "(choix.opt_pairwise's alpha: prior variance 1/(2 alpha)).")
+    kind_weights: dict[AnnotatorKind, float] = Field(
+        default_factory=_default_kind_weights, description="Weight of annotator kinds relative "
+        "to humans, merged over the defaults (human 1, simulated 1, llm_judge/reward_model/rule "
+        "0.5); 0 leaves a kind out.")
+    reliability_iterations: int = Field(default=3, ge=0, description="Rounds of consensus -> "
+                                        "annotator tau -> weights -> refit (0: kind weights only).")
+    min_groups_for_reliability: int = Field(default=5, ge=1, description="Annotators with fewer "
+                                            "comparable groups keep their kind weight, unflagged.")
+    unreliable_tau: float = Field(default=0.0, ge=-1, le=1, description="Chance level of tau: an "
+                                  "annotator not significantly above it is unreliable.")
+    unreliable_z: float = Field(default=2.0, ge=0, description="Significance (standard errors) "
+                                "an annotator's tau must clear above unreliable_tau.")
+    drop_unreliable: bool = Field(default=True, description="Leave unreliable annotators' "
+                                  "rankings out of the fit (kept in the rows, groups flagged).")
+    min_rankings: int = Field(default=2, ge=1, description="Rule too_few_rankings: fewer used "
+                              "rankings than this.")
+    too_few_rankings: Action = Field(default="flag", description="Action of rule too_few_rankings.")
+    min_kendall_w: float = Field(default=0.5, ge=0, le=1, description="Rule low_agreement: "
+                                 "Kendall's W below this (random rankings give 1/m on average).")
+    low_agreement: Action = Field(default="flag", description="Action of rule low_agreement.")
+    cycle: Action = Field(default="flag", description="Action of rule cycle (intransitive "
+                          "pairwise majority).")
+    coin_flip_margin: float = Field(default=0.1, ge=0, le=0.5, description="Rule coin_flip: "
+                                    "p(best > worst) below 0.5 + this margin.")
+    coin_flip: Action = Field(default="flag", description="Action of rule coin_flip.")
+    no_rankings: Literal["reject", "flag"] = Field(default="reject", description="Groups with "
+                                                   "no usable ranking: reject the row or flag it.")
+    tie_tolerance: float = Field(default=1e-6, ge=0, description="Strength gap under which the "
+                                 "consensus puts two candidates in one tier.")
+    dpo_fallback_threshold: float = Field(default=0.25, ge=0, le=1, description="Recommend the "
+                                          "dpo loss when the estimated noise rate is above this "
+                                          "(0.25: docs/evidence.md, experiment 5).")
+    batch_size: int = Field(default=4096, ge=1, description="Groups fitted together per batch.")
+    max_iter: int = Field(default=100, ge=1, description="Newton iterations per fit.")
+    shard_size: int = Field(default=5000, ge=1, description="Groups per resumable shard.")
+
+    @field_validator("kind_weights")
+    @classmethod
+    def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: w for k, w in v.items() if not w >= 0}
+        if bad:
+            raise ValueError(f"kind weights must be >= 0, got {bad}")
+        return {**_default_kind_weights(), **v}
+
+
+def resolve_input(store: RunStore, config: AggregateConfig) -> str:
+    """The input stage: ``config.input_stage`` or the first complete of label, simulate, rank.
+
+    Raises:
+        StageError: the stage is missing / incomplete, or none of the defaults completed.
+    """
+    if config.input_stage is not None:
+        store.require(config.input_stage)
+        return config.input_stage
+    for name in INPUT_STAGES:
+        if store.is_complete(name):
+            return name
+    raise StageError(f"{store.root}: none of {list(INPUT_STAGES)} has completed; run "
+                     "`grouppref rank`, `grouppref simulate` or `grouppref label pull` first")
+
+
+def fit_groups(ranks: torch.Tensor, slot_w: torch.Tensor, valid: torch.Tensor,
+               config: AggregateConfig) -> dict[str, torch.Tensor]:
+    """The final per-group fit and statistics, in batches (no per-group Python loop).
+
+    Args:
+        ranks (torch.Tensor): ``(B, A, K)`` tier indices, ``-1`` for padding.
+        slot_w (torch.Tensor): ``(B, A)`` weight of each ranking (0: not used).
+        valid (torch.Tensor): ``(B, K)`` bool, real (not padded) candidates.
+        config (AggregateConfig): prior, batch size, tolerances.
+
+    Returns:
+        dict[str, torch.Tensor]: ``theta`` (B, K), ``p`` and ``w`` (B, K, K) (``p_ij``,
+        ``w_ij``), ``wins`` (B, K, K), ``tiers`` (B, K), ``kendall_w`` (B,), ``tau`` (B, A),
+        ``conc`` / ``disc`` (B, A) against the consensus, ``cycle`` (B,) bool.
+    """
+    alpha, bs = config.prior_strength, config.batch_size
+    wins = torch.cat([bt.wins_rankings(ranks[s : s + bs], slot_w[s : s + bs])
+                      for s in range(0, ranks.shape[0], bs)])
+    theta = fit_batches(wins, alpha, bs, config.max_iter)
+    cov = torch.cat([bt.covariance_pairwise(theta[s : s + bs], wins[s : s + bs], alpha)
+                     for s in range(0, ranks.shape[0], bs)])
+    tiers = bt.tiers_strengths(theta, valid, config.tie_tolerance)
+    used = slot_w > 0
+    conc, disc = bt.concordance(ranks, tiers[:, None, :])
+    return {
+        "theta": theta, "p": bt.probabilities_pairwise(theta),
+        "w": bt.confidence_pairwise(cov, alpha), "wins": wins, "tiers": tiers,
+        "kendall_w": bt.kendall_w(ranks, used), "cycle": bt.majority_cycles(wins),
+        "tau": torch.where(used, bt.kendall_tau(ranks, tiers[:, None, :]), float("nan")),
+        "conc": torch.where(used, conc, 0), "disc": torch.where(used, disc, 0),
+    }
+
+
+def _kind_weights(parsed: ParsedInput, config: AggregateConfig) -> torch.Tensor:
+    return torch.tensor([config.kind_weights.get(k, 0.0) for k in parsed.kinds],
+                        dtype=bt.DTYPE)
+
+
+def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
+                  ) -> StageRun[ValidatedGroup]:
+    """Aggregate the rankings of every group of the input stage into ValidatedGroups.
+
+    Bad rankings become part-rejects (the rest of the group is kept); unusable rows and rows
+    dropped by a noise rule become row rejects; ``inputs == outputs + rejected``.
+
+    Raises:
+        StageError: no input stage has completed.
+        ConfigError: the settings leave no annotator kind with a positive weight.
+        ConvergenceError: a fit did not converge (raise ``max_iter`` or ``prior_strength``).
+    """
+    if not any(w > 0 for w in config.kind_weights.values()):
+        raise ConfigError("aggregate: every kind weight is 0; give at least one kind (e.g. "
+                          "human=1) a positive weight")
+    source = resolve_input(store, config)
+    manifest = store.require(source)
+    rows = list(store.load_dataset(source))
+    cfg = config.model_copy(update={"input_stage": source})
+    stage = store.open_stage(STAGE, cfg, input_fingerprint=f"{source}:{manifest.output_fingerprint}",
+                             record_type=ValidatedGroup, stage_version=STAGE_VERSION, force=force)
+    if stage.cached:
+        return stage
+    parsed = parse_rows(rows, source, STAGE)
+    stage.add_rejects("input", parsed.rejects)
+    ranks, ann, valid = encode_rankings(parsed)
+    with bt.torch_threads(1):  # many tiny problems: threads only add contention
+        rel = estimate_reliability(
+            ranks, ann, _kind_weights(parsed, config), alpha=config.prior_strength,
+            iterations=config.reliability_iterations, min_groups=config.min_groups_for_reliability,
+            unreliable_tau=config.unreliable_tau, z=config.unreliable_z,
+            drop=config.drop_unreliable, batch_size=config.batch_size, max_iter=config.max_iter,
+            tie_tol=config.tie_tolerance)
+        slot_w = torch.where(ann >= 0, rel.weight[ann.clamp(min=0)], 0)
+        fit = fit_groups(ranks, slot_w, valid, config)
+    fit_np = {k: v.numpy() for k, v in fit.items()}
+    dec = decide(ann, rel, fit_np, config)
+    indices = list(range(len(parsed.groups)))
+    with stage_progress() as bar:
+        task = bar.add_task(STAGE, total=len(indices), unit="groups",
+                            completed=stage.done_items(indices, config.shard_size))
+        for shard in stage.pending_shards(indices, shard_size=config.shard_size):
+            outcomes = [group_outcome(parsed, b, fit_np, dec, config, STAGE) for b in shard.items]
+            stage.write_shard(shard, [o for o in outcomes if isinstance(o, ValidatedGroup)],
+                              [o for o in outcomes if isinstance(o, Reject)])
+            bar.advance(task, len(shard.items))
+    report = build_report(parsed, rel, fit_np, dec, config, source)
+    done = stage.finish(inputs=parsed.inputs, stats=report["summary"])
+    report["counts"] = done.manifest.counts.model_dump()
+    (done.dir / REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return done
+
+
+def read_report(store: RunStore) -> dict:
+    """The report of a finished aggregate stage (``RUN/aggregate/report.json``)."""
+    store.require(STAGE)
+    path = store.stage_dir(STAGE) / REPORT
+    if not path.exists():
+        raise StageError(f"{path} is missing; re-run `grouppref aggregate --force`")
+    return json.loads(path.read_text(encoding="utf-8"))

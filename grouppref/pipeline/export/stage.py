@@ -1,0 +1,367 @@
+"""The ``export`` stage: validated groups to a directory, a Parquet file or the Hugging Face Hub.
+
+Reads only ``RUN/validate`` (and refuses it when ``aggregate`` re-ran after it). Two formats:
+
+- ``groups``: the ``ValidatedGroup`` rows as they are (one row per group), splits train/test.
+- ``trl-pairs``: TRL's preference format, one row per *consensus pair*: a pair preference
+  whose winner sits in a strictly better consensus tier than its loser (pairs tied in the
+  consensus, or ordered against it, are skipped and counted). Columns ``prompt``, ``chosen``,
+  ``rejected`` (chat turns when the prompt is chat, else strings; see ``chat``), plus ``p``,
+  ``weight``, ``group_id``, ``chosen_id``, ``rejected_id``. ``pairs="best_worst"`` keeps one pair
+  per group (top tier vs bottom tier, highest ``p``): DPO's classic data.
+
+Targets: ``to_dir`` (``DatasetDict.save_to_disk`` + ``README.md``), ``parquet`` (one file,
+a ``split`` column, card beside it as ``<file>.md``), ``hub`` (``DatasetDict.push_to_hub`` then
+the card uploaded as ``README.md``); ``dry_run`` writes the files a hub push would create
+(``data/<split>-<i>-of-<n>.parquet`` + ``README.md``) into a folder instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import datasets
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from grouppref.errors import ConfigError, StageError
+from grouppref.pipeline.export.card import dataset_card
+from grouppref.runs.store import (
+    Counts,
+    Manifest,
+    RunStore,
+    config_hash,
+    package_versions,
+    write_rejects,
+)
+from grouppref.schemas import Reject, ValidatedGroup, to_dataset
+
+STAGE = "export"
+INPUT_STAGE = "validate"
+STAGE_VERSION = "1"
+SPLITS = ("train", "test")
+try:  # the HTTP client of huggingface_hub 2.x; its errors are not all OSErrors
+    from httpx2 import HTTPError as _HTTPError
+
+    _NETWORK_ERRORS: tuple[type[Exception], ...] = (OSError, _HTTPError)
+except ImportError:  # older huggingface_hub: requests' errors are OSErrors
+    _NETWORK_ERRORS = (OSError,)
+_MESSAGES = datasets.List({"role": datasets.Value("string"), "content": datasets.Value("string")})
+
+
+class ExportConfig(BaseModel):
+    """Settings of the ``export`` stage (exactly one of ``to_dir``, ``parquet``, ``hub``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["groups", "trl-pairs"] = Field(
+        default="groups", description="'groups': one row per group (ValidatedGroup); "
+        "'trl-pairs': TRL's prompt/chosen/rejected rows, one per consensus pair, with weight.")
+    to_dir: str | None = Field(default=None, description="Write a DatasetDict with "
+                               "save_to_disk and a README.md card into this directory.")
+    parquet: str | None = Field(default=None, description="Write one Parquet file with a "
+                                "'split' column (the card goes beside it as FILE.md).")
+    hub: str | None = Field(default=None, description="Push to this Hub dataset repo "
+                            "(owner/name); the token comes from HF_TOKEN or `hf auth login`.")
+    dry_run: bool = Field(default=False, description="With hub: write the exact files the "
+                          "push would upload into a local folder instead of pushing.")
+    dry_run_dir: str | None = Field(default=None, description="Folder of the dry run "
+                                    "(default RUN/export/dry-run).")
+    pairs: Literal["consensus", "best_worst"] = Field(
+        default="consensus", description="trl-pairs: every consensus pair, or only the best vs "
+        "the worst candidate of each group (DPO's classic pairs).")
+    min_weight: float = Field(default=0.0, ge=0.0, le=1.0,
+                              description="trl-pairs: leave out pairs with a smaller weight.")
+    chat: Literal["auto", "always"] = Field(
+        default="auto", description="trl-pairs: 'auto' writes chat turns when any prompt is "
+        "chat (text prompts become one user turn), else plain strings; 'always' writes chat.")
+    license: str = Field(default="other", description="License id for the dataset card.")
+    pretty_name: str | None = Field(default=None, description="Title of the dataset card.")
+    private: bool = Field(default=True, description="Hub: create the repo as private.")
+    max_shard_size: str = Field(default="500MB",
+                                description="Hub: largest Parquet shard (e.g. 500MB).")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ExportConfig:
+        options = {"to_dir": "--to", "parquet": "--parquet", "hub": "--hub"}
+        given = [option for field, option in options.items() if getattr(self, field)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of --to, --parquet, --hub "
+                             f"(got {', '.join(given) or 'none'})")
+        if (self.dry_run or self.dry_run_dir) and not self.hub:
+            raise ValueError("--dry-run only goes with --hub REPO")
+        return self
+
+    @property
+    def target(self) -> str:
+        if self.hub:
+            return "hub-dry-run" if self.dry_run else "hub"
+        return "dir" if self.to_dir else "parquet"
+
+
+class ExportResult(BaseModel):
+    """What an export wrote."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str
+    location: str
+    rows: dict[str, int]
+    files: list[str]
+    skipped_pairs: dict[str, int]
+    rejects: list[Reject]
+
+
+# -- input --------------------------------------------------------------------------------------
+def load_validated(store: RunStore) -> list[ValidatedGroup]:
+    """The groups of ``RUN/validate``; refuses a validate output older than ``aggregate``."""
+    manifest = store.require(INPUT_STAGE)
+    aggregate = store.manifest("aggregate")
+    if aggregate and aggregate.output_fingerprint != manifest.input_fingerprint:
+        raise StageError(f"{store.root}: aggregate changed after validate ran; run "
+                         f"`grouppref validate {store.root}` again before exporting")
+    if manifest.counts.outputs == 0:  # nothing passed (and an empty output does not load)
+        return []
+    try:
+        groups = store.load_records(INPUT_STAGE, ValidatedGroup)
+    except ValidationError as e:
+        raise StageError(f"{store.stage_dir(INPUT_STAGE)} holds an invalid row ({e.errors()[0]}); "
+                         f"run `grouppref validate {store.root} --force`") from e
+    unsplit = [g.group_id for g in groups if g.split is None]
+    if unsplit:
+        raise StageError(f"{len(unsplit)} validated groups have no split (first {unsplit[0]}); "
+                         f"run `grouppref validate {store.root} --force`")
+    return groups
+
+
+# -- formats ------------------------------------------------------------------------------------
+def consensus_pairs(group: ValidatedGroup, config: ExportConfig) -> tuple[list[Any], Counter]:
+    """The pair preferences exported for ``group`` and the reasons others were skipped."""
+    tier = {cid: t for t, ids in enumerate(group.consensus) for cid in ids}
+    kept, skipped = [], Counter()
+    for pair in group.pairs:
+        if tier[pair.winner] == tier[pair.loser]:
+            skipped["tie_in_consensus"] += 1
+        elif tier[pair.winner] > tier[pair.loser]:
+            skipped["against_consensus"] += 1
+        elif pair.weight < config.min_weight:
+            skipped["below_min_weight"] += 1
+        else:
+            kept.append(pair)
+    if config.pairs == "best_worst":
+        last = len(group.consensus) - 1
+        ends = [p for p in kept if tier[p.winner] == 0 and tier[p.loser] == last]
+        best = max(ends, key=lambda p: (p.p, p.weight, p.winner, p.loser), default=None)
+        skipped["not_best_worst"] += len(kept) - (best is not None)
+        kept = [best] if best is not None else []
+    return kept, skipped
+
+
+def trl_rows(groups: list[ValidatedGroup], config: ExportConfig
+             ) -> tuple[list[dict[str, Any]], Counter, list[Reject], bool]:
+    """TRL rows of ``groups``; rejects for groups left without a pair; whether rows are chat."""
+    chat = config.chat == "always" or any(g.prompt.messages is not None for g in groups)
+    rows, skipped, rejects = [], Counter(), []
+    for number, group in enumerate(groups, start=1):
+        pairs, why = consensus_pairs(group, config)
+        skipped.update(why)
+        if not pairs:
+            rejects.append(Reject(stage=STAGE, row=number, group_id=group.group_id,
+                                  field="pairs", reason="no consensus pair to export "
+                                  f"(skipped: {dict(why) or 'group has no pairs'})"))
+        text = {c.candidate_id: c.text for c in group.candidates}
+        prompt: Any = ([m.model_dump() for m in group.prompt.as_messages()] if chat
+                       else group.prompt.display_text())
+        for pair in pairs:
+            rows.append({
+                "prompt": prompt,
+                "chosen": _answer(text[pair.winner], chat),
+                "rejected": _answer(text[pair.loser], chat),
+                "p": pair.p, "weight": pair.weight, "group_id": group.group_id,
+                "chosen_id": pair.winner, "rejected_id": pair.loser, "split": group.split,
+            })
+    return rows, skipped, rejects, chat
+
+
+def _answer(text: str, chat: bool) -> Any:
+    return [{"role": "assistant", "content": text}] if chat else text
+
+
+def _trl_features(chat: bool) -> datasets.Features:
+    text = _MESSAGES if chat else datasets.Value("string")
+    return datasets.Features({
+        "prompt": text, "chosen": text, "rejected": text, "p": datasets.Value("float64"),
+        "weight": datasets.Value("float64"), "group_id": datasets.Value("string"),
+        "chosen_id": datasets.Value("string"), "rejected_id": datasets.Value("string")})
+
+
+def build_dataset(groups: list[ValidatedGroup], config: ExportConfig
+                  ) -> tuple[datasets.DatasetDict, Counter, list[Reject]]:
+    """The export as a ``DatasetDict`` (only non-empty splits), skipped pairs, rejected groups."""
+    if config.format == "groups":
+        dsd = datasets.DatasetDict({s: to_dataset([g for g in groups if g.split == s],
+                                                  ValidatedGroup) for s in SPLITS})
+        skipped, rejects = Counter(), []
+    else:
+        rows, skipped, rejects, chat = trl_rows(groups, config)
+        features = _trl_features(chat)
+        dsd = datasets.DatasetDict({
+            s: datasets.Dataset.from_list(
+                [{k: v for k, v in r.items() if k != "split"} for r in rows if r["split"] == s],
+                features=features) if any(r["split"] == s for r in rows)
+            else datasets.Dataset.from_dict({k: [] for k in features}, features=features)
+            for s in SPLITS})
+    dsd = datasets.DatasetDict({s: ds for s, ds in dsd.items() if len(ds)})
+    if not dsd:
+        raise StageError("nothing to export: every split is empty (see RUN/validate/report.json"
+                         " and RUN/export/rejects.jsonl)")
+    return dsd, skipped, rejects
+
+
+# -- targets ------------------------------------------------------------------------------------
+def num_shards(dsd: datasets.DatasetDict, max_shard_size: str) -> dict[str, int]:
+    """Parquet shards per split for the Hub (the same number for the push and the dry run)."""
+    from datasets.utils.py_utils import convert_file_size_to_int
+
+    try:
+        limit = convert_file_size_to_int(max_shard_size)
+    except ValueError as e:
+        raise ConfigError(f"max_shard_size {max_shard_size!r} is not a size like 500MB") from e
+    return {s: max(1, min(len(ds), int(ds.data.nbytes / limit) + 1)) for s, ds in dsd.items()}
+
+
+def _save_dir(dsd: datasets.DatasetDict, card: str, target: Path) -> list[str]:
+    if target.exists() and any(target.iterdir()) and not (target / "dataset_dict.json").exists():
+        raise ConfigError(f"--to {target}: the directory exists and is not a dataset export; "
+                          "choose an empty or new directory")
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    dsd.save_to_disk(str(tmp))
+    (tmp / "README.md").write_text(card, encoding="utf-8")
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
+
+
+def _save_parquet(dsd: datasets.DatasetDict, card: str, target: Path) -> list[str]:
+    if target.suffix != ".parquet":
+        raise ConfigError(f"--parquet {target}: the file name must end in .parquet")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    parts = [ds.add_column("split", [s] * len(ds)) if "split" not in ds.column_names else ds
+             for s, ds in dsd.items()]
+    datasets.concatenate_datasets(parts).to_parquet(str(target))
+    target.with_suffix(".md").write_text(card, encoding="utf-8")
+    return [target.name, target.with_suffix(".md").name]
+
+
+def _save_dry_run(dsd: datasets.DatasetDict, card: str, target: Path, shards: dict[str, int]
+                  ) -> list[str]:
+    """The files ``push_to_hub`` + the card upload would create, under the same names."""
+    from datasets.arrow_writer import (
+        get_writer_batch_size_from_data_size,
+        get_writer_batch_size_from_features,
+    )
+
+    shutil.rmtree(target, ignore_errors=True)
+    (target / "data").mkdir(parents=True)
+    files = []
+    for split, ds in dsd.items():
+        batch = get_writer_batch_size_from_features(ds.features) or \
+            get_writer_batch_size_from_data_size(len(ds), ds.data.nbytes)
+        n = shards[split]
+        for index in range(n):
+            name = f"data/{split}-{index:05d}-of-{n:05d}.parquet"
+            ds.shard(num_shards=n, index=index, contiguous=True).to_parquet(
+                str(target / name), batch_size=batch)
+            files.append(name)
+    (target / "README.md").write_text(card, encoding="utf-8")
+    return [*files, "README.md"]
+
+
+def _push(dsd: datasets.DatasetDict, card: str, repo: str, config: ExportConfig,
+          shards: dict[str, int]) -> list[str]:
+    """The real Hub path: ``DatasetDict.push_to_hub`` then ``README.md`` via ``HfApi``."""
+    from huggingface_hub import HfApi, get_token
+
+    token = get_token()  # HF_TOKEN, else the token saved by `hf auth login`; never printed
+    if not token:
+        raise ConfigError("no Hugging Face token: set HF_TOKEN (or run `hf auth login`) to push "
+                          f"to {repo}, or add --dry-run to write the files locally")
+    try:
+        dsd.push_to_hub(repo, private=config.private, token=token, num_shards=shards,
+                        commit_message="grouppref export: data")
+        HfApi(token=token).upload_file(
+            path_or_fileobj=card.encode("utf-8"), path_in_repo="README.md", repo_id=repo,
+            repo_type="dataset", commit_message="grouppref export: dataset card")
+    except _NETWORK_ERRORS as e:  # the messages name the URL, never the token
+        raise StageError(f"push to the Hub dataset {repo!r} failed: {e}; check the repo name, "
+                         "that the token may write to it, and the network (or use --dry-run)"
+                         ) from e
+    return [f"data/{s}-{i:05d}-of-{n:05d}.parquet" for s, n in shards.items()
+            for i in range(n)] + ["README.md"]
+
+
+def _write_target(store: RunStore, dsd: datasets.DatasetDict, card_for: Any,
+                  config: ExportConfig) -> tuple[str, list[str]]:
+    if config.to_dir:
+        return config.to_dir, _save_dir(dsd, card_for(hub=False), Path(config.to_dir))
+    if config.parquet:
+        return config.parquet, _save_parquet(dsd, card_for(hub=False), Path(config.parquet))
+    shards = num_shards(dsd, config.max_shard_size)
+    if config.dry_run:
+        where = Path(config.dry_run_dir or store.stage_dir(STAGE) / "dry-run")
+        return str(where), _save_dry_run(dsd, card_for(hub=True), where, shards)
+    return f"hub:{config.hub}", _push(dsd, card_for(hub=True), config.hub or "", config, shards)
+
+
+def run_export(store: RunStore, config: ExportConfig) -> ExportResult:
+    """Export ``RUN/validate`` in ``config.format`` to ``config``'s target.
+
+    Args:
+        store (RunStore): the run; only its ``validate`` output is read.
+        config (ExportConfig): format, target and card settings.
+
+    Returns:
+        ExportResult: where it went, rows per split, files written, skipped pairs, rejects.
+
+    Raises:
+        StageError: validate has not run, is stale, or nothing is left to export.
+        ConfigError: a bad target, or ``--hub`` without a token.
+    """
+    groups = load_validated(store)
+    dsd, skipped, rejects = build_dataset(groups, config)
+    rows = {s: len(ds) for s, ds in dsd.items()}
+    stats = {"format": config.format, "rows": rows, "skipped_pairs": dict(skipped),
+             "groups": {s: sum(g.split == s for g in groups) for s in SPLITS}}
+
+    def card_for(hub: bool) -> str:
+        return dataset_card(store, dsd, config, stats, hub=hub)
+
+    started = datetime.now(timezone.utc)
+    location, files = _write_target(store, dsd, card_for, config)
+    _write_manifest(store, config, started, len(groups), rejects,
+                    {**stats, "target": config.target, "location": location, "files": files})
+    return ExportResult(target=config.target, location=location, rows=rows, files=files,
+                        skipped_pairs=dict(skipped), rejects=rejects)
+
+
+def _write_manifest(store: RunStore, config: ExportConfig, started: datetime, inputs: int,
+                    rejects: list[Reject], stats: dict[str, Any]) -> None:
+    """Record the export in ``RUN/export`` (manifest + rejects), like every stage."""
+    validate = store.require(INPUT_STAGE)
+    finished = datetime.now(timezone.utc)
+    store.stage_dir(STAGE).mkdir(parents=True, exist_ok=True)
+    write_rejects(store.stage_dir(STAGE) / "rejects.jsonl", rejects)
+    store.write_manifest(Manifest(
+        stage=STAGE, run=store.name, status="complete", stage_version=STAGE_VERSION,
+        config=config.model_dump(mode="json"), config_hash=config_hash(config, STAGE_VERSION),
+        input_fingerprint=validate.output_fingerprint or "", record_type=config.format,
+        counts=Counts(inputs=inputs, outputs=inputs - len(rejects), rejected=len(rejects)),
+        started_at=started, finished_at=finished,
+        seconds=round((finished - started).total_seconds(), 3), versions=package_versions(),
+        stats=stats))
+

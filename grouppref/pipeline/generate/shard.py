@@ -1,0 +1,310 @@
+"""The work of one ``generate`` shard: encode prompts per model, sample every candidate slot,
+re-sample empty or duplicate candidates, and build the groups (or rejects, with reasons).
+
+A group's K slots are split between models (``ModelSlot.slots``). Each slot is sampled with the
+seed ``derive_seed(run seed, group id, model, slot, attempt)``; a slot whose text is empty or
+repeats an earlier slot's (normalised) text is sampled again with the next attempt number, at
+most ``max_resample`` times.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from grouppref.errors import ConfigError, RowError
+from grouppref.models.loading import load_causal_lm, load_tokenizer, model_label
+from grouppref.models.sampling import (
+    Sample,
+    derive_seed,
+    neutral_generation_config,
+    sample_batch,
+)
+from grouppref.schemas import (
+    Candidate,
+    CandidateGroup,
+    CandidateSource,
+    Prompt,
+    Reject,
+    make_candidate_id,
+    make_group_id,
+    normalise_text,
+)
+
+if TYPE_CHECKING:
+    from grouppref.pipeline.generate.stage import GenerateConfig
+
+STAGE = "generate"
+_UNBOUNDED = 1_000_000  # tokenizers without a limit report ~1e30 as model_max_length
+
+
+@dataclass(frozen=True)
+class ModelSlot:
+    """A model of the mix: the name as configured, the resolved path, and its group slots."""
+
+    name: str
+    path: str
+    slots: range
+
+
+def context_length(path: str, tokenizer: Any) -> int | None:
+    """The model's context in tokens (``max_position_embeddings`` or its aliases), if known."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limits = [getattr(config, key) for key in ("max_position_embeddings", "n_positions",
+                                               "max_sequence_length", "seq_length")
+              if isinstance(getattr(config, key, None), int)]
+    tok_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_limit, int) and tok_limit < _UNBOUNDED:
+        limits.append(tok_limit)
+    return min(limits) if limits else None
+
+
+class PromptEncoder:
+    """Turns prompts into token ids for one model, checking they fit its context.
+
+    Args:
+        name (str): the model as configured (for messages).
+        tokenizer: its tokenizer (left padding).
+        context (int | None): its context length in tokens.
+        max_new_tokens (int), chat_template (bool), truncate (bool): stage settings.
+    """
+
+    def __init__(self, name: str, tokenizer: Any, context: int | None, max_new_tokens: int,
+                 chat_template: bool, truncate: bool) -> None:
+        self.name, self.tokenizer, self.truncate = name, tokenizer, truncate
+        self.use_template = chat_template and bool(getattr(tokenizer, "chat_template", None))
+        self.limit = None if context is None else context - max_new_tokens
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in "
+                              f"the {context}-token context of model {name!r}; lower it")
+
+    def _ids(self, prompt: Prompt) -> list[int]:
+        from jinja2 import TemplateError
+
+        if self.use_template:
+            turns = [m.model_dump() for m in prompt.as_messages()]
+            try:
+                text = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True,
+                                                          tokenize=False)
+            except TemplateError as e:
+                raise RowError(f"the chat template of model {self.name!r} refuses this prompt "
+                               f"({e}); pass --no-chat-template or change the prompt",
+                               field="messages") from e
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        turns = prompt.as_messages()
+        if len(turns) > 1 or turns[0].role != "user":
+            raise RowError(f"a chat prompt with several turns needs a chat template, and model "
+                           f"{self.name!r} has none here (or --no-chat-template was given)",
+                           field="messages")
+        return list(self.tokenizer(turns[0].content)["input_ids"])
+
+    def encode(self, prompt: Prompt) -> tuple[list[int], int | None]:
+        """Token ids of ``prompt`` and, when it was cut, its length before truncation.
+
+        Raises:
+            RowError: the prompt does not fit the context (and truncation is off), or the chat
+                template refuses it.
+        """
+        ids = self._ids(prompt)
+        if self.limit is None or len(ids) <= self.limit:
+            return ids, None
+        if self.truncate:
+            return ids[-self.limit:], len(ids)
+        raise RowError(f"prompt is {len(ids)} tokens for model {self.name!r}; with "
+                       f"max_new_tokens it must be at most {self.limit} (pass --truncate-prompts "
+                       "to keep its last tokens, or lower --max-new-tokens)", field="prompt")
+
+
+def load_encoders(slots: Sequence[ModelSlot], config: GenerateConfig) -> dict[str, PromptEncoder]:
+    """One :class:`PromptEncoder` per model (tokenizer and config only, no weights)."""
+    encoders = {}
+    for slot in slots:
+        tokenizer = load_tokenizer(slot.path, padding_side="left")
+        encoders[slot.name] = PromptEncoder(
+            slot.name, tokenizer, context_length(slot.path, tokenizer), config.max_new_tokens,
+            config.chat_template, config.truncate_prompts)
+    return encoders
+
+
+@dataclass
+class _Loaded:
+    model: Any
+    eos_ids: list[int]
+    pad_id: int
+
+
+@dataclass(frozen=True)
+class _Draw:
+    """A sampled slot: the sample, its decoded text, its seed and attempt number."""
+
+    sample: Sample
+    text: str
+    seed: int
+    attempt: int
+
+
+class ShardGenerator:
+    """Generates the groups of a shard of prompts; holds the loaded models between shards."""
+
+    def __init__(self, slots: Sequence[ModelSlot], encoders: dict[str, PromptEncoder],
+                 config: GenerateConfig) -> None:
+        self.slots, self.encoders, self.config = list(slots), encoders, config
+        self.slot_model = {s: m.name for m in self.slots for s in m.slots}
+        self.on_batch: Callable[[float, float], None] | None = None  # (tokens/s, shard share)
+        self._first_round = (0, 1)  # (slots sampled, slots to sample) in attempt 0
+        self._loaded: dict[str, _Loaded] = {}
+        self._tokens = self._sampled = self._resampled = self._prompts = 0
+        self._seconds = self._load_seconds = 0.0
+
+    # -- models -----------------------------------------------------------------------------
+    def _model(self, name: str) -> _Loaded:
+        if name not in self._loaded:
+            t0 = time.perf_counter()
+            path = next(m.path for m in self.slots if m.name == name)
+            model = load_causal_lm(path, dtype=self.config.dtype, device=self.config.device)
+            tokenizer = self.encoders[name].tokenizer
+            eos = model.generation_config.eos_token_id
+            eos_ids = sorted({*(eos if isinstance(eos, list) else [eos] if eos is not None else []),
+                              *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None
+                                else [])})
+            if not eos_ids:
+                raise ConfigError(f"model {name!r} defines no EOS token; cannot tell where a "
+                                  "candidate ends")
+            model.generation_config = neutral_generation_config(
+                eos_ids, tokenizer.pad_token_id, tokenizer.bos_token_id)
+            self._loaded[name] = _Loaded(model, eos_ids, tokenizer.pad_token_id)
+            self._load_seconds += time.perf_counter() - t0
+        return self._loaded[name]
+
+    # -- one shard --------------------------------------------------------------------------
+    def run(self, prompts: Sequence[Prompt]) -> tuple[list[CandidateGroup], list[Reject]]:
+        """The groups of ``prompts`` and the rejects (whole prompts or left-out slots)."""
+        rejects: list[Reject] = []
+        gids = [make_group_id(p) for p in prompts]
+        encoded: dict[int, dict[str, list[int]]] = {}
+        for i, prompt in enumerate(prompts):
+            try:
+                encoded[i] = self._encode(prompt, gids[i], rejects)
+            except RowError as err:
+                rejects.append(Reject(stage=STAGE, reason=f"prompt {prompt.prompt_id!r}: "
+                                      f"{err.reason}", group_id=gids[i], field=err.field))
+        draws: dict[int, dict[int, _Draw]] = {i: {} for i in encoded}
+        pending = [(i, s) for i in encoded for s in range(self.config.k or 0)]
+        self._first_round = (0, max(len(pending), 1))
+        for attempt in range(self.config.max_resample + 1):
+            self._fill(pending, attempt, encoded, gids, draws)
+            pending = [(i, s) for i in encoded for s in _bad_slots(draws[i])]
+            if not pending:
+                break
+        self._prompts += len(prompts)
+        groups = []
+        for i in encoded:
+            group = self._build(prompts[i], gids[i], draws[i], rejects)
+            if group is not None:
+                groups.append(group)
+        return groups, rejects
+
+    def _encode(self, prompt: Prompt, gid: str, rejects: list[Reject]) -> dict[str, list[int]]:
+        out = {}
+        for name, encoder in self.encoders.items():
+            ids, before = encoder.encode(prompt)
+            if before is not None:
+                rejects.append(Reject(stage=STAGE, scope="part", group_id=gid, field="prompt",
+                                      reason=f"prompt {prompt.prompt_id!r} truncated from {before} "
+                                      f"to its last {len(ids)} tokens for model {name!r}"))
+            out[name] = ids
+        return out
+
+    def _fill(self, pending: list[tuple[int, int]], attempt: int,
+              encoded: dict[int, dict[str, list[int]]], gids: list[str],
+              draws: dict[int, dict[int, _Draw]]) -> None:
+        """Sample every pending ``(prompt index, slot)``, batched per model, longest first."""
+        cfg = self.config
+        for model in self.slots:
+            jobs = [(i, s) for i, s in pending if self.slot_model[s] == model.name]
+            jobs.sort(key=lambda job: -len(encoded[job[0]][model.name]))  # stable: less padding
+            if not jobs:
+                continue
+            loaded = self._model(model.name)
+            tokenizer = self.encoders[model.name].tokenizer
+            for start in range(0, len(jobs), cfg.batch_size):
+                batch = jobs[start:start + cfg.batch_size]
+                seeds = [derive_seed(cfg.seed, gids[i], model.name, s, attempt) for i, s in batch]
+                t0 = time.perf_counter()
+                samples = sample_batch(
+                    loaded.model, [encoded[i][model.name] for i, _ in batch], seeds,
+                    temperature=cfg.temperature, top_p=cfg.top_p,
+                    max_new_tokens=cfg.max_new_tokens, eos_ids=loaded.eos_ids,
+                    pad_id=loaded.pad_id)
+                self._seconds += time.perf_counter() - t0
+                for (i, s), seed, sample in zip(batch, seeds, samples, strict=True):
+                    body = sample.token_ids[:-1] if sample.eos else sample.token_ids
+                    text = tokenizer.decode(body, skip_special_tokens=True)
+                    draws[i][s] = _Draw(sample, text, seed, attempt)
+                    self._tokens += len(sample.token_ids)
+                self._sampled += len(batch)
+                self._resampled += len(batch) if attempt else 0
+                if not attempt:
+                    self._first_round = (self._first_round[0] + len(batch), self._first_round[1])
+                if self.on_batch is not None and self._seconds > 0:
+                    done, total = self._first_round
+                    self.on_batch(self._tokens / self._seconds, done / total)
+
+    def _build(self, prompt: Prompt, gid: str, draws: dict[int, _Draw],
+               rejects: list[Reject]) -> CandidateGroup | None:
+        """The group from its good slots; a reject when fewer than ``min_k`` remain."""
+        cfg = self.config
+        bad = set(_bad_slots(draws))
+        good = [s for s in sorted(draws) if s not in bad]
+        if len(good) < cfg.min_k:
+            rejects.append(Reject(
+                stage=STAGE, group_id=gid, field="candidates",
+                reason=f"prompt {prompt.prompt_id!r}: only {len(good)} distinct non-empty "
+                       f"candidates after {cfg.max_resample} re-samples; --min-k is {cfg.min_k}"))
+            return None
+        for s in sorted(bad):  # the group is kept without these slots
+            what = "empty" if not normalise_text(draws[s].text) else "duplicate"
+            rejects.append(Reject(
+                stage=STAGE, scope="part", group_id=gid, field="candidates",
+                reason=f"slot {s} (model {self.slot_model[s]!r}) still {what} after "
+                       f"{cfg.max_resample} re-samples; left out"))
+        candidates = [self._candidate(gid, s, draws[s]) for s in good]
+        return CandidateGroup(group_id=gid, prompt=prompt, candidates=candidates)
+
+    def _candidate(self, gid: str, slot: int, draw: _Draw) -> Candidate:
+        cfg = self.config
+        params = {"temperature": cfg.temperature, "top_p": cfg.top_p,
+                  "max_new_tokens": cfg.max_new_tokens, "run_seed": cfg.seed,
+                  "attempt": draw.attempt, "eos": draw.sample.eos}
+        source = CandidateSource(kind="model", model=model_label(self.slot_model[slot]),
+                                 params=params, seed=draw.seed)
+        return Candidate(candidate_id=make_candidate_id(gid, draw.text), text=draw.text,
+                         source=source, num_tokens=len(draw.sample.token_ids),
+                         behavior_logp=min(draw.sample.logp, 0.0))
+
+    def session_stats(self) -> dict[str, float | int]:
+        """Throughput of this process (a resumed run counts only its own work)."""
+        secs = self._seconds
+        return {"generated_tokens": self._tokens, "sampled": self._sampled,
+                "resampled": self._resampled, "generate_seconds": round(secs, 3),
+                "model_load_seconds": round(self._load_seconds, 3),
+                "tokens_per_s": round(self._tokens / secs, 2) if secs else None,
+                "prompts_per_s": round(self._prompts / secs, 3) if secs else None}
+
+
+def _bad_slots(draws: dict[int, _Draw]) -> list[int]:
+    """Slots whose text is empty or repeats an earlier slot's normalised text (slot order)."""
+    seen: set[str] = set()
+    bad = []
+    for s in sorted(draws):
+        norm = normalise_text(draws[s].text)
+        if not norm or norm in seen:
+            bad.append(s)
+        else:
+            seen.add(norm)
+    return bad

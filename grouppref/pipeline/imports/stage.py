@@ -1,0 +1,66 @@
+"""``generate --import``: build candidate groups from responses produced elsewhere and store them
+as the run's ``generate`` stage (same records as sampled groups, ``source.kind = "import"``).
+
+Accepted layouts (see :func:`grouppref.readers.rows.read_groups`): one row per prompt with a
+list of responses (strings or ``{text, model}`` objects), or one row per response with the
+prompt columns repeated (rows with the same prompt form a group, in file order). Empty and
+duplicate responses are left out as part-rejects; groups with fewer than ``min_k`` distinct
+responses are rejected with the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from grouppref.readers.rows import ColumnMapping, read_groups
+from grouppref.runs.store import RunStore, StageRun
+from grouppref.schemas import MAX_K, MIN_K, CandidateGroup, Reject
+
+STAGE = "generate"
+STAGE_VERSION = "import-1"
+
+
+class ImportConfig(BaseModel):
+    """Settings of ``generate --import``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(description="File (JSONL/JSON/CSV/Parquet), saved dataset or Hub id with "
+                        "the responses to import.")
+    split: str = Field(default="train", description="Split to read from a dataset with splits.")
+    mapping: ColumnMapping = Field(default_factory=ColumnMapping,
+                                   description="Which columns hold the prompt and responses.")
+    min_k: int = Field(default=MIN_K, ge=MIN_K, le=MAX_K, description="Fewest distinct "
+                       "candidates a group may keep; groups with fewer go to rejects.")
+
+
+def run_import(store: RunStore, config: ImportConfig, force: bool = False) -> StageRun[CandidateGroup]:
+    """Read ``config.source`` into ``RUN/generate``; bad rows go to rejects with their reason.
+
+    Raises:
+        InputFileError: the source is missing, unreadable or empty.
+    """
+    result = read_groups(config.source, config.mapping, stage=STAGE, split=config.split)
+    cfg = config.model_copy(update={"source": str(Path(config.source))})
+    stage = store.open_stage(STAGE, cfg, input_fingerprint=result.fingerprint,
+                             record_type=CandidateGroup, stage_version=STAGE_VERSION, force=force)
+    if stage.cached:
+        return stage
+    kept: list[CandidateGroup] = []
+    rejects = list(result.rejects)
+    for group in result.items:
+        if group.k < config.min_k:
+            rejects.append(Reject(stage=STAGE, group_id=group.group_id, field="responses",
+                                  source=result.source,
+                                  reason=f"only {group.k} distinct responses; --min-k is "
+                                  f"{config.min_k}"))
+        else:
+            kept.append(group)
+    stage.add_rejects("input", rejects)
+    for shard in stage.pending_shards(kept, shard_size=max(len(kept), 1)):
+        stage.write_shard(shard, list(shard.items), [])
+    models = sorted({c.source.model for g in kept for c in g.candidates if c.source.model})
+    return stage.finish(inputs=result.rows, stats={
+        "source": result.source, "candidates": sum(g.k for g in kept), "models": models})

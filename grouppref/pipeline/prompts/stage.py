@@ -1,0 +1,41 @@
+"""The ``prompts`` stage: read a prompt file, validate every row, store the prompts in a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from grouppref.readers.rows import ColumnMapping, read_prompts
+from grouppref.runs.store import RunStore, StageRun
+from grouppref.schemas import Prompt
+
+STAGE = "prompts"
+STAGE_VERSION = "1"
+
+
+class PromptsConfig(BaseModel):
+    """Settings of the ``prompts`` stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(description="Prompt file (JSONL/JSON/CSV/Parquet), saved dataset or Hub id.")
+    split: str = Field(default="train", description="Split to read from a dataset with splits.")
+    mapping: ColumnMapping = Field(default_factory=ColumnMapping,
+                                   description="Which columns hold the prompt fields.")
+    limit: int | None = Field(default=None, ge=1, description="Read only the first N rows.")
+
+
+def run_prompts(store: RunStore, config: PromptsConfig, force: bool = False) -> StageRun[Prompt]:
+    """Read ``config.source`` into ``RUN/prompts``; bad rows go to rejects with their reason."""
+    result = read_prompts(config.source, config.mapping, stage=STAGE, split=config.split,
+                          limit=config.limit)
+    cfg = config.model_copy(update={"source": str(Path(config.source))})
+    stage = store.open_stage(STAGE, cfg, input_fingerprint=result.fingerprint, record_type=Prompt,
+                             stage_version=STAGE_VERSION, force=force)
+    if stage.cached:
+        return stage
+    stage.add_rejects("input", result.rejects)
+    for shard in stage.pending_shards(result.items, shard_size=max(len(result.items), 1)):
+        stage.write_shard(shard, list(shard.items), [])
+    return stage.finish(inputs=result.rows, stats={"source": result.source})

@@ -1,0 +1,251 @@
+"""The ``rank`` stage: automatic rankers add one :class:`Ranking` per group per ranker.
+
+Reads ``RUN/<input_stage>`` (``generate`` by default: CandidateGroup rows, or AnnotatedGroup
+rows whose rankings are kept), writes ``RUN/rank`` (AnnotatedGroup rows). Each ranker's scores
+become tiers (:func:`~grouppref.pipeline.rank.scoring.scores_to_tiers`: scores within
+``tie_tolerance`` of a tier's best share it); an optional weighted ensemble of z-scored ranker
+scores is one more ranking. A ranker that cannot score a group (too long, no reference, ...)
+leaves a part-reject with the reason; the group is still written with its other rankings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from grouppref.errors import ConfigError, StageError
+from grouppref.models.loading import model_fingerprint
+from grouppref.pipeline.rank import scoring as rs
+from grouppref.pipeline.rank.rankers import Ranker, Skip, build_ranker
+from grouppref.pipeline.rank.settings import (
+    ANNOTATOR_KIND,
+    RankerSettings,
+    annotator_for,
+    ranker_keys,
+    validation_message,
+)
+from grouppref.runs.progress import stage_progress
+from grouppref.runs.store import RunStore, StageRun, sha256_text
+from grouppref.schemas import AnnotatedGroup, Annotator, Ranking, Reject, from_row
+
+STAGE = "rank"
+STAGE_VERSION = "1"
+
+
+class EnsembleSettings(BaseModel):
+    """A weighted ensemble of rankers, added as one more ranking."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weights: dict[str, float] = Field(min_length=1, description="Ranker key -> weight (> 0), "
+                                      "e.g. reward=1,verify=2; keys are ranker names or kinds.")
+    name: str = Field(default="ensemble", pattern=r"^[A-Za-z0-9][\w.:-]{0,63}$",
+                      description="Annotator id of the ensemble ranking.")
+
+
+class RankConfig(BaseModel):
+    """Settings of the ``rank`` stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rankers: list[RankerSettings] = Field(min_length=1, description="Rankers; each adds its own "
+                                          "ranking (a union on `kind`: reward/rule/similarity/judge).")
+    ensemble: EnsembleSettings | None = Field(default=None, description="Weighted ensemble "
+                                              "of z-scored ranker scores, as an extra ranking.")
+    tie_tolerance: float = Field(default=1e-6, ge=0.0, description="Scores within this absolute "
+                                 "distance of a tier's best score share the tier (a tie).")
+    input_stage: str = Field(default="generate", description="Stage whose groups are ranked.")
+    shard_size: int = Field(default=64, ge=1, description="Groups per resumable shard.")
+    device: str = Field(default="cpu", description="Torch device of the models (cpu, cuda, ...).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Torch dtype of the reward and judge models.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RankConfig:
+        ids = [annotator_for(r).id for r in self.rankers]
+        if self.ensemble is not None:
+            ids.append(self.ensemble.name)
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise ValueError(f"annotator ids {repeated} appear twice; give each ranker a `name`")
+        if self.input_stage == STAGE:
+            raise ValueError("input_stage cannot be 'rank' (it would read what it overwrites); "
+                             "rank the output of generate, simulate or label")
+        keys = ranker_keys(self.rankers)
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"ranker names {keys} repeat; give each ranker a distinct `name`")
+        if self.ensemble is not None:
+            unknown = sorted(set(self.ensemble.weights) - set(keys))
+            if unknown:
+                raise ValueError(f"ensemble names unknown rankers {unknown}; the rankers are "
+                                 f"{keys}")
+            bad = {k: w for k, w in self.ensemble.weights.items() if not w > 0}
+            if bad:
+                raise ValueError(f"ensemble weights must be > 0, got {bad}")
+        return self
+
+
+def load_rank_config(data: dict[str, Any], where: str) -> RankConfig:
+    """Validate settings from a file or the CLI into a ``RankConfig``.
+
+    Raises:
+        ConfigError: naming every invalid key and what is wrong with it.
+    """
+    try:
+        return RankConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{where}: invalid rank settings: {validation_message(e)}") from e
+
+
+# -- rankings ------------------------------------------------------------------------------------
+def ranking_from_scores(annotator: Annotator, group: AnnotatedGroup, s: Sequence[float],
+                        tol: float) -> Ranking:
+    """A ranking of ``group`` from per-candidate scores (group order), ties within ``tol``."""
+    ids = group.candidate_ids()
+    return Ranking(annotator=annotator, group_id=group.group_id,
+                   tiers=rs.scores_to_tiers(ids, s, tol),
+                   scores={cid: float(x) for cid, x in zip(ids, s, strict=True)})
+
+
+def ensemble_annotator(ensemble: EnsembleSettings, rankers: list[RankerSettings]) -> Annotator:
+    """Kind: the members' kind when they share one, else the kind of the heaviest member
+    (the first of the heaviest on a tie of weights)."""
+    by_key = dict(zip(ranker_keys(rankers), rankers, strict=True))
+    weights = ensemble.weights
+    heaviest = max(weights, key=lambda k: weights[k])
+    label = ",".join(f"{k}={w:g}" for k, w in weights.items())
+    return Annotator(id=ensemble.name, kind=ANNOTATOR_KIND[by_key[heaviest].kind],
+                     name=f"ensemble({label})",
+                     version=sha256_text(ensemble.model_dump_json())[:12])
+
+
+def _rank_group(group: AnnotatedGroup, outcomes: list[list[float] | Skip], config: RankConfig,
+                annotators: list[Annotator], number: int) -> tuple[AnnotatedGroup, list[Reject]]:
+    """The group with its new rankings (replacing same-id ones), and part-rejects for skips."""
+    keys = ranker_keys(config.rankers)
+    new: list[Ranking] = []
+    rejects: list[Reject] = []
+    scored: dict[str, list[float]] = {}
+    for key, ann, out in zip(keys, annotators, outcomes, strict=True):
+        if isinstance(out, Skip):
+            rejects.append(_part_reject(group, number, ann.id, out.reason))
+            continue
+        scored[key] = out
+        new.append(ranking_from_scores(ann, group, out, config.tie_tolerance))
+    if config.ensemble is not None:
+        ens = ensemble_annotator(config.ensemble, config.rankers)
+        missing = [k for k in config.ensemble.weights if k not in scored]
+        if missing:
+            rejects.append(_part_reject(group, number, ens.id,
+                                        f"members {missing} did not score this group"))
+        else:
+            s = torch.tensor([scored[k] for k in config.ensemble.weights])  # (R, K)
+            w = torch.tensor(list(config.ensemble.weights.values()))  # (R,)
+            new.append(ranking_from_scores(ens, group, rs.ensemble_scores(s, w).tolist(),
+                                           config.tie_tolerance))
+    new_ids = {r.annotator.id for r in new}
+    kept = [r for r in group.rankings if r.annotator.id not in new_ids]
+    return group.model_copy(update={"rankings": kept + new}), rejects
+
+
+def _part_reject(group: AnnotatedGroup, number: int, annotator_id: str, reason: str) -> Reject:
+    return Reject(stage=STAGE, reason=f"ranker {annotator_id!r} skipped the group: {reason}",
+                  row=number, group_id=group.group_id, field=f"rankings[{annotator_id}]",
+                  scope="part")
+
+
+# -- the stage -----------------------------------------------------------------------------------
+def _read_input(store: RunStore, config: RankConfig) -> tuple[list[Any], str]:
+    manifest = store.require(config.input_stage)
+    if manifest.record_type not in ("CandidateGroup", "AnnotatedGroup", "ValidatedGroup"):
+        raise StageError(f"rank: stage {config.input_stage!r} holds {manifest.record_type} rows, "
+                         "not candidate groups; rank the output of `grouppref generate`")
+    return list(store.load_dataset(config.input_stage)), manifest.output_fingerprint or ""
+
+
+def _parse_row(row: dict[str, Any], number: int, source: str) -> AnnotatedGroup | Reject:
+    keep = AnnotatedGroup.model_fields
+    try:
+        return from_row(AnnotatedGroup, {k: v for k, v in row.items() if k in keep})
+    except ValidationError as e:
+        return Reject(stage=STAGE, reason=validation_message(e), source=source, row=number,
+                      group_id=row.get("group_id"))
+
+
+def _model_fingerprints(rankers: list[Ranker]) -> list[str]:
+    """Fingerprints of the rankers' model folders (weights hashed once, then memoised)."""
+    return [model_fingerprint(path) for r in rankers if (path := r.model_path()) is not None]
+
+
+def run_rank(store: RunStore, config: RankConfig, force: bool = False) -> StageRun[AnnotatedGroup]:
+    """Rank every group of ``config.input_stage`` with every ranker; write ``RUN/rank``.
+
+    Models are checked (path or Hub id, architecture, one output for a reward model) before
+    any work, and loaded only when a shard is left to compute.
+
+    Raises:
+        ModelNotFoundError: a model path or id that does not exist.
+        ConfigError: a model of the wrong kind (e.g. a reward model with two outputs).
+        StageError: the input stage has not completed.
+    """
+    rankers = [build_ranker(s, config.device, config.dtype) for s in config.rankers]
+    for ranker in rankers:
+        ranker.check()
+    rows, input_fp = _read_input(store, config)
+    parsed = [_parse_row(row, i + 1, config.input_stage) for i, row in enumerate(rows)]
+    groups = [(i + 1, g) for i, g in enumerate(parsed) if isinstance(g, AnnotatedGroup)]
+    fingerprint = sha256_text("|".join([input_fp, *_model_fingerprints(rankers)]))
+    stage = store.open_stage(STAGE, config, input_fingerprint=fingerprint,
+                             record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=force)
+    if stage.cached:
+        return stage
+    stage.add_rejects("input", [r for r in parsed if isinstance(r, Reject)])
+    annotators = [annotator_for(s) for s in config.rankers]
+    loaded = False
+    with stage_progress() as bar:
+        task = bar.add_task(STAGE, total=len(groups), unit="groups",
+                            completed=stage.done_items(groups, config.shard_size))
+        for shard in stage.pending_shards(groups, shard_size=config.shard_size):
+            if not loaded:  # a cached or fully resumed stage loads no model
+                for ranker in rankers:
+                    ranker.load()
+                loaded = True
+            batch = [g for _, g in shard.items]
+            outcomes = [r.score(batch) for r in rankers]  # (rankers, groups)
+            records, rejects = [], []
+            for j, (number, group) in enumerate(shard.items):
+                record, part = _rank_group(group, [o[j] for o in outcomes], config, annotators,
+                                           number)
+                records.append(record)
+                rejects.extend(part)
+            stage.write_shard(shard, records, rejects)
+            bar.advance(task, len(shard.items))
+    stage.finish(inputs=len(rows))
+    return _with_stats(store, stage, config, annotators)
+
+
+def _with_stats(store: RunStore, stage: StageRun[AnnotatedGroup], config: RankConfig,
+                annotators: list[Annotator]) -> StageRun[AnnotatedGroup]:
+    """Count, from the finished output (so a resumed run counts every shard), per annotator the
+    groups ranked, skipped and with ties; write them into the manifest's stats."""
+    ids = [a.id for a in annotators] + ([config.ensemble.name] if config.ensemble else [])
+    per: dict[str, dict[str, int]] = {i: {"ranked": 0, "skipped": 0, "with_ties": 0} for i in ids}
+    records = stage.records()
+    for group in records:
+        for r in group.rankings:
+            if r.annotator.id in per:
+                per[r.annotator.id]["ranked"] += 1
+                per[r.annotator.id]["with_ties"] += int(len(r.tiers) < group.k)
+    skipped = [r for r in stage.rejects() if r.scope == "part"]
+    for r in skipped:
+        aid = (r.field or "").removeprefix("rankings[").removesuffix("]")
+        if aid in per:
+            per[aid]["skipped"] += 1
+    stats = {"rankers": per, "skipped": len(skipped), "tie_tolerance": config.tie_tolerance,
+             "groups_without_rankings": sum(not g.rankings for g in records)}
+    stage.manifest = stage.manifest.model_copy(update={"stats": stats})
+    store.write_manifest(stage.manifest)
+    return stage

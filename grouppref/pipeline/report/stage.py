@@ -1,0 +1,303 @@
+"""The ``report`` stage: one self-contained HTML file describing a run.
+
+Everything is inline (CSS, and matplotlib plots as base64 PNG), so the file makes no external
+request and can be mailed or attached to a ticket. Sections appear for the stages that ran:
+counts per stage with reject reasons, agreement histogram, annotator reliability, pair-weight
+distribution, estimated (and, for simulated panels, true) noise with the DPO-fallback
+recommendation, training curves and the before/after evaluation.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import re
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; must precede pyplot
+import matplotlib.pyplot as plt  # noqa: E402
+from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
+
+from grouppref.runs.store import RunStore, read_rejects  # noqa: E402
+from grouppref.schemas import ValidatedGroup  # noqa: E402
+
+STAGE = "report"
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;
+color:#1d232a;line-height:1.45;padding:0 1rem}
+h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.2rem;border-bottom:1px solid #d8dee4;
+padding-bottom:.2rem;margin-top:2rem}table{border-collapse:collapse;margin:.6rem 0;font-size:.9rem}
+th,td{border:1px solid #d8dee4;padding:.3rem .6rem;text-align:left}th{background:#f3f5f7}
+td.num{text-align:right;font-variant-numeric:tabular-nums}.muted{color:#57606a;font-size:.9rem}
+.box{background:#f6f8fa;border-left:4px solid #0969da;padding:.6rem 1rem;margin:.8rem 0}
+.warn{border-left-color:#bf8700}img{max-width:100%;height:auto}
+.grid{display:grid;grid-template-columns:1fr 1fr;gap:1rem}
+"""
+
+
+# Nothing outside the file may load: images are data: URIs, styles inline.
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+NAV = (("stages", "Stages"), ("agreement", "Agreement"), ("noise", "Annotators and noise"),
+       ("training", "Training"), ("evaluation", "Evaluation"))
+
+
+class ReportConfig(BaseModel):
+    """Settings of the ``report`` stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output: str | None = Field(default=None, description="HTML file to write (default: "
+                               "RUN/report/report.html).")
+    title: str | None = Field(default=None, description="Page title (default: the run name).")
+    max_reject_reasons: int = Field(default=5, ge=0, description="Most common reject reasons "
+                                    "shown per stage.")
+
+
+def _figure_png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _img(src: str, alt: str) -> str:
+    return f'<img src="{src}" alt="{html.escape(alt)}">'
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(value: Any) -> str:
+    """A table cell: numbers right-aligned, text left-aligned."""
+    num = isinstance(value, int | float) and not isinstance(value, bool)
+    return f"<td{' class=num' if num else ''}>{html.escape(_fmt(value))}</td>"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return "-" if value is None else str(value)
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+# -- sections ---------------------------------------------------------------------------------
+def section_counts(store: RunStore, max_reasons: int) -> str:
+    rows, reasons = [], []
+    for m in store.manifests():
+        c = m.counts
+        rows.append([m.stage, m.status, c.inputs, c.outputs, c.rejected, c.partial,
+                     m.seconds])
+        rejects = read_rejects(store.stage_dir(m.stage) / "rejects.jsonl")
+        common = Counter((r.scope, reject_kind(r.reason)) for r in rejects)
+        reasons += [[m.stage, "whole row" if scope == "row" else "part of a row", reason, n]
+                    for (scope, reason), n in common.most_common(max_reasons)]
+    out = _h2("Stages", "stages") + _table(
+        ["stage", "status", "in", "out", "rejected", "partly rejected", "seconds"], rows)
+    if reasons:
+        out += "<h3>Most common reject reasons</h3>" + _table(
+            ["stage", "rejected", "reason", "count"], reasons)
+    return out
+
+
+def reject_kind(reason: str) -> str:
+    """A reject reason with its numbers blanked, so equal causes count together."""
+    return re.sub(r"(?<![\w.-])\d+(\.\d+)?(?![\w-])", "#", reason)[:160]
+
+
+def _h2(title: str, anchor: str) -> str:
+    return f"<h2 id='{anchor}'>{html.escape(title)}</h2>"
+
+
+def _missing(title: str, anchor: str, why: str) -> str:
+    return _h2(title, anchor) + f"<p class='muted'>{html.escape(why)}</p>"
+
+
+def _validated(store: RunStore) -> list[ValidatedGroup]:
+    for stage in ("validate", "aggregate"):
+        if store.is_complete(stage):
+            return store.load_records(stage, ValidatedGroup)
+    return []
+
+
+def section_agreement(groups: list[ValidatedGroup]) -> str:
+    ws = [g.agreement.kendall_w for g in groups if g.agreement.kendall_w is not None]
+    weights = [p.weight for g in groups for p in g.pairs]
+    probs = [p.p for g in groups for p in g.pairs]
+    if not ws and not weights:
+        return _missing("Agreement and pair weights", "agreement",
+                        "No aggregated groups yet (run the aggregate stage).")
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.2))
+    axes[0].hist(ws, bins=20, range=(0, 1), color="#0969da")
+    axes[0].set(title="Kendall's W per group", xlabel="W", ylabel="groups")
+    axes[1].hist(weights, bins=20, range=(0, 1), color="#1a7f37")
+    axes[1].set(title="pair confidence weight w_ij", xlabel="w", ylabel="pairs")
+    axes[2].hist(probs, bins=20, range=(0.5, 1), color="#8250df")
+    axes[2].set(title="pair probability p_ij", xlabel="p", ylabel="pairs")
+    flags = Counter(f for g in groups for f in g.flags)
+    flag_rows = [[f, n] for f, n in flags.most_common()]
+    return (_h2("Agreement and pair weights", "agreement") + _img(_figure_png(fig), "agreement histograms")
+            + f"<p class='muted'>{len(groups)} groups, {len(weights)} pairs.</p>"
+            + (_table(["flag", "groups"], flag_rows) if flag_rows else ""))
+
+
+def section_noise(store: RunStore) -> str:
+    report = _read_json(store.stage_dir("aggregate") / "report.json")
+    if not report:
+        return _missing("Annotators and noise", "noise",
+                        "No aggregate report yet (run the aggregate stage).")
+    out = _h2("Annotators and noise", "noise")
+    annotators = report.get("annotators") or []
+    sim = store.manifest("simulate")
+    truth = (sim.stats.get("annotators") or {}) if sim is not None else {}
+    if annotators:
+        rows = [[a["id"], a.get("kind"), a.get("groups"), a.get("tau"), a.get("flip_rate"),
+                 (truth.get(a["id"]) or {}).get("realised_flip_rate"), a.get("weight"),
+                 "yes" if a.get("unreliable") else "", "yes" if a.get("dropped") else ""]
+                for a in annotators]
+        out += _table(["annotator", "kind", "groups", "tau vs consensus", "estimated flip rate",
+                       "true flip rate (simulated)", "weight", "unreliable", "dropped"], rows)
+    noise = report.get("noise") or {}
+    rec = report.get("recommendation") or {}
+    if noise.get("estimated") is not None:
+        kept_sim = [a for a in annotators if a["id"] in truth and not a.get("dropped")]
+        extra = ""
+        if kept_sim:
+            est = sum(a.get("flip_rate") or 0.0 for a in kept_sim) / len(kept_sim)
+            true = sum(truth[a["id"]]["realised_flip_rate"] for a in kept_sim) / len(kept_sim)
+            extra = (f"<br>Simulated annotators kept in the fit: mean estimated flip rate "
+                     f"<b>{est:.1%}</b>, mean true flip rate <b>{true:.1%}</b>.")
+        warn = " warn" if rec.get("loss") != "gspo" else ""
+        loss = str(rec.get("loss") or "none: do not train on these labels")
+        out += (f"<div class='box{warn}'>Estimated label noise (all annotators in the fit): "
+                f"<b>{noise['estimated']:.1%}</b>; share of votes against the consensus: "
+                f"{_fmt(noise.get('observed_against_consensus'))}.{extra}<br>Recommended loss: "
+                f"<b>{html.escape(loss)}</b> ({html.escape(rec.get('reason', ''))})."
+                f"<br><span class='muted'>{html.escape(rec.get('note', ''))}</span></div>")
+    rules = report.get("rules") or {}
+    if rules:
+        out += "<h3>Noise rules</h3>" + _table(
+            ["rule", "action", "groups flagged", "groups dropped"],
+            [[name, r.get("action"), r.get("flagged"), r.get("dropped")] for name, r in rules.items()])
+    return out
+
+
+def _train_log(store: RunStore) -> list[dict[str, Any]]:
+    m = store.manifest("train")
+    if m is None:
+        return []
+    return [row for path in sorted(store.stage_dir("train").rglob("metrics.jsonl"))
+            for row in _read_jsonl(path)]
+
+
+def section_training(store: RunStore) -> str:
+    log = _train_log(store)
+    train = [r for r in log if r.get("split") == "train" and "loss" in r]
+    held = [r for r in log if r.get("split") == "eval"]
+    if not train:
+        return _missing("Training", "training", "No training in this run.")
+    keys = [k for k in ("loss", "pair_accuracy", "margin") if any(k in r for r in train)]
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.3 * len(keys), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        ax.plot([r["step"] for r in train], [r.get(key) for r in train], "o-", label="train")
+        if any(key in r for r in held):
+            ax.plot([r["step"] for r in held if key in r], [r[key] for r in held if key in r],
+                    "s--", label="held out")
+        ax.set(title=key.replace("_", " "), xlabel="step")
+        ax.legend()
+    last = train[-1]
+    speed = (f"<p class='muted'>last logged step {last['step']}: "
+             f"{_fmt(last.get('groups_per_s'))} groups/s, {_fmt(last.get('tokens_per_s'))} "
+             f"tokens/s, KL to reference {_fmt(last.get('kl'))}</p>")
+    return _h2("Training", "training") + _img(_figure_png(fig), "training curves") + speed
+
+
+def section_eval(store: RunStore) -> str:
+    metrics = _read_json(store.stage_dir("eval") / "metrics.json")
+    if not metrics or "metrics" not in metrics:
+        return _missing("Evaluation on the held-out split", "evaluation",
+                        "No evaluation in this run.")
+    before = metrics["metrics"].get("baseline") or {}
+    after = metrics["metrics"].get("model") or {}
+    keys = [k for k in before if isinstance(before.get(k), int | float) and k != "groups"]
+    rows = [[k, before.get(k), after.get(k),
+             (after[k] - before[k]) if isinstance(after.get(k), int | float) else None]
+            for k in keys]
+    head = (f"<p class='muted'>{metrics.get('groups')} held-out groups ({metrics.get('split')} "
+            f"split); before = {html.escape(str(metrics.get('baseline')))}, after = "
+            f"{html.escape(str(metrics.get('model')))}; implicit reward beta = "
+            f"{_fmt(metrics.get('beta'))} against {html.escape(str(metrics.get('ref_model')))}.</p>")
+    plot = _eval_plot(before, after, keys)
+    return (_h2("Evaluation on the held-out split", "evaluation") + head + plot
+            + _table(["metric", "before", "after", "change"], rows))
+
+
+def _eval_plot(before: dict[str, Any], after: dict[str, Any], keys: list[str]) -> str:
+    """Bars before/after: accuracies (share of pairs ordered as the consensus) and margins."""
+    both = [k for k in keys if isinstance(after.get(k), int | float)]
+    groups = [[k for k in both if "accuracy" in k], [k for k in both if "accuracy" not in k]]
+    groups = [g for g in groups if g]
+    if not groups:
+        return ""
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.2 * len(groups), 3.2), squeeze=False)
+    for ax, names in zip(axes[0], groups, strict=True):
+        x = range(len(names))
+        ax.bar([i - 0.2 for i in x], [before[k] for k in names], 0.4, label="before",
+               color="#8c959f")
+        ax.bar([i + 0.2 for i in x], [after[k] for k in names], 0.4, label="after",
+               color="#0969da")
+        ax.set_xticks(list(x), [k.replace("_", " ") for k in names], rotation=15)
+        ax.axhline(0, color="#57606a", linewidth=0.6)
+        ax.legend()
+    axes[0][0].set(title="pair accuracy vs the consensus" if "accuracy" in groups[0][0]
+                   else "margins and rewards")
+    if len(groups) > 1:
+        axes[0][1].set(title="margins, rewards and KL")
+    return _img(_figure_png(fig), "evaluation before and after training")
+
+
+def render_report(store: RunStore, config: ReportConfig) -> str:
+    """The whole HTML page for a run."""
+    title = config.title or f"grouppref run {store.name}"
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    sections = [section_counts(store, config.max_reject_reasons)]
+    groups = _validated(store)
+    sections += [section_agreement(groups), section_noise(store), section_training(store),
+                 section_eval(store)]
+    body = "".join(s for s in sections if s)
+    nav = " &middot; ".join(f"<a href='#{a}'>{t}</a>" for a, t in NAV)
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<link rel='icon' href='data:,'>"  # no favicon request
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1><p class='muted'>{html.escape(str(store.root))} "
+            f"&middot; generated {now}</p><nav class='muted'>{nav}</nav>{body}</body></html>")
+
+
+def run_report(store: RunStore, config: ReportConfig | None = None) -> Path:
+    """Write the report (always re-rendered: it is cheap and reflects the run as it is now)."""
+    config = config or ReportConfig()
+    path = Path(config.output) if config.output else store.stage_dir(STAGE) / "report.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_report(store, config), encoding="utf-8")
+    return path

@@ -1,0 +1,391 @@
+"""The ``validate`` stage: check every aggregated group, split train/test by prompt, report.
+
+Reads ``RUN/aggregate`` (``ValidatedGroup`` rows, ``split`` unset) row by row and writes
+``RUN/validate`` (the rows that pass, ``split`` set), ``RUN/validate/rejects.jsonl`` (each row
+that failed, with its 1-based row number, group id, field and reason) and
+``RUN/validate/report.json`` (:class:`ValidationReport`).
+
+Checks, in order (the first that fails names the row's reject):
+
+==========================  ====================================================================
+check                        a row fails when
+==========================  ====================================================================
+``schema``                   it is not a valid ``ValidatedGroup``: unknown or missing columns,
+                             rankings naming unknown candidates, an annotator ranking twice,
+                             ``p`` outside [0.5, 1], ``weight`` outside [0, 1], non-finite numbers
+``conflicting_contents``     another row has the same group id but a different prompt or
+                             candidates (every row of that group id is rejected: we cannot tell
+                             which one is right)
+``duplicate_group_id``       an earlier row has the same group id and the same contents
+``duplicate_prompt``         an earlier row (another group id) has the same prompt content
+``too_few_pairs``            it has fewer than ``min_pairs`` pair preferences
+``flagged``                  it carries one of ``reject_flags``
+==========================  ====================================================================
+
+The split is a pure function of (seed, prompt): ``u = sha256(seed, key)[:8] / 2**64`` and the
+row goes to ``test`` when ``u < test_fraction``. The same prompt therefore always lands in the
+same split, and adding rows never moves an existing row to the other split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import datasets
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from grouppref.errors import StageError
+from grouppref.runs.progress import stage_progress
+from grouppref.runs.store import DATA, RunStore, StageRun, canonical_json
+from grouppref.schemas import Reject, ValidatedGroup, check_tiers, from_row, normalise_text
+
+STAGE = "validate"
+INPUT_STAGE = "aggregate"
+STAGE_VERSION = "1"
+REPORT = "report.json"
+CHECKS = ("schema", "conflicting_contents", "duplicate_group_id", "duplicate_prompt",
+          "too_few_pairs", "flagged")
+MAX_FAILURES_IN_REPORT = 1000
+Rows = Sequence[dict[str, Any]] | datasets.Dataset  # raw Arrow rows of RUN/aggregate
+
+
+class ValidateConfig(BaseModel):
+    """Settings of the ``validate`` stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    test_fraction: float = Field(default=0.1, ge=0.0, lt=1.0,
+                                 description="Expected share of prompts put in the test split.")
+    seed: int = Field(default=0, description="Seed of the prompt hash that assigns the split.")
+    split_by: Literal["prompt", "prompt_text"] = Field(
+        default="prompt", description="What decides the split: 'prompt' (exact prompt content) "
+        "or 'prompt_text' (case- and whitespace-normalised text, so near-identical prompts share "
+        "a split).")
+    min_pairs: int = Field(default=1, ge=0,
+                           description="Reject groups with fewer pair preferences than this.")
+    reject_flags: list[str] = Field(default_factory=list,
+                                    description="Reject groups carrying any of these flags.")
+    shard_size: int = Field(default=1000, ge=1, description="Groups per resumable shard.")
+
+
+class Failure(BaseModel):
+    """One failed row in the report."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    check: str
+    row: int
+    group_id: str | None = None
+    field: str | None = None
+    reason: str
+
+
+class ValidationReport(BaseModel):
+    """What ``validate`` found; written to ``RUN/validate/report.json``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: str
+    input_stage: str = INPUT_STAGE
+    config: dict[str, Any]
+    inputs: int
+    outputs: int
+    rejected: int
+    splits: dict[str, dict[str, int]] = Field(description="groups and pairs per split")
+    prompt_overlap: int = Field(description="prompts found in both splits (always 0)")
+    checks: dict[str, int] = Field(description="failed rows per check")
+    failures: list[Failure] = Field(description=f"first {MAX_FAILURES_IN_REPORT} failures")
+    agreement: dict[str, float | None]
+    flags: dict[str, int] = Field(description="flags of the groups kept, with counts")
+
+    @property
+    def passed(self) -> bool:
+        return self.rejected == 0
+
+
+def split_of(key: str, seed: int, test_fraction: float) -> Literal["train", "test"]:
+    """The split of a prompt: ``test`` iff ``sha256(seed, key)[:8] / 2**64 < test_fraction``."""
+    digest = hashlib.sha256(f"{seed}\x1f{key}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2.0**64
+    return "test" if u < test_fraction else "train"
+
+
+def split_key(group: ValidatedGroup, split_by: str) -> str:
+    """The text whose hash decides the split of ``group`` (see :class:`ValidateConfig`)."""
+    if split_by == "prompt_text":
+        return normalise_text(group.prompt.display_text())
+    return group.prompt.content_key()
+
+
+def _loc(loc: tuple[Any, ...]) -> str | None:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+def _locate(group: dict[str, Any]) -> tuple[str, str] | None:
+    """Field and reason of a whole-group problem: pydantic reports those at the whole field
+    (``rankings``) or the whole row; this finds the ranking or pair at fault."""
+    ids = [c["candidate_id"] for c in group.get("candidates", [])]
+    annotators: dict[str, int] = {}
+    for i, ranking in enumerate(group.get("rankings") or []):
+        who = ranking["annotator"]["id"]
+        if ranking["group_id"] != group["group_id"]:
+            return f"rankings[{i}].group_id", (
+                f"ranking by {who!r} is for group {ranking['group_id']!r}, "
+                f"not {group['group_id']!r}")
+        try:
+            check_tiers(ranking["tiers"], ids)
+        except ValueError as e:
+            return f"rankings[{i}].tiers", f"ranking by {who!r}: {e}"
+        if who in annotators:
+            return f"rankings[{i}].annotator.id", (f"annotator {who!r} ranks this group twice "
+                                                   f"(first at rankings[{annotators[who]}])")
+        annotators[who] = i
+    return _locate_aggregate(group, ids)
+
+
+def _locate_raw(row: dict[str, Any]) -> tuple[str, str] | None:
+    """:func:`_locate` on a raw Arrow row; ``None`` when the row is too malformed to say more
+    (pydantic's own message is used then)."""
+    try:
+        strengths = row.get("strengths")
+        group = {**row, "strengths": json.loads(strengths) if isinstance(strengths, str) else {}}
+        return _locate(group)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _locate_aggregate(group: dict[str, Any], ids: list[str]) -> tuple[str, str] | None:
+    try:
+        check_tiers(group.get("consensus") or [], ids)
+    except ValueError as e:
+        return "consensus", f"consensus: {e}"
+    if set(group.get("strengths") or {}) != set(ids):
+        return "strengths", "strengths must name every candidate exactly once"
+    seen: dict[frozenset[str], int] = {}
+    for i, pair in enumerate(group.get("pairs") or []):
+        unknown = sorted({pair["winner"], pair["loser"]} - set(ids))
+        if unknown:
+            return f"pairs[{i}]", f"pair names unknown candidates {unknown}"
+        key = frozenset((pair["winner"], pair["loser"]))
+        if key in seen:
+            return f"pairs[{i}]", f"pair {pair['winner']!r} / {pair['loser']!r} appears twice " \
+                f"(first at pairs[{seen[key]}])"
+        seen[key] = i
+    return None
+
+
+def parse_row(row: dict[str, Any], number: int, source: str) -> ValidatedGroup | Reject:
+    """A raw row as a ``ValidatedGroup``, or a ``Reject`` naming the field and the reason."""
+    group_id = row.get("group_id") if isinstance(row.get("group_id"), str) else None
+    try:
+        return from_row(ValidatedGroup, row)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field, reason = _loc(first["loc"]), first["msg"].removeprefix("Value error, ")
+        if len(first["loc"]) <= 1:  # a whole-group check: find the exact place ourselves
+            field, reason = _locate_raw(row) or (field, reason)
+        more = f" (and {e.error_count() - 1} more errors)" if e.error_count() > 1 else ""
+        return Reject(stage=STAGE, reason=f"schema: {reason}{more}", source=source, row=number,
+                      group_id=group_id, field=field)
+    except (ValueError, TypeError) as e:  # a JSON column that does not parse
+        return Reject(stage=STAGE, reason=f"schema: {e}", source=source, row=number,
+                      group_id=group_id)
+
+
+def _contents(group: ValidatedGroup) -> tuple[str, str]:
+    prompt = canonical_json(group.prompt.model_dump(mode="json"))
+    candidates = canonical_json([c.model_dump(mode="json") for c in group.candidates])
+    return prompt, candidates
+
+
+@dataclass(frozen=True)
+class _RowInfo:
+    """What pass 1 keeps of a parsed row (not the row itself, to stay small)."""
+
+    split: Literal["train", "test"]
+    key: str
+    pairs: int
+    annotators: int
+    kendall_w: float | None
+    noise: float | None
+    flags: tuple[str, ...]
+
+
+class _Plan:
+    """Pass 1: parse every row once, keep only keys, decide which rows are rejected and why."""
+
+    def __init__(self, config: ValidateConfig, source: str) -> None:
+        self.config = config
+        self.source = source
+        self.rejects: dict[int, tuple[str, Reject]] = {}  # row -> (check, reject)
+        self.info: dict[int, _RowInfo] = {}
+        self.by_group: dict[str, list[tuple[int, tuple[str, str]]]] = defaultdict(list)
+        self.first_prompt: dict[str, tuple[int, str]] = {}
+        self.rows = 0
+
+    def _reject(self, check: str, number: int, group_id: str | None, reason: str,
+                field: str | None = None) -> None:
+        self.rejects[number] = (check, Reject(stage=STAGE, reason=f"{check}: {reason}",
+                                              source=self.source, row=number,
+                                              group_id=group_id, field=field))
+
+    def add(self, number: int, row: dict[str, Any]) -> None:
+        self.rows += 1
+        parsed = parse_row(row, number, self.source)
+        if isinstance(parsed, Reject):
+            self.rejects[number] = ("schema", parsed)
+            return
+        gid, cfg = parsed.group_id, self.config
+        key = split_key(parsed, cfg.split_by)
+        self.info[number] = _RowInfo(
+            split=split_of(key, cfg.seed, cfg.test_fraction), key=_sha(key),
+            pairs=len(parsed.pairs), annotators=parsed.agreement.num_annotators,
+            kendall_w=parsed.agreement.kendall_w, noise=parsed.agreement.noise,
+            flags=tuple(parsed.flags))
+        self.by_group[gid].append((number, _contents(parsed)))
+        first = self.first_prompt.setdefault(_sha(parsed.prompt.content_key()), (number, gid))
+        if first[1] != gid:
+            self._reject("duplicate_prompt", number, gid,
+                         f"same prompt as group {first[1]!r} at row {first[0]}", "prompt")
+        elif len(parsed.pairs) < cfg.min_pairs:
+            self._reject("too_few_pairs", number, gid, f"{len(parsed.pairs)} pair preferences, "
+                         f"fewer than min_pairs={cfg.min_pairs}", "pairs")
+        elif hit := sorted(set(parsed.flags) & set(cfg.reject_flags)):
+            self._reject("flagged", number, gid, f"flagged {', '.join(hit)} (reject_flags)",
+                         "flags")
+
+    def finish_groups(self) -> None:
+        """Group-id checks need every row: conflicts reject all rows, duplicates the later ones."""
+        for gid, rows in self.by_group.items():
+            if len(rows) < 2:
+                continue
+            first_row, first_contents = rows[0]
+            differ = [c for _, c in rows[1:] if c != first_contents]
+            if differ:
+                numbers = [n for n, _ in rows]
+                parts = {"prompt" if c[0] != first_contents[0] else "candidates" for c in differ}
+                for number, _ in rows:
+                    self._reject("conflicting_contents", number, gid,
+                                 f"rows {numbers} share this group id but differ in "
+                                 f"{' and '.join(sorted(parts))}; keep one and re-run aggregate",
+                                 "group_id")
+            else:
+                for number, _ in rows[1:]:
+                    self._reject("duplicate_group_id", number, gid,
+                                 f"duplicate group id, first at row {first_row}", "group_id")
+
+    def accepted(self) -> list[int]:
+        return [n for n in range(1, self.rows + 1) if n not in self.rejects]
+
+    def summary(self) -> dict[str, Any]:
+        """Split sizes, prompt overlap, agreement and flags of the accepted rows."""
+        kept = [self.info[n] for n in self.accepted()]
+        splits = {s: {"groups": sum(i.split == s for i in kept),
+                      "pairs": sum(i.pairs for i in kept if i.split == s)}
+                  for s in ("train", "test")}
+        keys = {s: {i.key for i in kept if i.split == s} for s in ("train", "test")}
+        w = [i.kendall_w for i in kept if i.kendall_w is not None]
+        noise = [i.noise for i in kept if i.noise is not None]
+        flags = Counter(f for i in kept for f in i.flags)
+        return {
+            "splits": splits,
+            "prompt_overlap": len(keys["train"] & keys["test"]),
+            "agreement": {"mean_kendall_w": _mean(w), "mean_noise": _mean(noise),
+                          "mean_annotators": _mean([float(i.annotators) for i in kept])},
+            "flags": dict(sorted(flags.items())),
+        }
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 6) if values else None
+
+
+def _plan(ds: Rows, config: ValidateConfig, source: str) -> _Plan:
+    plan = _Plan(config, source)
+    with stage_progress() as bar:
+        task = bar.add_task(f"{STAGE}: check", total=len(ds), unit="groups")
+        for number, row in enumerate(ds, start=1):
+            plan.add(number, row)
+            bar.advance(task)
+    plan.finish_groups()
+    return plan
+
+
+def _write(stage: StageRun[ValidatedGroup], ds: Rows, plan: _Plan,
+           shard_size: int) -> None:
+    """Pass 2: write the accepted rows with the split pass 1 gave them (resumable)."""
+    accepted = plan.accepted()
+    with stage_progress() as bar:
+        task = bar.add_task(f"{STAGE}: write", total=len(accepted), unit="groups",
+                            completed=stage.done_items(accepted, shard_size))
+        for shard in stage.pending_shards(accepted, shard_size=shard_size):
+            records = [from_row(ValidatedGroup, ds[n - 1]).model_copy(
+                update={"split": plan.info[n].split}) for n in shard.items]
+            stage.write_shard(shard, records, [])
+            bar.advance(task, len(shard.items))
+
+
+def run_validate(store: RunStore, config: ValidateConfig, force: bool = False
+                 ) -> StageRun[ValidatedGroup]:
+    """Check ``RUN/aggregate`` row by row; write the rows that pass, split, to ``RUN/validate``.
+
+    Args:
+        store (RunStore): the run.
+        config (ValidateConfig): split and check settings.
+        force (bool): re-run even when the cached result is valid.
+
+    Returns:
+        StageRun[ValidatedGroup]: the stage; ``RUN/validate/report.json`` holds the report.
+
+    Raises:
+        StageError: if ``aggregate`` has not completed, or (a bug) a prompt ends up in both splits.
+    """
+    manifest = store.require(INPUT_STAGE)
+    stage = store.open_stage(STAGE, config, input_fingerprint=manifest.output_fingerprint or "",
+                             record_type=ValidatedGroup, stage_version=STAGE_VERSION, force=force)
+    if stage.cached:
+        return stage
+    source = str(store.stage_dir(INPUT_STAGE) / DATA)
+    # An empty stage output cannot be loaded back (datasets saves it with 0 shards): skip it.
+    ds = store.load_dataset(INPUT_STAGE) if manifest.counts.outputs else []
+    plan = _plan(ds, config, source)
+    summary = plan.summary()
+    if summary["prompt_overlap"]:
+        raise StageError(f"{summary['prompt_overlap']} prompts landed in both splits; "
+                         "this is a bug in validate, please report it")
+    rejects = [plan.rejects[n] for n in sorted(plan.rejects)]
+    stage.add_rejects("checks", [r for _, r in rejects])
+    _write(stage, ds, plan, config.shard_size)
+    checks = Counter(check for check, _ in rejects)
+    report = ValidationReport(
+        run=store.name, config=config.model_dump(mode="json"), inputs=plan.rows,
+        outputs=len(plan.accepted()), rejected=len(rejects),
+        checks={c: checks.get(c, 0) for c in CHECKS},
+        failures=[Failure(check=check, row=r.row or 0, group_id=r.group_id, field=r.field,
+                          reason=r.reason) for check, r in rejects[:MAX_FAILURES_IN_REPORT]],
+        **summary)
+    stats = report.model_dump(mode="json", include={"splits", "prompt_overlap", "checks",
+                                                    "agreement", "flags"})
+    (stage.dir / REPORT).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return stage.finish(inputs=plan.rows, stats=stats)
+
+
+def load_report(store: RunStore) -> ValidationReport:
+    """The report of the last ``validate`` run of ``store``."""
+    store.require(STAGE)
+    path = store.stage_dir(STAGE) / REPORT
+    if not path.exists():
+        raise StageError(f"{path} is missing; run `grouppref validate {store.root} --force`")
+    return ValidationReport.model_validate(json.loads(path.read_text(encoding="utf-8")))

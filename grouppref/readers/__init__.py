@@ -1,0 +1,2 @@
+"""Reading user files (JSONL/JSON/CSV/Parquet, saved datasets, Hub ids) into rows and
+records, with rejects."""
