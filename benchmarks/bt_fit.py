@@ -20,7 +20,8 @@ import choix
 import numpy as np
 import torch
 
-from grouppref.pipeline.simulate.stage import AnnotatorSpec, simulate_order
+from grouppref.pipeline.simulate.config import AnnotatorSpec
+from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.stats import bt
 
 

@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 
 from grouppref.models.loading import load_causal_lm, load_tokenizer
-from grouppref.pipeline.generate.stage import GenerateConfig, ModelShare, run_generate
-from grouppref.readers.rows import read_prompts
+from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
+from grouppref.pipeline.generate.stage import run_generate
+from grouppref.readers.prompts import read_prompts
 from grouppref.runs.store import RunStore
 from grouppref.schemas import Prompt
 

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import datasets
 
-from grouppref.pipeline.export.stage import ExportConfig, run_export
-from grouppref.pipeline.validate.stage import ValidateConfig, run_validate
+from grouppref.pipeline.export.config import ExportConfig
+from grouppref.pipeline.export.stage import run_export
+from grouppref.pipeline.validate.config import ValidateConfig
+from grouppref.pipeline.validate.stage import run_validate
 from grouppref.runs.store import RunStore
 from grouppref.schemas import (
     Agreement,
@@ -72,7 +74,8 @@ def main() -> None:
         run_validate(store, ValidateConfig(), force=True)
         validate = time.perf_counter() - t
         t = time.perf_counter()
-        result = run_export(store, ExportConfig(format="trl-pairs", to_dir=f"{tmp}/out"))
+        result = run_export(store, ExportConfig(format="trl-pairs", to_dir=f"{tmp}/out"),
+                            force=True).manifest.stats
         export = time.perf_counter() - t
     n = args.groups
     print(f"groups: {n} (K=8, 3 rankings, 28 pairs each)")
@@ -80,7 +83,7 @@ def main() -> None:
     print(f"validate          : {validate:7.2f} s  {n / validate:8.0f} groups/s  "
           f"ratio to peer {validate / peer:.2f}")
     print(f"export trl-pairs  : {export:7.2f} s  {n / export:8.0f} groups/s  "
-          f"ratio to peer {export / peer:.2f}  ({sum(result.rows.values())} rows)")
+          f"ratio to peer {export / peer:.2f}  ({sum(result['rows'].values())} rows)")
 
 
 if __name__ == "__main__":

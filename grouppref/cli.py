@@ -25,11 +25,22 @@ from grouppref.commands import (
 )
 from grouppref.errors import GroupPrefError
 
+
+def _usage_name(self: typer.core.TyperArgument) -> str:
+    """``RUN`` rather than typer's ``{RUN}`` for a required argument in the usage line (the
+    POSIX convention: brackets only for what may be left out)."""
+    name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+    return name + ("..." if self.nargs != 1 else "")
+
+
+typer.core.TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
+
 app = typer.Typer(
     name="grouppref",
     help="Group-wise preference data and training: generate, rank, label, aggregate, "
     "validate, export, train (GSPO).",
     no_args_is_help=True,
+    rich_markup_mode=None,  # plain help: never cuts option names, no <bool> metavars
     pretty_exceptions_enable=False,
     add_completion=False,
 )
@@ -39,13 +50,18 @@ for module in (core, generate, rank, aggregate, export, train, label_server, run
     module.register(app)
 
 
+def _quiet_libraries() -> None:
+    """Our own progress bars report each stage: silence the libraries' bars (only if the
+    command already imported them; ``--help`` imports neither)."""
+    import os
+
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
 def main() -> None:
     """Entry point: run the app; a ``GroupPrefError`` prints one red line and exits with 2."""
-    import datasets
-    import transformers
-
-    datasets.disable_progress_bars()  # our own progress bars report each stage
-    transformers.utils.logging.disable_progress_bar()
+    _quiet_libraries()
     try:
         app()
     except GroupPrefError as e:

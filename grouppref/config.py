@@ -81,34 +81,100 @@ def _union_tag(error: dict[str, Any]) -> tuple[tuple[Any, ...], str, Any]:
     return error["loc"], error["msg"].removeprefix("Value error, "), error.get("input")
 
 
-def format_validation_error(e: ValidationError, source: str, data: Any = None) -> str:
+def format_validation_error(e: ValidationError, source: str, data: Any = None,
+                            labels: dict[str, str] | None = None) -> str:
     """One line per problem: ``source: dotted.key: message (got X; allowed: ...)``.
 
-    With the validated ``data``, the dotted key leaves out pydantic's union tags.
+    With the validated ``data``, the dotted key leaves out pydantic's union tags; ``labels``
+    names keys by the option that set them (``--prior-strength``).
     """
     lines = []
     for error in e.errors():
         loc, message, given = _union_tag(error)
         parts = _key_path(loc, data) if data is not None else [str(x) for x in loc]
         key = ".".join(parts) or "(top level)"
+        key = (labels or {}).get(key, key)
         shown = f"; got {given!r}" if not isinstance(given, dict | list) else ""
         allowed = _allowed(error)
         if allowed and allowed.removeprefix("; allowed: ") in message:
             allowed = ""  # the message lists them already
-        lines.append(f"{source}: {key}: {message}{shown}{allowed}")
+        where = f"{source}: {key}" if key != "(top level)" else source
+        lines.append(f"{where}: {message}{shown}{allowed}")
     return "\n".join(lines)
 
 
-def load_config(model: type[M], path: str | Path, overrides: dict[str, Any] | None = None) -> M:
-    """Validate a config file (plus ``overrides``) as ``model``.
+def validate(model: type[M], data: dict[str, Any], source: str,
+             labels: dict[str, str] | None = None) -> M:
+    """``data`` validated as ``model``; the one converter from pydantic's errors to ours.
+
+    Raises:
+        ConfigError: every problem on its own line, naming the dotted key, what was given
+            and what is allowed (``source: rank.rankers.0.kind: ...``).
+    """
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, source, data, labels)) from e
+
+
+def apply_set(data: dict[str, Any], assignment: str) -> None:
+    """Apply ``--set a.b.0.c=VALUE`` (VALUE parsed as YAML) to ``data`` in place.
+
+    Raises:
+        ConfigError: not ``KEY=VALUE``, a value that does not parse, or a path through a value.
+    """
+    key, eq, raw = assignment.partition("=")
+    parts = [p for p in key.strip().split(".") if p]
+    if not eq or not parts:
+        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. "
+                          "--set rank.rankers.0.model=path/to/model")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {assignment!r}: cannot parse the value as YAML") from e
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"--set {assignment!r}: {'.'.join(parts[:i]) or 'the top'} is "
+                                  f"a list of {len(node)}; {part!r} is not an index in it")
+            index: int | str = int(part)
+        elif isinstance(node, dict):
+            index = part
+            if not last and not isinstance(node.get(part), dict | list):
+                node[part] = {}
+        else:
+            raise ConfigError(f"--set {assignment!r}: {'.'.join(parts[:i])} is a value, not a "
+                              "section")
+        if last:
+            node[index] = value
+        else:
+            node = node[index]
+
+
+def load_config(model: type[M], path: str | Path | None = None, *, sets: list[str] | None = None,
+                overrides: dict[str, Any] | None = None) -> M:
+    """Settings from a config file (if any), then ``--set`` assignments, then ``overrides``
+    (the options given on the command line), validated as ``model``.
 
     Raises:
         InputFileError: the file cannot be read.
         ConfigError: a key is unknown or a value is not allowed (every problem is listed).
     """
-    data = read_config_file(path)
-    data.update(overrides or {})
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, str(path), data)) from e
+    data = read_config_file(path) if path is not None else {}
+    for assignment in sets or []:
+        apply_set(data, assignment)
+    merge_into(data, overrides or {})
+    source = str(path) if path is not None else "options"
+    return validate(model, data, source)
+
+
+def merge_into(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``overrides`` into ``base`` (in place): nested mappings merge key by key."""
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge_into(base[key], value)
+        else:
+            base[key] = value
+    return base

@@ -1,14 +1,14 @@
 """``grouppref run CONFIG``: the stages of one run, chained, cached and resumable.
 
-Order: prompts -> generate (or import) -> rank -> simulate -> label -> aggregate -> validate
--> export -> train -> eval -> report. A section left out of the config skips its stage.
-Each stage's own cache decides whether it re-computes (same settings + same input => the
-stage is *cached*: its manifest and output stay untouched); ``force`` re-runs named stages.
-Exports are cached by the runner (``RUN/export/run-exports.json``: settings, the validate
-output they were made from, and where they went); the report is re-rendered every time.
+The runner is a loop over :data:`PIPELINE`, the stages in order, each a
+:class:`~grouppref.runs.stage.StageSpec` with the same call shape: prompts -> generate (or
+import) -> rank -> simulate -> label -> aggregate -> validate -> export (one stage per target)
+-> train -> eval -> report. A section left out of the config skips its stage. Each stage's own
+cache decides whether it re-computes (same settings + same input => *cached*: its manifest and
+output stay untouched); ``force`` re-runs named stages.
 
-The ``label`` stage is human work (:mod:`grouppref.labeling.stage`): it pushes the groups
-to Argilla and counts the groups with enough submitted rankings. Too few: the run stops with
+The ``label`` stage is human work (:mod:`grouppref.labeling.stage`): it pushes the groups to
+Argilla and counts the groups with enough submitted rankings. Too few: the run stops with
 "waiting for N more submitted ranking(s)" (exit code 0; ``--wait`` polls instead); run it
 again later and it pulls the rankings into RUN/label and goes on.
 
@@ -18,39 +18,35 @@ stage the config has: label, else simulate, else rank.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 
-from grouppref.config import format_validation_error, read_config_file
+from grouppref.config import apply_set, read_config_file, validate
 from grouppref.errors import ConfigError
-from grouppref.labeling.stage import LabelRunConfig, WaitingForLabels, label_summary, run_label
-from grouppref.pipeline.aggregate.stage import AggregateConfig, run_aggregate
-from grouppref.pipeline.export.stage import ExportConfig, run_export
-from grouppref.pipeline.generate.stage import GenerateConfig, run_generate
-from grouppref.pipeline.imports.stage import ImportConfig, run_import
-from grouppref.pipeline.prompts.stage import PromptsConfig, run_prompts
-from grouppref.pipeline.rank.stage import RankConfig, run_rank
-from grouppref.pipeline.report.stage import ReportConfig, run_report
-from grouppref.pipeline.simulate.stage import SimulateConfig, run_simulate
-from grouppref.pipeline.validate.stage import ValidateConfig, run_validate
-from grouppref.runs.store import RunStore, StageRun, config_hash
-from grouppref.train.config import EvalConfig, TrainConfig
-from grouppref.train.eval import run_eval
-from grouppref.train.stage import run_train
+from grouppref.labeling.config import LABEL, LabelRunConfig
+from grouppref.pipeline.aggregate.config import AGGREGATE, AggregateConfig
+from grouppref.pipeline.export.config import EXPORT, ExportConfig
+from grouppref.pipeline.generate.config import GENERATE, GenerateConfig
+from grouppref.pipeline.imports.config import IMPORT, ImportConfig
+from grouppref.pipeline.prompts.config import PROMPTS, PromptsConfig
+from grouppref.pipeline.rank.config import RANK, RankConfig
+from grouppref.pipeline.report.config import REPORT, ReportConfig
+from grouppref.pipeline.simulate.config import SIMULATE, SimulateConfig
+from grouppref.pipeline.validate.config import VALIDATE, ValidateConfig
+from grouppref.runs.stage import StageSpec, Waiting
+from grouppref.runs.store import RunStore, StageRun
+from grouppref.train.config import EVAL, TRAIN, EvalConfig, TrainConfig
 
 STAGES = ("prompts", "generate", "rank", "simulate", "label", "aggregate", "validate", "export",
           "train", "eval", "report")
-EXPORT_STATE = "run-exports.json"
 
-__all__ = ["STAGES", "LabelRunConfig", "RunConfig", "RunOutcome", "WaitingForLabels",
-           "check_stages", "load_run_config", "run_pipeline"]
+__all__ = ["PIPELINE", "STAGES", "LabelRunConfig", "RunConfig", "RunOutcome", "check_stages",
+           "load_run_config", "run_pipeline"]
 
 
 class RunConfig(BaseModel):
@@ -106,48 +102,7 @@ class RunOutcome:
     report: Path | None = None
 
 
-@dataclass
-class _Done:
-    """One stage's result as the runner reports it."""
-
-    cached: bool
-    line: str
-    report: Path | None = None
-
-
 # -- config --------------------------------------------------------------------------------
-def _set_path(data: dict[str, Any], assignment: str) -> None:
-    """Apply ``a.b.0.c=VALUE`` (VALUE parsed as YAML) to ``data`` in place."""
-    key, eq, raw = assignment.partition("=")
-    parts = [p for p in key.strip().split(".") if p]
-    if not eq or not parts:
-        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. "
-                          "--set rank.rankers.0.model=path/to/model")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--set {assignment!r}: cannot parse the value as YAML") from e
-    node: Any = data
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"--set {assignment!r}: {'.'.join(parts[:i]) or 'the top'} is "
-                                  f"a list of {len(node)}; {part!r} is not an index in it")
-            index: int | str = int(part)
-        elif isinstance(node, dict):
-            index = part
-            if not last and not isinstance(node.get(part), dict | list):
-                node[part] = {}
-        else:
-            raise ConfigError(f"--set {assignment!r}: {'.'.join(parts[:i])} is a value, not a "
-                              "section")
-        if last:
-            node[index] = value
-        else:
-            node = node[index]
-
-
 def load_run_config(path: str | Path, sets: list[str] | None = None,
                     run_dir: str | None = None) -> RunConfig:
     """Read and validate a run config; ``sets`` are ``KEY.PATH=VALUE`` overrides.
@@ -159,13 +114,10 @@ def load_run_config(path: str | Path, sets: list[str] | None = None,
     """
     data = read_config_file(path)
     for assignment in sets or []:
-        _set_path(data, assignment)
+        apply_set(data, assignment)
     if run_dir:
         data["run_dir"] = run_dir
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, str(path), data)) from e
+    return validate(RunConfig, data, str(path))
 
 
 def check_stages(start: str | None = None, until: str | None = None,
@@ -188,95 +140,66 @@ def check_stages(start: str | None = None, until: str | None = None,
     return list(STAGES[first:last + 1])
 
 
-# -- stages --------------------------------------------------------------------------------
-def _stage_done(stage: StageRun[Any], extra: str = "") -> _Done:
-    c = stage.manifest.counts
-    partial = f", {c.partial} partly rejected" if c.partial else ""
-    return _Done(stage.cached, f"{c.inputs} in, {c.outputs} out, {c.rejected} rejected{partial}"
-                 f"{extra} ({stage.dir})")
+# -- the loop ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Step:
+    """One entry of the pipeline: the stage and the config section(s) that configure it."""
+
+    stage: str  # the name --from/--until/--force use
+    spec: StageSpec[Any]
+    sections: Callable[[RunConfig], list[BaseModel]]  # configured instances (none: skipped)
 
 
-def _aggregate_config(config: RunConfig) -> AggregateConfig | None:
+def _one(attr: str) -> Callable[[RunConfig], list[BaseModel]]:
+    return lambda config: [section] if (section := getattr(config, attr)) is not None else []
+
+
+def _aggregate(config: RunConfig) -> list[BaseModel]:
     agg = config.aggregate
     if agg is None or agg.input_stage is not None:
-        return agg
+        return [agg] if agg else []
     last = "label" if config.label else "simulate" if config.simulate else (
         "rank" if config.rank else None)
-    return agg.model_copy(update={"input_stage": last}) if last else agg
+    return [agg.model_copy(update={"input_stage": last}) if last else agg]
 
 
-def _export_all(store: RunStore, exports: list[ExportConfig], force: bool) -> _Done:
-    """Every export, each skipped when it was made from the same validate output."""
-    path = store.stage_dir("export") / EXPORT_STATE
-    done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    validated = store.require("validate").output_fingerprint
-    lines, all_cached = [], True
-    for exp in exports:
-        key = config_hash(exp, "run-export-1")
-        last = done.get(key)
-        local = exp.hub is None or exp.dry_run
-        if (not force and last and last["input"] == validated
-                and (not local or Path(last["location"]).exists())):
-            lines.append(str(last["location"]))
-            continue
-        all_cached = False
-        result = run_export(store, exp)
-        done[key] = {"input": validated, "location": result.location, "rows": result.rows}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(done, indent=1) + "\n")
-        lines.append(f"{sum(result.rows.values())} rows ({exp.format}) -> {result.location}")
-    return _Done(all_cached, "; ".join(lines))
+PIPELINE: tuple[Step, ...] = (
+    Step("prompts", PROMPTS, _one("prompts")),
+    Step("generate", GENERATE, _one("generate")),
+    Step("generate", IMPORT, _one("import_")),
+    Step("rank", RANK, _one("rank")),
+    Step("simulate", SIMULATE, _one("simulate")),
+    Step("label", LABEL, _one("label")),
+    Step("aggregate", AGGREGATE, _aggregate),
+    Step("validate", VALIDATE, _one("validation")),
+    Step("export", EXPORT, lambda config: list(config.export)),
+    Step("train", TRAIN, _one("train")),
+    Step("eval", EVAL, _one("eval")),
+    Step("report", REPORT, _one("report")),
+)
 
 
-def _stage_calls(config: RunConfig, store: RunStore, forced: set[str], wait: bool,
-                 console: Console) -> dict[str, Callable[[], _Done | None]]:
-    """Per stage: a call that runs it (or reuses it) and says what it did; None: not configured."""
-    def when(section: Any, call: Callable[[], _Done]) -> Callable[[], _Done | None]:
-        return lambda: call() if section else None
+def describe(stage: StageRun[Any]) -> str:
+    """One line for a finished stage: counts, non-record outputs, where it is."""
+    c = stage.counts
+    partial = f", {c.partial} partly rejected" if c.partial else ""
+    line = f"{c.inputs} in, {c.outputs} out, {c.rejected} rejected{partial}"
+    if stage.name == LABEL.name:
+        from grouppref.labeling.stage import label_summary
 
-    def generate() -> _Done:
-        if config.generate:
-            return _stage_done(run_generate(store, config.generate, force="generate" in forced))
-        assert config.import_ is not None  # the config validator guarantees one source
-        return _stage_done(run_import(store, config.import_, force="generate" in forced))
+        line += f"; {label_summary(stage)}"
+    for name, where in stage.outputs.items():
+        line += f"; {name} -> {where}"
+    return f"{line} ({stage.dir})"
 
-    def label() -> _Done:
-        assert config.label is not None
-        stage = run_label(store, config.label, force="label" in forced, wait=wait,
-                          console=console)
-        return _stage_done(stage, f"; {label_summary(stage)}")
 
-    def train() -> _Done:
-        assert config.train is not None
-        out = run_train(store.root, config.train, force="train" in forced)
-        return _Done(out.cached, f"{out.counts.get('outputs')} groups used (training and "
-                     f"held out); model -> {out.out_dir}")
+def _run_step(step: Step, store: RunStore, section: BaseModel, force: bool, wait: bool,
+              console: Console) -> StageRun[Any]:
+    if step.spec is LABEL:  # human work: it may wait, and it talks while it does
+        from grouppref.labeling.stage import run_label
 
-    def report() -> _Done:
-        path = run_report(store, config.report)
-        return _Done(False, str(path), report=path)
-
-    aggregate = _aggregate_config(config)
-    return {
-        "prompts": when(config.prompts, lambda: _stage_done(
-            run_prompts(store, config.prompts, "prompts" in forced))),
-        "generate": generate,
-        "rank": when(config.rank, lambda: _stage_done(
-            run_rank(store, config.rank, "rank" in forced))),
-        "simulate": when(config.simulate, lambda: _stage_done(
-            run_simulate(store, config.simulate, "simulate" in forced))),
-        "label": when(config.label, label),
-        "aggregate": when(aggregate, lambda: _stage_done(
-            run_aggregate(store, aggregate, "aggregate" in forced))),
-        "validate": when(config.validation, lambda: _stage_done(
-            run_validate(store, config.validation, "validate" in forced))),
-        "export": when(config.export, lambda: _export_all(store, config.export,
-                                                          "export" in forced)),
-        "train": when(config.train, train),
-        "eval": when(config.eval, lambda: _stage_done(
-            run_eval(store, config.eval, "eval" in forced))),
-        "report": when(config.report, report),
-    }
+        return run_label(store, section, force=force, wait=wait, console=console)  # type: ignore[arg-type]
+    return step.spec.run(store, section, force=force)
 
 
 def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | None = None,
@@ -290,7 +213,7 @@ def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | No
         until (str | None): last stage to run (default: the last).
         force (list[str] | None): stages to re-run even when cached ("all": every stage).
         wait (bool): poll Argilla until enough human rankings are in instead of stopping.
-        console (Console | None): where progress lines go.
+        console (Console | None): where progress lines go (default: stderr).
 
     Returns:
         RunOutcome: ``done``, or ``waiting`` with the message of the label stage.
@@ -299,24 +222,28 @@ def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | No
         ConfigError: an unknown stage name in ``start``/``until``/``force``.
         GroupPrefError: whatever a stage raises (bad input, missing model, ...).
     """
-    console = console or Console()
+    console = console or Console(stderr=True)
     selected = check_stages(start, until, force)
     forced = set(STAGES) if "all" in (force or []) else set(force or [])
     store = RunStore(config.run_dir)
     store.root.mkdir(parents=True, exist_ok=True)
-    calls = _stage_calls(config, store, forced, wait, console)
     outcome = RunOutcome(status="done")
-    for name in selected:
-        try:
-            done = calls[name]()
-        except WaitingForLabels as waiting:
-            outcome.status, outcome.message = "waiting", str(waiting)
-            return outcome
-        if done is None:
-            outcome.skipped.append(name)
+    for step in PIPELINE:
+        if step.stage not in selected:
             continue
-        (outcome.cached if done.cached else outcome.ran).append(name)
-        outcome.report = done.report or outcome.report
-        state = "[yellow]cached[/]" if done.cached else "[green]done[/]"
-        console.print(f"{name:>9}: {state} {done.line}", highlight=False, soft_wrap=True)
+        for section in step.sections(config):
+            try:
+                stage = _run_step(step, store, section, step.stage in forced, wait, console)
+            except Waiting as waiting:
+                outcome.status, outcome.message = "waiting", str(waiting)
+                return outcome
+            done = outcome.cached if stage.cached else outcome.ran
+            if step.stage not in done:
+                done.append(step.stage)
+            if step.spec is REPORT:
+                outcome.report = Path(stage.outputs["html"])
+            state = "[yellow]cached[/]" if stage.cached else "[green]done[/]"
+            console.print(f"{step.stage:>9}: {state} {describe(stage)}", highlight=False,
+                          soft_wrap=True)
+    outcome.skipped = [s for s in selected if s not in outcome.ran + outcome.cached]
     return outcome

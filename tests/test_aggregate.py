@@ -14,9 +14,11 @@ from typer.testing import CliRunner
 
 from grouppref.commands import aggregate as aggregate_cmd
 from grouppref.errors import ConfigError, StageError
+from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.outcome import recommendation
-from grouppref.pipeline.aggregate.stage import AggregateConfig, read_report, run_aggregate
-from grouppref.pipeline.simulate.stage import AnnotatorSpec, order_flips, simulate_order
+from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
+from grouppref.pipeline.simulate.config import AnnotatorSpec
+from grouppref.pipeline.simulate.stage import order_flips, simulate_order
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats import bt
@@ -75,7 +77,7 @@ def test_noise_rate_and_unreliable_annotators_on_a_simulated_panel() -> None:
     np.testing.assert_allclose(rel.flip_rate.numpy(), flips / pairs, atol=FLIP_TOL, rtol=0)
     taus = rel.tau.numpy()[:5]
     assert list(np.argsort(-taus)) == [0, 1, 2, 3, 4]  # reliability follows the flip rates
-    weights = rel.weight.numpy()
+    weights = rel.annotator_weight.numpy()
     assert weights[5] == weights[6] == 0.0 and bool((weights[:5] > 0).all())
 
 
@@ -102,13 +104,14 @@ def _panel_run(tmp_path: Path, n: int, orders: list[list[list[int]]] | None = No
 
 def test_output_rows_match_a_direct_weighted_fit(tmp_path: Path) -> None:
     store = rank_run(tmp_path, n=30)
-    from grouppref.pipeline.simulate.stage import SimulateConfig, run_simulate
+    from grouppref.pipeline.simulate.config import SimulateConfig
+    from grouppref.pipeline.simulate.stage import run_simulate
 
     run_simulate(store, SimulateConfig(annotators=PANEL[:3]))
     stage = run_aggregate(store, AggregateConfig(min_groups_for_reliability=5))
     assert stage.manifest.counts.inputs == stage.manifest.counts.outputs == 30
     report = read_report(store)
-    weight = {a["id"]: a["weight"] for a in report["annotators"]}
+    weight = {a.id: a.annotator_weight for a in report.annotators}
     assert 0 < weight["rm-1"] <= 0.5  # reward models count half of a human by default
     for row in stage.records():
         ids = row.candidate_ids()
@@ -150,7 +153,8 @@ def test_rules_flag_or_drop(tmp_path: Path) -> None:
     assert (c.inputs, c.outputs, c.rejected) == (4, 3, 1)
     assert "rule cycle" in dropped.rejects()[0].reason
     report = read_report(store)
-    assert report["rules"]["cycle"] == {"action": "drop", "matched": 1, "flagged": 0, "dropped": 1}
+    assert report.rules["cycle"].model_dump() == {"action": "drop", "matched": 1, "flagged": 0,
+                                                  "dropped": 1}
     assert all("coin_flip" not in r.flags for r in dropped.records())
 
 
@@ -220,13 +224,13 @@ def test_kind_weights_and_config_errors(tmp_path: Path) -> None:
 
 
 def test_recommendation_is_dpo_only_above_the_threshold() -> None:
-    assert recommendation(0.10, 0.15)["loss"] == "gspo"
+    assert recommendation(0.10, 0.15).loss == "gspo"
     high = recommendation(0.20, 0.15)
-    assert high["loss"] == "dpo" and high["automatic"] is False and "evidence" in high["note"]
-    assert recommendation(None, 0.15)["loss"] == "gspo"
+    assert high.loss == "dpo" and high.automatic is False and "evidence" in high.note
+    assert recommendation(None, 0.15).loss == "gspo"
     assert AggregateConfig().dpo_fallback_threshold == 0.25  # docs/evidence.md, experiment 5
     doomed = recommendation(0.45, 0.25, all_unreliable=True)
-    assert doomed["loss"] is None and "should not be trained on" in doomed["reason"]
+    assert doomed.loss is None and "should not be trained on" in doomed.reason
 
 
 def test_cli_aggregate_and_simulate_with_report(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 import scipy.stats
 import torch
 
-from grouppref.stats import bt
+from grouppref.stats import bt, noise, rankstats
 
 ATOL_CHOIX = 1e-6  # strengths after centring, same L2 prior
 ALPHA = 0.1
@@ -136,7 +136,7 @@ def test_kendall_tau_matches_scipy_tau_b() -> None:
     for _ in range(50):
         k = int(rng.integers(3, 8))
         x, y = rng.integers(0, k, size=k), rng.integers(0, k, size=k)
-        ours = bt.kendall_tau(torch.tensor(x), torch.tensor(y)).item()
+        ours = rankstats.kendall_tau(torch.tensor(x), torch.tensor(y)).item()
         ref = scipy.stats.kendalltau(x, y, variant="b").statistic
         if np.isnan(ref):
             assert math.isnan(ours)
@@ -157,7 +157,7 @@ def test_kendall_w_worked_example_and_naive_reference() -> None:
     """3 judges, 4 items, orders (0 1 2 3), (0 1 3 2), (1 0 2 3): rank sums 4, 5, 10, 11,
     mean 7.5, S = 12.25 + 6.25 + 6.25 + 12.25 = 37, W = 12 * 37 / (9 * 60) = 0.8222..."""
     ranks = torch.tensor([[[0, 1, 2, 3], [0, 1, 3, 2], [1, 0, 2, 3]]])
-    w = bt.kendall_w(ranks, torch.ones(1, 3, dtype=torch.bool))
+    w = rankstats.kendall_w(ranks, torch.ones(1, 3, dtype=torch.bool))
     assert abs(w.item() - 12 * 37 / 540) < 1e-12
     rng = np.random.default_rng(3)
     for _ in range(30):
@@ -169,8 +169,8 @@ def test_kendall_w_worked_example_and_naive_reference() -> None:
         padded[0, :m, :k] = torch.tensor(x)
         included = torch.zeros(1, 5, dtype=torch.bool)
         included[0, :m] = True
-        assert abs(bt.kendall_w(padded, included).item() - naive_kendall_w(x.tolist())) < 1e-12
-    one = bt.kendall_w(ranks[:, :1], torch.ones(1, 1, dtype=torch.bool))
+        assert abs(rankstats.kendall_w(padded, included).item() - naive_kendall_w(x.tolist())) < 1e-12
+    one = rankstats.kendall_w(ranks[:, :1], torch.ones(1, 1, dtype=torch.bool))
     assert math.isnan(one.item())  # W needs two rankings
 
 
@@ -191,10 +191,10 @@ def naive_has_cycle(adj: np.ndarray) -> bool:
 
 def test_majority_cycles() -> None:
     rps = torch.tensor([[[0, 1, 2]], [[1, 2, 0]], [[2, 0, 1]]]).permute(1, 0, 2)  # (1, 3, 3)
-    assert bool(bt.majority_cycles(bt.wins_rankings(rps, torch.ones(1, 3)))[0])
+    assert bool(rankstats.majority_cycles(bt.wins_rankings(rps, torch.ones(1, 3)))[0])
     rng = np.random.default_rng(4)
     wins = torch.tensor(rng.integers(0, 3, size=(200, 6, 6)), dtype=torch.float64)
-    got = bt.majority_cycles(wins)
+    got = rankstats.majority_cycles(wins)
     for g in range(200):
         w = wins[g].numpy()
         assert bool(got[g]) == naive_has_cycle(w - w.T > 0)
@@ -204,12 +204,12 @@ def test_majority_cycles() -> None:
 def test_tiers_strengths_ties_and_padding() -> None:
     theta = torch.tensor([[0.5, -0.5, 0.5, 0.0], [1.0, 1.0 + 1e-9, -1.0, 0.0]], dtype=torch.float64)
     valid = torch.tensor([[True, True, True, True], [True, True, True, False]])
-    tiers = bt.tiers_strengths(theta, valid, tol=1e-6)
+    tiers = rankstats.tiers_strengths(theta, valid, tol=1e-6)
     assert tiers.tolist() == [[0, 2, 0, 1], [0, 0, 1, -1]]
 
 
 def test_midranks_example() -> None:
-    assert bt.midranks(torch.tensor([0, 1, 1, 2, -1])).tolist() == [1.0, 2.5, 2.5, 4.0, 0.0]
+    assert rankstats.midranks(torch.tensor([0, 1, 1, 2, -1])).tolist() == [1.0, 2.5, 2.5, 4.0, 0.0]
 
 
 def test_flip_rates_moment_recovers_exact_agreement() -> None:
@@ -218,16 +218,16 @@ def test_flip_rates_moment_recovers_exact_agreement() -> None:
     q = 1 - 2 * f_true
     n = torch.full((6, 6), 100.0, dtype=torch.float64).fill_diagonal_(0)
     agree = n * (1 + q[:, None] * q[None, :]) / 2
-    torch.testing.assert_close(bt.flip_rates_moment(agree, n), f_true, atol=1e-6, rtol=0)
+    torch.testing.assert_close(noise.flip_rates_moment(agree, n), f_true, atol=1e-6, rtol=0)
     lonely = torch.tensor([[0.0, 10.0], [10.0, 0.0]], dtype=torch.float64)
-    assert bool(torch.isnan(bt.flip_rates_moment(lonely * 0.9, lonely)).all())  # one partner
+    assert bool(torch.isnan(noise.flip_rates_moment(lonely * 0.9, lonely)).all())  # one partner
 
 
 def test_concordance_slots_matches_pairwise_concordance() -> None:
     rng = np.random.default_rng(5)
     ranks = random_ranks(rng, b=20, a_max=3, k_max=5, one_sided_share=0.0)
-    c, d = bt.concordance_slots(ranks)
+    c, d = rankstats.concordance_slots(ranks)
     for a, b in itertools.product(range(3), range(3)):
-        c2, d2 = bt.concordance(ranks[:, a], ranks[:, b])
+        c2, d2 = rankstats.concordance(ranks[:, a], ranks[:, b])
         torch.testing.assert_close(c[:, a, b], c2)
         torch.testing.assert_close(d[:, a, b], d2)

@@ -42,10 +42,11 @@ def test_prompts_with_bad_rows_continue_and_inspect_shows_counts(tmp_path: Path)
     src.write_text('{"prompt": "ok"}\n{"prompt": 3}\nnot json\n')
     out = grouppref("prompts", str(src), "--out", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr
-    assert "3 in, 1 out, 2 rejected" in out.stdout
-    assert "row 2" in out.stdout and "row 3" in out.stdout
+    assert "3 in, 1 out, 2 rejected" in out.stdout  # the result on stdout ...
+    assert "row 2" in out.stderr and "row 3" in out.stderr  # ... each reject on stderr
+    assert "row 2" not in out.stdout
     again = grouppref("prompts", str(src), "--out", str(tmp_path / "run"))
-    assert "skipped" in again.stdout
+    assert "skipped" in again.stderr
     table = grouppref("inspect", str(tmp_path / "run"))
     assert table.returncode == 0 and "prompts" in table.stdout and "complete" in table.stdout
     rejects = (tmp_path / "run" / "prompts" / "rejects.jsonl").read_text().splitlines()

@@ -1,5 +1,5 @@
 """DDP on CPU: ``torchrun --nproc_per_node 2`` (gloo) runs the real trainer for a few steps and
-the two replicas must end with identical weights (DESIGN.md §6: ``accelerate launch --cpu
+the two replicas must end with identical weights (docs/train.md, "Scaling out": ``accelerate launch --cpu
 --num_processes 2`` started only one process here, so the test uses torchrun)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = textwrap.dedent("""
     import os, sys, torch
     from grouppref.train.config import TrainConfig
-    from grouppref.train.data import DataConfig
+    from grouppref.train.config import DataConfig
     from grouppref.train.trainer import train
     from tests.test_trainer import synthetic_groups
 

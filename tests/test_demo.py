@@ -45,7 +45,7 @@ def test_quick_demo_runs_every_stage_then_caches(tmp_path: Path) -> None:
     metrics = json.loads((out / "eval" / "metrics.json").read_text())
     assert {"baseline", "model"} <= set(metrics["metrics"])
     assert (out / "export" / "groups" / "README.md").exists()
-    assert list((out / "export" / "dry-run").rglob("*.parquet"))
+    assert list(out.glob("export/hub-dry-run-*/dry-run/data/*.parquet"))
     html = (out / "report" / "report.html").read_text()
     assert "Training" in html and "Evaluation" in html and "data:image/png;base64," in html
 

@@ -6,6 +6,7 @@ import copy
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import datasets
 import pytest
@@ -16,10 +17,14 @@ from typer.testing import CliRunner
 
 from grouppref.commands import export as export_commands
 from grouppref.errors import ConfigError, StageError
-from grouppref.pipeline.export.stage import ExportConfig, consensus_pairs, run_export
-from grouppref.pipeline.validate.stage import ValidateConfig, run_validate
-from grouppref.runs.store import RunStore, read_rejects
+from grouppref.pipeline.export.config import ExportConfig
+from grouppref.pipeline.export.stage import consensus_pairs, run_export
+from grouppref.pipeline.validate.config import ValidateConfig
+from grouppref.pipeline.validate.stage import run_validate
+from grouppref.runs.manifest import read_rejects
+from grouppref.runs.store import RunStore
 from grouppref.schemas import PairPreference, ValidatedGroup, from_dataset
+from grouppref.schemas.reports import ExportReport
 from tests.test_validate import make_validated, write_aggregate
 
 K = 3  # candidates per group in these fixtures: K(K-1)/2 = 3 consensus pairs per group
@@ -41,11 +46,17 @@ def _front_matter(card: str) -> dict:
     return yaml.safe_load(match.group(1))
 
 
+def _export(store: RunStore, config: ExportConfig) -> tuple[ExportReport, Any]:
+    stage = run_export(store, config)
+    return ExportReport.model_validate(stage.manifest.stats), stage
+
+
 # -- groups -------------------------------------------------------------------------------------
 def test_groups_to_dir_round_trip_and_card(tmp_path: Path) -> None:
     store = _run(tmp_path)
     validated = {g.group_id: g for g in store.load_records("validate", ValidatedGroup)}
-    result = run_export(store, ExportConfig(to_dir=str(tmp_path / "out"), license="cc-by-4.0"))
+    config = ExportConfig(to_dir=str(tmp_path / "out"), license="cc-by-4.0")
+    result, _ = _export(store, config)
     dsd = datasets.load_from_disk(str(tmp_path / "out"))
     assert set(dsd) == {"train", "test"}
     for split, ds in dsd.items():
@@ -63,8 +74,11 @@ def test_groups_to_dir_round_trip_and_card(tmp_path: Path) -> None:
     assert "| noise_rate | 0.125 |" in card and "| recommendation | gspo |" in card
     assert "method: bt" in card and "test_fraction: 0.3" in card
     assert "sk-secret" not in card and "api_key: '***'" in card
-    manifest = store.manifest("export")
+    manifest = store.manifest(config.stage_name())
     assert manifest and manifest.counts.inputs == manifest.counts.outputs == 12
+    assert manifest.stage.startswith("export/dir-out-") and manifest.outputs == {
+        "location": str(tmp_path / "out")}
+    assert run_export(store, config).cached  # the same export of the same input
     # A second export replaces the first; a directory that is not an export is refused.
     run_export(store, ExportConfig(to_dir=str(tmp_path / "out")))
     (tmp_path / "other").mkdir()
@@ -118,7 +132,8 @@ def test_trl_pairs_parquet_with_split_column_and_rejects(tmp_path: Path) -> None
         PairPreference(winner=ids[0], loser=ids[1], p=0.5, weight=0.2)]})
     store = _run(tmp_path, n=6, extra=[all_tied])
     out = tmp_path / "pairs.parquet"
-    result = run_export(store, ExportConfig(format="trl-pairs", parquet=str(out)))
+    config = ExportConfig(format="trl-pairs", parquet=str(out))
+    result, stage = _export(store, config)
     ds = datasets.load_dataset("parquet", data_files=str(out), split="train")
     assert set(ds.column_names) == {"prompt", "chosen", "rejected", "p", "weight", "group_id",
                                     "chosen_id", "rejected_id", "split"}
@@ -134,21 +149,21 @@ def test_trl_pairs_parquet_with_split_column_and_rejects(tmp_path: Path) -> None
         assert (row["p"], row["weight"]) == (pair.p, pair.weight)
         assert row["prompt"][-1] == {"role": "user", "content": group.prompt.messages[-1].content
                                      if group.prompt.messages else group.prompt.text}
-    (reject,) = result.rejects
+    (reject,) = stage.rejects()
     assert reject.group_id == all_tied.group_id and "no consensus pair" in reject.reason
     assert result.skipped_pairs == {"tie_in_consensus": 1}
-    counts = store.manifest("export").counts
+    counts = store.manifest(config.stage_name()).counts
     assert (counts.inputs, counts.outputs, counts.rejected) == (7, 6, 1)
-    assert [r.group_id for r in read_rejects(store.stage_dir("export") / "rejects.jsonl")] == [
+    assert [r.group_id for r in read_rejects(stage.dir / "rejects.jsonl")] == [
         all_tied.group_id]
     assert out.with_suffix(".md").read_text().startswith("---\n")
 
 
 def test_hub_dry_run_writes_the_hub_layout(tmp_path: Path) -> None:
     store = _run(tmp_path)
-    result = run_export(store, ExportConfig(format="trl-pairs", hub="me/prefs", dry_run=True,
-                                            pairs="best_worst"))
-    where = store.stage_dir("export") / "dry-run"
+    result, stage = _export(store, ExportConfig(format="trl-pairs", hub="me/prefs", dry_run=True,
+                                                pairs="best_worst"))
+    where = stage.dir / "dry-run"
     assert Path(result.location) == where
     assert result.files == ["data/train-00000-of-00001.parquet",
                             "data/test-00000-of-00001.parquet", "README.md"]

@@ -28,9 +28,11 @@ from grouppref.models.sampling import (
     neutral_generation_config,
     sample_batch,
 )
+from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.generate.shard import PromptEncoder, _bad_slots, _Draw
-from grouppref.pipeline.generate.stage import GenerateConfig, ModelShare, run_generate
-from grouppref.pipeline.imports.stage import ImportConfig, run_import
+from grouppref.pipeline.generate.stage import run_generate
+from grouppref.pipeline.imports.config import ImportConfig
+from grouppref.pipeline.imports.stage import run_import
 from grouppref.runs.store import RunStore
 from grouppref.schemas import ChatMessage, Prompt
 
@@ -204,7 +206,8 @@ def test_resume_after_sigkill_gives_the_uninterrupted_rows(tmp_path: Path, tiny_
     driver = tmp_path / "driver.py"
     driver.write_text(textwrap.dedent("""
         import json, os, signal, sys
-        from grouppref.pipeline.generate.stage import GenerateConfig, run_generate
+        from grouppref.pipeline.generate.config import GenerateConfig
+        from grouppref.pipeline.generate.stage import run_generate
         from grouppref.runs.store import RunStore, StageRun
         from grouppref.schemas import Prompt
 

@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 from grouppref.labeling.client import connect, resolve_credentials
-from grouppref.labeling.pull import PullConfig, pull_run
-from grouppref.labeling.push import PushConfig, push_run
+from grouppref.labeling.config import PullConfig, PushConfig
+from grouppref.labeling.pull import pull_run
+from grouppref.labeling.push import push_run
 from tests.test_label_push_pull import make_groups, write_stage
 
 pytestmark = [pytest.mark.argilla, pytest.mark.browser]

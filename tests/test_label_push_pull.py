@@ -31,6 +31,7 @@ from grouppref.labeling.client import (
     connect,
     resolve_credentials,
 )
+from grouppref.labeling.config import PullConfig, PushConfig, TargetConfig
 from grouppref.labeling.dataset import (
     DatasetSpec,
     dataset_payload,
@@ -43,10 +44,11 @@ from grouppref.labeling.dataset import (
     schema_diff,
     suggestion_agent,
 )
-from grouppref.labeling.pull import PullConfig, label_status, pull_run
-from grouppref.labeling.push import PushConfig, SchemaMismatchError, TargetConfig, push_run
+from grouppref.labeling.pull import label_status, pull_run
+from grouppref.labeling.push import SchemaMismatchError, push_run
 from grouppref.labeling.server.processes import free_port
-from grouppref.runs.store import RunStore, fingerprint_records
+from grouppref.runs.hashing import fingerprint_records
+from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from tests.factories import make_group
 

@@ -40,7 +40,7 @@ def _random_group(k: int, seed: int, dtype: torch.dtype = torch.float64):
 
 
 def _naive_gspo(s, p, w, eps=0.0, rho=None):
-    """Double loop over ordered pairs i != j, the DESIGN.md §4 formula term by term."""
+    """Double loop over ordered pairs i != j: gspo_loss's formula (train/losses.py), term by term."""
     num = den = 0.0
     k = s.shape[1]
     for i in range(k):

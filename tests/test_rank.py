@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 from grouppref.commands import rank as rank_cmd
 from grouppref.errors import ConfigError, StageError
 from grouppref.models.loading import ModelNotFoundError
+from grouppref.pipeline.rank.config import STAGE_VERSION, RankConfig, load_rank_config
 from grouppref.pipeline.rank.settings import parse_ranker_spec
-from grouppref.pipeline.rank.stage import STAGE_VERSION, RankConfig, load_rank_config, run_rank
+from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, CandidateGroup
 from tests.factories import make_annotated, make_group, make_ranking
@@ -224,7 +225,9 @@ def test_cli_specs_config_file_and_errors(tmp_path: Path, tiny_lm_dir: Path) -> 
 
     bad = runner.invoke(app, [str(run), "--ranker", f"reward:{tmp_path / 'missing'}"])
     assert isinstance(bad.exception, ModelNotFoundError)
+    # options override the file, the rankers too (the precedence of every command)
     both = runner.invoke(app, [str(run), "--config", str(config_file), "--ranker", "verify"])
-    assert isinstance(both.exception, ConfigError)
+    assert both.exit_code == 0, both.output
+    assert [r["kind"] for r in RunStore(run).manifest("rank").config["rankers"]] == ["rule"]
     none = runner.invoke(app, [str(run)])
     assert isinstance(none.exception, ConfigError)

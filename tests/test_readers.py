@@ -12,7 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from grouppref.errors import InputFileError
-from grouppref.readers.rows import ColumnMapping, read_groups, read_prompts
+from grouppref.readers.groups import read_groups
+from grouppref.readers.mapping import ColumnMapping
+from grouppref.readers.prompts import read_prompts
 from grouppref.schemas import AnnotatedGroup
 from tests.factories import make_annotated, make_group
 

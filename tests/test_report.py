@@ -21,7 +21,8 @@ import typer
 from typer.testing import CliRunner
 
 from grouppref.commands import run as run_commands
-from grouppref.pipeline.report.stage import ReportConfig, reject_kind, render_report, run_report
+from grouppref.pipeline.report.config import ReportConfig
+from grouppref.pipeline.report.stage import reject_kind, render_report, run_report
 from grouppref.runner import load_run_config, run_pipeline
 from grouppref.runs.store import RunStore
 from tests.test_label_browser import FLAGS
@@ -87,7 +88,7 @@ def test_report_renders_in_chromium_without_errors_or_requests(
         trained_run: RunStore, chromium_executable: str, artifacts_dir: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    path = run_report(trained_run).resolve()
+    path = Path(run_report(trained_run).outputs["html"]).resolve()
     url = path.as_uri()
     requests: list[str] = []
     problems: list[str] = []

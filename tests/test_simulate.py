@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from grouppref.errors import ConfigError, StageError
+from grouppref.pipeline.simulate.config import AnnotatorSpec, SimulateConfig
 from grouppref.pipeline.simulate.stage import (
-    AnnotatorSpec,
-    SimulateConfig,
     mallows_flip_rate,
     mallows_phi,
     order_flips,

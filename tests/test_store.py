@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from grouppref.errors import StageError
-from grouppref.runs.store import RunStore, fingerprint_file
+from grouppref.runs.hashing import fingerprint_file
+from grouppref.runs.store import RunStore
 from grouppref.schemas import CandidateGroup, Reject
 from tests.factories import make_group
 

@@ -34,16 +34,17 @@ from grouppref.schemas import (
     make_candidate_id,
     make_group_id,
 )
-from grouppref.train.config import LoraSettings, TrainConfig
-from grouppref.train.data import DataConfig, collate_groups, tokenize_groups
+from grouppref.train.config import DataConfig, LoraSettings, TrainConfig
+from grouppref.train.data import collate_groups, tokenize_groups
 from grouppref.train.logps import group_logps
+from grouppref.train.loop import Objective, group_loss
 from grouppref.train.reference import (
     MissingReferenceError,
     ensure_reference,
     require_reference,
     with_reference,
 )
-from grouppref.train.trainer import group_loss, split_groups, train
+from grouppref.train.trainer import split_groups, train
 
 WORDS = ["apple", "river", "stone", "cloud", "green", "table", "music", "light", "paper", "horse",
          "glass", "smile", "winter", "garden", "bread", "ocean", "candle", "forest", "silver"]
@@ -126,8 +127,8 @@ def trained(tiny_lm_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
 def test_known_preference_raises_held_out_pair_accuracy(trained) -> None:
     result, _ = trained
-    start, end = result.metrics["eval_start"], result.metrics["eval"]
-    assert result.metrics["steps"] == 12  # 48 groups / batch 8 = 6 steps per epoch, 2 epochs
+    start, end = result.stats.eval_start, result.stats.eval
+    assert result.stats.steps == 12  # 48 groups / batch 8 = 6 steps per epoch, 2 epochs
     # policy == reference: every reward is 0 up to float noise from different batch padding
     # (measured exactly 0.5 / 0.0 here), and a tie counts 1/2.
     assert start["pair_accuracy"] == pytest.approx(0.5, abs=0.1)
@@ -190,7 +191,7 @@ def test_missing_reference_logps_are_an_error(tiny_lm_dir: Path) -> None:
         with_reference(groups, {g.group_id: [0.0] * 4 for g in groups[:2]})
     batch = collate_groups(groups, tok.pad_token_id)
     with pytest.raises(ConfigError, match="reference log-probs are missing"):
-        group_loss(torch.zeros(3, 4), batch, TrainConfig())
+        group_loss(torch.zeros(3, 4), batch, Objective.of(TrainConfig()))
 
 
 def test_groups_left_with_one_candidate_are_rejected_and_counted(tiny_lm_dir: Path) -> None:
@@ -224,7 +225,7 @@ def test_resume_continues_exactly(tiny_lm_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="beta: 0.1 -> 0.2"):
         train(TrainConfig(**base, max_steps=5, beta=0.2), groups, tmp_path / "b", resume=True)
     resumed = train(TrainConfig(**base, max_steps=5), groups, tmp_path / "b", resume=True)
-    assert resumed.metrics["steps"] == 5
+    assert resumed.stats.steps == 5
     assert torch.allclose(_final_params(straight.model), _final_params(resumed.model), atol=1e-6)
     steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5]
@@ -268,7 +269,7 @@ def test_lora_trains_adapters_only(tiny_lm_dir: Path, tmp_path: Path, save: str)
     k = "model.layers.0.self_attn.k_proj.weight"
     assert torch.equal(saved[k], base[k]) and torch.equal(saved["model.embed_tokens.weight"],
                                                           base["model.embed_tokens.weight"])
-    assert result.metrics["steps"] == 2
+    assert result.stats.steps == 2
 
 
 def _write_validate(run: Path, groups: list[ValidatedGroup]) -> RunStore:
@@ -330,7 +331,7 @@ def test_load_groups_from_a_saved_dataset_dict(tmp_path: Path) -> None:
     import datasets
 
     from grouppref.schemas import features_for, to_row
-    from grouppref.train.stage import load_groups, run_train
+    from grouppref.train.sources import load_groups
 
     groups = synthetic_groups(3, 0, seed=4)
     rows = [to_row(g) for g in groups]
@@ -346,8 +347,11 @@ def test_load_groups_from_a_saved_dataset_dict(tmp_path: Path) -> None:
     assert source.rows == 5 and len(source.groups) == 4 and len(source.rejects) == 1
     assert source.rejects[0].row == 2 and source.rejects[0].field == "pairs.0.p"
     assert [g.split for g in source.groups] == ["train", "train", "test", "test"]
-    with pytest.raises(ConfigError, match="not a run directory: pass --out"):
-        run_train(tmp_path / "ds", TrainConfig())
+    app = typer.Typer()
+    train_commands.register(app)
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "ds")])
+    assert isinstance(result.exception, ConfigError)
+    assert "not a run directory: pass --out" in str(result.exception)
 
 
 @pytest.mark.parametrize("extra", [
@@ -359,8 +363,8 @@ def test_loss_variants_train(tiny_lm_dir: Path, tmp_path: Path, extra: dict) -> 
     config = TrainConfig(model=str(tiny_lm_dir), lr=5e-3, batch_size=4, max_steps=3,
                          logging_steps=1, data=PLAIN, **extra)
     result = train(config, synthetic_groups(12, 0), tmp_path)
-    last = result.metrics["train"]
-    assert result.metrics["steps"] == 3 and last["loss"] == last["loss"]  # finite, not NaN
+    last = result.stats.train
+    assert result.stats.steps == 3 and last["loss"] == last["loss"]  # finite, not NaN
     if "sft_weight" in extra:
         assert last["sft_loss"] > 0
     if "importance_clip" in extra:

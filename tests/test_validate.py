@@ -13,14 +13,10 @@ from typer.testing import CliRunner
 
 from grouppref.commands import export as export_commands
 from grouppref.errors import StageError
-from grouppref.pipeline.export.stage import ExportConfig, run_export
-from grouppref.pipeline.validate.stage import (
-    ValidateConfig,
-    load_report,
-    run_validate,
-    split_key,
-    split_of,
-)
+from grouppref.pipeline.export.config import ExportConfig
+from grouppref.pipeline.export.stage import run_export
+from grouppref.pipeline.validate.config import ValidateConfig
+from grouppref.pipeline.validate.stage import load_report, run_validate, split_key, split_of
 from grouppref.runs.store import RunStore
 from grouppref.schemas import (
     Agreement,
@@ -139,8 +135,7 @@ def test_killed_run_resumes_from_its_shards(tmp_path: Path) -> None:
     fresh = run_validate(store, config).records()
     # The state a killed run leaves: a running manifest with the same key and shard 0 on disk.
     # Shard 0 carries a marker flag so that we can see it was kept, not recomputed.
-    fingerprint = store.manifest("aggregate").output_fingerprint
-    stage = store.open_stage("validate", config, input_fingerprint=fingerprint,
+    stage = store.open_stage("validate", config, inputs=["aggregate"],
                              record_type=ValidatedGroup, force=True)
     marked = [r.model_copy(update={"flags": ["from-shard-0"]}) for r in fresh[:2]]
     shard = next(stage.pending_shards(list(range(1, 7)), shard_size=2))

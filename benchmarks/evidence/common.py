@@ -14,9 +14,9 @@ Testbed (one per seed):
 * aggregation with the package's own tensors (:mod:`grouppref.stats.reliability`,
   :func:`grouppref.pipeline.aggregate.stage.fit_groups`): reliability weights, BT ``p_ij``,
   ``w_ij``, consensus order and the noise estimate the aggregate report would show;
-* training with the package's losses (:mod:`grouppref.train.losses`) on log-probs from
-  :func:`grouppref.train.logps.group_logps`, in a short loop of our own (the package trainer
-  reads ValidatedGroup records and a tokenizer; the synthetic vocabulary has neither).
+* training with the package's own step (:func:`grouppref.train.loop.run_steps`: the losses
+  of :mod:`grouppref.train.losses` on log-probs from :func:`grouppref.train.logps.group_logps`),
+  fed tensors directly (the synthetic vocabulary has no tokenizer for the record path).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import json
 import math
 import platform
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,12 +35,14 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grouppref.pipeline.aggregate.stage import AggregateConfig, fit_groups
-from grouppref.pipeline.simulate.stage import AnnotatorSpec, simulate_order
+from grouppref.pipeline.aggregate.config import AggregateConfig
+from grouppref.pipeline.aggregate.stage import fit_groups
+from grouppref.pipeline.simulate.config import AnnotatorSpec
+from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.stats.reliability import estimate_reliability, noise_rate
 from grouppref.train.data import GroupBatch
 from grouppref.train.logps import group_logps
-from grouppref.train.losses import dpo_loss, gspo_loss, implicit_rewards, plackett_luce_loss
+from grouppref.train.loop import Objective, run_steps
 
 Tensor = torch.Tensor
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "evidence"
@@ -203,7 +206,7 @@ def aggregate(ranks: Tensor, config: AggregateConfig | None = None) -> dict[str,
         iterations=cfg.reliability_iterations, min_groups=cfg.min_groups_for_reliability,
         unreliable_tau=cfg.unreliable_tau, z=cfg.unreliable_z, drop=cfg.drop_unreliable,
         batch_size=cfg.batch_size, max_iter=cfg.max_iter, tie_tol=cfg.tie_tolerance)
-    slot_w = rel.weight[ann]
+    slot_w = rel.annotator_weight[ann]
     fit = fit_groups(ranks, slot_w, torch.ones(n, k, dtype=torch.bool), cfg)
     tiers = fit["tiers"]
     order = torch.argsort(tiers.double() * 1e6 - fit["theta"], dim=1, stable=True)
@@ -211,7 +214,7 @@ def aggregate(ranks: Tensor, config: AggregateConfig | None = None) -> dict[str,
     hard_p = torch.where(above, 1.0, torch.where(above.transpose(1, 2), 0.0, 0.5))
     hard_w = (tiers[:, :, None] != tiers[:, None, :]).float()
     return {"p": fit["p"].float(), "w": fit["w"].float(), "order": order, "hard_p": hard_p.float(),
-            "hard_w": hard_w, "noise": noise_rate(rel), "weights": rel.weight.tolist()}
+            "hard_w": hard_w, "noise": noise_rate(rel), "weights": rel.annotator_weight.tolist()}
 
 
 def method_data(method: str, groups: dict[str, Tensor], agg: dict[str, Any],
@@ -238,15 +241,17 @@ def method_data(method: str, groups: dict[str, Tensor], agg: dict[str, Any],
     return out
 
 
-def loss_of(method: str, s: Tensor, data: dict[str, Tensor], idx: Tensor) -> Tensor:
-    """Mean loss of a batch of groups ``idx`` under ``method``; s is (B, K)."""
-    valid = torch.ones_like(s, dtype=torch.bool)
-    order = data["order"][idx]
-    if method in ("dpo_one", "dpo_consensus"):
-        return dpo_loss(s, order, valid).mean()
-    if method == "plackett_luce":
-        return plackett_luce_loss(s, order, valid).mean()
-    return gspo_loss(s, data["p"][idx], data["w"][idx], valid).mean()
+def objective_of(method: str, beta: float) -> Objective:
+    """The package objective of each method (its targets are in the batch: ``method_data``)."""
+    loss = {"dpo_one": "dpo", "dpo_consensus": "dpo", "plackett_luce": "plackett_luce"}
+    return Objective(loss=loss.get(method, "gspo"), beta=beta)  # type: ignore[arg-type]
+
+
+def batch_of(data: dict[str, Tensor], idx: Tensor) -> GroupBatch:
+    """The groups ``idx`` of a method's data as a :class:`GroupBatch` with its targets."""
+    return make_batch(data["prompts"][idx], data["cands"][idx], data["ref_logps"][idx],
+                      p_ij=data["p"][idx] if "p" in data else None,
+                      w_ij=data["w"][idx] if "w" in data else None, order=data["order"][idx])
 
 
 @torch.no_grad()
@@ -269,35 +274,39 @@ def evaluate(model: Any, task: Task) -> dict[str, float]:
             "kl": float(kl.mean())}
 
 
+def batch_indices(n: int, batch: int, steps: int, gen: torch.Generator) -> Iterator[Tensor]:
+    """``steps`` batches of group indices: shuffled passes over ``n`` groups (a new shuffle
+    when a pass runs out), the same order for every method given the same generator."""
+    perm, pos = torch.randperm(n, generator=gen), 0
+    for _ in range(steps):
+        if pos + batch > n:
+            perm, pos = torch.randperm(n, generator=gen), 0
+        yield perm[pos:pos + batch]
+        pos += batch
+
+
 def train_method(task: Task, data: dict[str, Tensor], method: str, steps: list[int],
                  seed: int) -> dict[int, dict[str, float]]:
     """Train a fresh copy of the reference with ``method``; evaluate after each of ``steps``
-    (constant learning rate, so step counts are training lengths of one run)."""
+    (constant learning rate, so step counts are training lengths of one run). The step is the
+    package's own (:func:`grouppref.train.loop.run_steps`)."""
     model = copy.deepcopy(task.ref)
     for prm in model.parameters():
         prm.requires_grad_(True)
     opt = torch.optim.Adam(model.parameters(), lr=task.bed.lr)
-    n = data["prompts"].shape[0]
     gen = torch.Generator().manual_seed(50_000 + seed)  # same batch order for every method
-    perm = torch.randperm(n, generator=gen)
-    pos, out = 0, {}
-    for step in range(1, max(steps) + 1):
-        if pos + task.bed.batch_groups > n:
-            perm, pos = torch.randperm(n, generator=gen), 0
-        idx = perm[pos:pos + task.bed.batch_groups]
-        pos += task.bed.batch_groups
-        batch = make_batch(data["prompts"][idx], data["cands"][idx], data["ref_logps"][idx])
-        s = implicit_rewards(group_logps(model, batch), batch.ref_logps, task.bed.beta)
-        loss = loss_of(method, s, data, idx)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    batches = (batch_of(data, idx) for idx in batch_indices(
+        data["prompts"].shape[0], task.bed.batch_groups, max(steps), gen))
+    out: dict[int, dict[str, float]] = {}
+
+    def after(step: int, *_: Any) -> None:
         if step in steps:
             out[step] = evaluate(model, task)
+
+    run_steps(model, opt, batches, objective_of(method, task.bed.beta), after_step=after)
     return out
 
 
-# -- statistics and output ---------------------------------------------------------------------
 def mean_std(x: list[float]) -> dict[str, float]:
     a = np.asarray(x, dtype=float)
     return {"mean": float(a.mean()), "std": float(a.std(ddof=1)) if a.size > 1 else 0.0,

@@ -29,7 +29,7 @@ from benchmarks.evidence import common as c
 from benchmarks.evidence import smol
 from grouppref.train.data import TokenizedGroup, collate_groups
 from grouppref.train.logps import group_logps
-from grouppref.train.losses import dpo_loss, gspo_loss, implicit_rewards
+from grouppref.train.loop import Objective, run_steps
 
 METHODS = ("dpo_consensus", "gspo_soft")
 
@@ -84,28 +84,24 @@ def build_groups(items: list[smol.Item], ids: list[list[list[int]]], scores: lis
 
 def train(model0: Any, groups: list[TokenizedGroup], method: str, cfg: dict[str, Any],
           pad: int) -> tuple[Any, dict[str, float]]:
+    """A fresh copy of ``model0`` trained with the package's step
+    (:func:`grouppref.train.loop.run_steps`), AdamW at a constant rate."""
     model = copy.deepcopy(model0)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg["seed"])
-    perm, pos, tokens, t0 = torch.randperm(len(groups), generator=gen).tolist(), 0, 0, time.perf_counter()
-    losses = []
-    for _ in range(cfg["steps"]):
-        if pos + cfg["batch_groups"] > len(perm):
-            perm, pos = torch.randperm(len(groups), generator=gen).tolist(), 0
-        part = [groups[i] for i in perm[pos:pos + cfg["batch_groups"]]]
-        pos += cfg["batch_groups"]
-        batch = collate_groups(part, pad)
-        s = implicit_rewards(group_logps(model, batch), batch.ref_logps, cfg["beta"])
-        if method == "dpo_consensus":
-            loss = dpo_loss(s, batch.order, batch.valid).mean()
-        else:
-            loss = gspo_loss(s, batch.p_ij, batch.w_ij, batch.valid).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
+    batches = (collate_groups([groups[i] for i in idx.tolist()], pad)
+               for idx in c.batch_indices(len(groups), cfg["batch_groups"], cfg["steps"], gen))
+    losses: list[float] = []
+    tokens, t0 = 0, time.perf_counter()
+
+    def after(step: int, out: Any, batch: Any) -> None:
+        nonlocal tokens
+        losses.append(float(out.loss.detach().mean()))
         tokens += int(batch.prompt_mask.sum() + batch.cand_mask.sum())
+
+    objective = Objective(loss="dpo" if method == "dpo_consensus" else "gspo", beta=cfg["beta"])
+    run_steps(model, opt, batches, objective, after_step=after)
     model.eval()
     return model, {"train_wall_s": time.perf_counter() - t0, "tokens_trained": tokens,
                    "first_loss": losses[0], "last_loss": losses[-1]}

@@ -1,198 +1,133 @@
-"""``grouppref aggregate RUN`` and ``grouppref simulate RUN``: thin wrappers with rich reports.
-
-Options left out keep the settings' defaults (one source: the pydantic configs); every help
-string is the config field's description.
-"""
+"""``grouppref aggregate RUN`` and ``grouppref simulate RUN``: thin wrappers with rich reports."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import typer
-from pydantic import BaseModel, ValidationError
-from rich.console import Console
 from rich.table import Table
 
-from grouppref.commands.core import report_stage
-from grouppref.commands.options import help_of
+from grouppref.commands.core import RunArg
+from grouppref.commands.options import Custom, Extra, config_command, help_of
+from grouppref.commands.output import out, print_stage
 from grouppref.errors import ConfigError
-from grouppref.pipeline.aggregate.stage import AggregateConfig, read_report, run_aggregate
-from grouppref.pipeline.simulate.stage import AnnotatorSpec, SimulateConfig, run_simulate
+from grouppref.pipeline.aggregate.config import AggregateConfig
+from grouppref.pipeline.simulate.config import SimulateConfig
 from grouppref.runs.store import RunStore
-
-console = Console()
-Action = Literal["off", "flag", "drop"]
-RunArg = Annotated[Path, typer.Argument(help="Run directory, e.g. runs/demo.")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Re-run even when the cache is valid.")]
+from grouppref.schemas.reports import AggregateReport
 
 
-def _h(model: type[BaseModel], name: str) -> str:
-    default = model.model_fields[name].get_default(call_default_factory=True)
-    return f"{help_of(model, name)} [default: {default}]"
-
-
-def _a(name: str) -> str:
-    return _h(AggregateConfig, name)
-
-
-def _s(name: str) -> str:
-    return _h(SimulateConfig, name)
-
-
-def _build(model: type[BaseModel], values: dict[str, Any]) -> Any:
-    """The config from the options given (``None`` = not given, the default applies)."""
-    try:
-        return model(**{k: v for k, v in values.items() if v is not None})
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise ConfigError(f"--{where.replace('_', '-')}: {first['msg']}") from e
-
-
-def _kind_weights(items: list[str] | None) -> dict[str, float] | None:
-    if not items:
-        return None
-    out: dict[str, float] = {}
+def _pairs(items: list[str], option: str, example: str) -> list[tuple[str, str]]:
+    pairs = []
     for item in items:
-        kind, sep, value = item.partition("=")
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{option} {item!r}: expected {example}")
+        pairs.append((key.strip(), value.strip()))
+    return pairs
+
+
+def _kind_weights(items: list[str]) -> dict[str, Any]:
+    out_: dict[str, Any] = {}
+    for kind, value in _pairs(items, "--kind-weight", "KIND=WEIGHT, e.g. reward_model=0.5"):
         try:
-            out[kind.strip()] = float(value)
+            out_[kind] = float(value)
         except ValueError as e:
-            raise ConfigError(f"--kind-weight {item!r}: expected KIND=WEIGHT, e.g. "
-                              "reward_model=0.5") from e
-        if not sep:
-            raise ConfigError(f"--kind-weight {item!r}: expected KIND=WEIGHT")
-    return out
+            raise ConfigError(f"--kind-weight {kind}={value}: the weight must be a number") from e
+    return out_
 
 
-def aggregate(
-    run: RunArg,
-    input_stage: Annotated[str | None, typer.Option(help=_a("input_stage"))] = None,
-    prior_strength: Annotated[float | None, typer.Option(help=_a("prior_strength"))] = None,
-    kind_weight: Annotated[list[str] | None, typer.Option(
-        help="KIND=WEIGHT (repeatable). " + _a("kind_weights"))] = None,
-    reliability_iterations: Annotated[int | None, typer.Option(
-        help=_a("reliability_iterations"))] = None,
-    min_groups_for_reliability: Annotated[int | None, typer.Option(
-        help=_a("min_groups_for_reliability"))] = None,
-    unreliable_tau: Annotated[float | None, typer.Option(help=_a("unreliable_tau"))] = None,
-    unreliable_z: Annotated[float | None, typer.Option(help=_a("unreliable_z"))] = None,
-    drop_unreliable: Annotated[bool | None, typer.Option(
-        "--drop-unreliable/--keep-unreliable", help=_a("drop_unreliable"))] = None,
-    min_rankings: Annotated[int | None, typer.Option(help=_a("min_rankings"))] = None,
-    too_few_rankings: Annotated[Action | None, typer.Option(help=_a("too_few_rankings"))] = None,
-    min_kendall_w: Annotated[float | None, typer.Option(help=_a("min_kendall_w"))] = None,
-    low_agreement: Annotated[Action | None, typer.Option(help=_a("low_agreement"))] = None,
-    cycle: Annotated[Action | None, typer.Option(help=_a("cycle"))] = None,
-    coin_flip_margin: Annotated[float | None, typer.Option(help=_a("coin_flip_margin"))] = None,
-    coin_flip: Annotated[Action | None, typer.Option(help=_a("coin_flip"))] = None,
-    no_rankings: Annotated[Literal["reject", "flag"] | None, typer.Option(
-        help=_a("no_rankings"))] = None,
-    tie_tolerance: Annotated[float | None, typer.Option(help=_a("tie_tolerance"))] = None,
-    dpo_fallback_threshold: Annotated[float | None, typer.Option(
-        help=_a("dpo_fallback_threshold"))] = None,
-    batch_size: Annotated[int | None, typer.Option(help=_a("batch_size"))] = None,
-    max_iter: Annotated[int | None, typer.Option(help=_a("max_iter"))] = None,
-    shard_size: Annotated[int | None, typer.Option(help=_a("shard_size"))] = None,
-    force: ForceOpt = False,
-) -> None:
-    """Fit consensus, strengths and pair preferences per group into RUN/aggregate."""
-    values = dict(locals())
-    values.pop("run"), values.pop("force")
-    values["kind_weights"] = _kind_weights(values.pop("kind_weight"))
-    config = _build(AggregateConfig, values)
-    store = RunStore(run)
-    stage = run_aggregate(store, config, force=force)
-    report_stage(stage.manifest.stage, stage.cached, stage.manifest.counts.model_dump(),
-                 stage.dir, [r.one_line() for r in stage.rejects()])
+def _run_aggregate(config: AggregateConfig, extras: dict[str, Any], force: bool) -> None:
+    from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
+
+    store = RunStore(extras["run"])
+    print_stage(run_aggregate(store, config, force=force))
     print_aggregate_report(read_report(store))
+
+
+aggregate = config_command(
+    AggregateConfig, _run_aggregate, name="aggregate", section="aggregate",
+    doc="Fit consensus, strengths and pair preferences per group into RUN/aggregate.",
+    extras=[Extra("run", RunArg)],
+    rename={"drop_unreliable": "--drop-unreliable"},
+    custom={"kind_weights": Custom("--kind-weight", "KIND=WEIGHT (repeatable). "
+                                   + help_of(AggregateConfig, "kind_weights"), _kind_weights,
+                                   multiple=True, metavar="KIND=WEIGHT")})
 
 
 def _num(x: float | None, fmt: str = "{:.3f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def print_aggregate_report(report: dict[str, Any]) -> None:
+def print_aggregate_report(report: AggregateReport) -> None:
     """Rich tables: annotators, noise rules, agreement, noise and the recommendation."""
     table = Table(title="annotator reliability")
-    for col in ("annotator", "kind", "groups", "votes", "tau (LOO)", "flip rate", "weight",
-                "status"):
+    for col in ("annotator", "kind", "groups", "votes", "tau (LOO)", "flip rate",
+                "annotator weight", "status"):
         table.add_column(col, justify="left" if col in ("annotator", "kind", "status")
-                         else "right")
-    for a in report["annotators"]:
-        status = ("[red]dropped[/]" if a["dropped"] else "[yellow]unreliable[/]"
-                  if a["unreliable"] else "ok")
-        tau = "-" if a["tau"] is None else f"{a['tau']:.3f} ± {a['tau_se'] or 0:.3f}"
-        table.add_row(a["id"], a["kind"], str(a["groups"]), str(a["votes"]), tau,
-                      _num(a["flip_rate"]), f"{a['weight']:.3f}", status)
-    console.print(table)
+                         else "right", overflow="fold")
+    for a in report.annotators:
+        status = "[red]dropped[/]" if a.dropped else "[yellow]unreliable[/]" if a.unreliable else "ok"
+        tau = "-" if a.tau is None else f"{a.tau:.3f} ± {a.tau_se or 0:.3f}"
+        table.add_row(a.id, a.kind, str(a.groups), str(a.votes), tau, _num(a.flip_rate),
+                      f"{a.annotator_weight:.3f}", status)
+    out.print(table)
     rules = Table(title="noise rules")
     for col in ("rule", "action", "flagged", "dropped"):
         rules.add_column(col, justify="left" if col in ("rule", "action") else "right")
-    for name, r in report["rules"].items():
-        rules.add_row(name, r["action"], str(r["flagged"]), str(r["dropped"]))
-    console.print(rules)
-    kw = report["agreement"]["kendall_w"]
-    if kw.get("count"):
-        q = kw["quantiles"]
-        console.print(f"Kendall's W over {kw['count']} groups: mean {kw['mean']:.3f}, "
-                      f"p10 {q['p10']:.3f}, median {q['p50']:.3f}, p90 {q['p90']:.3f}")
-    noise = report["noise"]
-    console.print(f"estimated noise rate: {_num(noise['estimated'], '{:.1%}')} "
-                  f"(votes against the consensus: {_num(noise['observed_against_consensus'], '{:.1%}')})")
-    rec = report["recommendation"]
-    colour = "yellow" if rec["loss"] == "dpo" else "green"
-    console.print(f"recommendation: [{colour}]{rec['loss']}[/] ({rec['reason']}); {rec['note']}")
+    for name, r in report.rules.items():
+        rules.add_row(name, r.action, str(r.flagged), str(r.dropped))
+    out.print(rules)
+    kw = report.agreement["kendall_w"]
+    if kw.count:
+        q = kw.quantiles
+        out.print(f"Kendall's W over {kw.count} groups: mean {kw.mean:.3f}, p10 {q['p10']:.3f}, "
+                  f"median {q['p50']:.3f}, p90 {q['p90']:.3f}")
+    noise = report.noise
+    out.print(f"estimated noise rate: {_num(noise.estimated, '{:.1%}')} (votes against the "
+              f"consensus: {_num(noise.observed_against_consensus, '{:.1%}')})")
+    rec = report.recommendation
+    colour = "yellow" if rec.loss == "dpo" else "green"
+    out.print(f"recommendation: [{colour}]{rec.loss}[/] ({rec.reason}); {rec.note}")
 
 
-def _panel(items: list[str] | None) -> list[AnnotatorSpec] | None:
-    if not items:
-        return None
+def _panel(items: list[str]) -> list[dict[str, Any]]:
     panel = []
-    for item in items:
-        aid, sep, value = item.partition("=")
-        if not sep or not aid:
-            raise ConfigError(f"--annotator {item!r}: expected ID=FLIP_RATE, ID=random or "
-                              "ID=reversed")
+    for aid, value in _pairs(items, "--annotator", "ID=FLIP_RATE, ID=random or ID=reversed"):
+        if value in ("random", "reversed"):
+            panel.append({"id": aid, "behavior": value})
+            continue
         try:
-            panel.append(AnnotatorSpec(id=aid, behavior=value) if value in ("random", "reversed")
-                         else AnnotatorSpec(id=aid, flip_rate=float(value)))
-        except (ValueError, ValidationError) as e:
-            raise ConfigError(f"--annotator {item!r}: {e}") from e
+            panel.append({"id": aid, "flip_rate": float(value)})
+        except ValueError as e:
+            raise ConfigError(f"--annotator {aid}={value}: expected a flip rate, 'random' or "
+                              "'reversed'") from e
     return panel
 
 
-def simulate(
-    run: RunArg,
-    annotator: Annotated[list[str] | None, typer.Option(
-        help="ID=FLIP_RATE, ID=random or ID=reversed (repeatable). " + _s("annotators"))] = None,
-    input_stage: Annotated[str | None, typer.Option(help=_s("input_stage"))] = None,
-    per_group: Annotated[int | None, typer.Option(help=_s("per_group"))] = None,
-    truth_kind: Annotated[list[str] | None, typer.Option(
-        help="(repeatable) " + _s("truth_kinds"))] = None,
-    truth_annotator: Annotated[str | None, typer.Option(help=_s("truth_annotator"))] = None,
-    truth_use_scores: Annotated[bool | None, typer.Option(
-        "--truth-scores/--truth-positions", help=_s("truth_use_scores"))] = None,
-    seed: Annotated[int | None, typer.Option(help=_s("seed"))] = None,
-    shard_size: Annotated[int | None, typer.Option(help=_s("shard_size"))] = None,
-    force: ForceOpt = False,
-) -> None:
-    """Add a simulated annotator panel's rankings to the groups (RUN/simulate)."""
-    config = _build(SimulateConfig, {
-        "annotators": _panel(annotator), "input_stage": input_stage, "per_group": per_group,
-        "truth_kinds": truth_kind or None, "truth_annotator": truth_annotator,
-        "truth_use_scores": truth_use_scores, "seed": seed, "shard_size": shard_size})
-    stage = run_simulate(RunStore(run), config, force=force)
-    report_stage(stage.manifest.stage, stage.cached, stage.manifest.counts.model_dump(),
-                 stage.dir, [r.one_line() for r in stage.rejects()])
+def _run_simulate(config: SimulateConfig, extras: dict[str, Any], force: bool) -> None:
+    from grouppref.pipeline.simulate.stage import run_simulate
+
+    stage = run_simulate(RunStore(extras["run"]), config, force=force)
+    print_stage(stage)
     table = Table(title="simulated panel")
     for col in ("annotator", "behavior", "flip rate", "realised", "pairs"):
-        table.add_column(col, justify="left" if col in ("annotator", "behavior") else "right")
+        table.add_column(col, justify="left" if col in ("annotator", "behavior") else "right",
+                         overflow="fold")
     for aid, a in stage.manifest.stats.get("annotators", {}).items():
-        table.add_row(aid, a["behavior"], f"{a['flip_rate']:.3f}",
-                      _num(a["realised_flip_rate"]), str(a["pairs"]))
-    console.print(table)
+        table.add_row(aid, a["behavior"], f"{a['flip_rate']:.3f}", _num(a["realised_flip_rate"]),
+                      str(a["pairs"]))
+    out.print(table)
+
+
+simulate = config_command(
+    SimulateConfig, _run_simulate, name="simulate", section="simulate",
+    doc="Add a simulated annotator panel's rankings to the groups (RUN/simulate).",
+    extras=[Extra("run", RunArg)],
+    rename={"truth_use_scores": "--truth-scores", "truth_kinds": "--truth-kind"},
+    custom={"annotators": Custom("--annotator", "ID=FLIP_RATE, ID=random or ID=reversed "
+                                 "(repeatable). " + help_of(SimulateConfig, "annotators"),
+                                 _panel, multiple=True, metavar="ID=BEHAVIOUR")})
 
 
 def register(app: typer.Typer) -> None:

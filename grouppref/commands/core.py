@@ -4,91 +4,88 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from grouppref.commands.options import Extra, config_command
+from grouppref.commands.output import err, out, print_stage
 from grouppref.errors import ConfigError
-from grouppref.pipeline.prompts.stage import PromptsConfig, run_prompts
-from grouppref.readers.rows import ColumnMapping
+from grouppref.pipeline.prompts.config import PromptsConfig
 from grouppref.runs.store import RunStore
-from grouppref.schemas import RECORD_TYPES
 
-console = Console()
-
-RunArg = Annotated[Path, typer.Argument(help="Run directory, e.g. runs/demo.")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Re-run even when the cache is valid.")]
+RunArg = Annotated[Path, typer.Argument(help="Run directory, e.g. runs/demo.", metavar="RUN",
+                                       show_default=False)]
+OutOpt = Annotated[Path, typer.Option("--out", help="Run directory to write into.",
+                                      show_default=False)]
+# the order of `grouppref run` (kept here so that `inspect` does not import the runner)
+PIPELINE_ORDER = ("prompts", "generate", "import", "rank", "simulate", "label", "aggregate",
+                  "validate", "export", "train", "eval", "report")
 
 
 def schema(
-    name: Annotated[str | None, typer.Argument(help="Record name; all records when left out.")] = None,
+    name: Annotated[str | None, typer.Argument(
+        help="Record name; all records when left out.", metavar="NAME")] = None,
 ) -> None:
     """Print the JSON Schema of a record (or of all records)."""
+    from grouppref.schemas.records import RECORD_TYPES
+
     if name is None:
-        out = {n: cls.model_json_schema() for n, cls in RECORD_TYPES.items()}
+        found = {n: cls.model_json_schema() for n, cls in RECORD_TYPES.items()}
     elif name in RECORD_TYPES:
-        out = RECORD_TYPES[name].model_json_schema()
+        found = RECORD_TYPES[name].model_json_schema()
     else:
         raise ConfigError(f"unknown record {name!r}; choose one of {', '.join(RECORD_TYPES)}")
-    typer.echo(json.dumps(out, indent=2))
+    typer.echo(json.dumps(found, indent=2))
 
 
-def prompts(
-    source: Annotated[str, typer.Argument(help="Prompt file, saved dataset dir or Hub id.")],
-    out: Annotated[Path, typer.Option("--out", help="Run directory to write into.")],
-    text_column: Annotated[str, typer.Option(help="Column with plain-text prompts.")] = "prompt",
-    messages_column: Annotated[str, typer.Option(help="Column with chat messages.")] = "messages",
-    id_column: Annotated[str, typer.Option(help="Column with prompt ids.")] = "prompt_id",
-    reference_column: Annotated[str, typer.Option(help="Column with reference answers.")] = "reference",
-    metadata_column: Annotated[list[str] | None, typer.Option(help="Column copied to metadata.")] = None,
-    split: Annotated[str, typer.Option(help="Split of a dataset with splits.")] = "train",
-    force: ForceOpt = False,
-) -> None:
-    """Read and validate prompts into RUN/prompts (bad rows go to rejects.jsonl)."""
-    mapping = ColumnMapping(text=text_column, messages=messages_column, prompt_id=id_column,
-                            reference=reference_column, metadata_columns=metadata_column or [])
-    stage = run_prompts(RunStore(out), PromptsConfig(source=source, split=split, mapping=mapping),
-                        force=force)
-    report_stage(stage.manifest.stage, stage.cached, stage.manifest.counts.model_dump(),
-                 stage.dir, [r.one_line() for r in stage.rejects()])
+def _run_prompts(config: PromptsConfig, extras: dict[str, Any], force: bool) -> None:
+    from grouppref.pipeline.prompts.stage import run_prompts
+
+    print_stage(run_prompts(RunStore(extras["out"]), config, force=force))
 
 
-def report_stage(name: str, cached: bool, counts: dict[str, int], where: Path,
-                 reject_lines: list[str], max_lines: int = 20) -> None:
-    """Print what a stage did: cached or not, counts, where, and each reject on one line."""
-    if cached:
-        console.print(f"[yellow]{name}: unchanged config and input, skipped[/] "
-                      f"(use --force to re-run) -> {where}")
-    for line in reject_lines[:max_lines]:
-        console.print(f"[red]reject[/] {line}", highlight=False, soft_wrap=True)
-    if len(reject_lines) > max_lines:
-        console.print(f"... and {len(reject_lines) - max_lines} more in {where / 'rejects.jsonl'}")
-    console.print(f"[green]{name}[/]: {counts['inputs']} in, {counts['outputs']} out, "
-                  f"{counts['rejected']} rejected -> {where}")
+prompts = config_command(
+    PromptsConfig, _run_prompts, name="prompts", section="prompts",
+    doc="Read and validate prompts into RUN/prompts (bad rows go to rejects.jsonl).",
+    positional={"source": "Prompt file (JSONL/JSON/CSV/Parquet), saved dataset dir or Hub id."},
+    extras=[Extra("out", OutOpt)], flatten={"mapping": "{}-column"},
+    rename={"mapping.metadata_columns": "--metadata-column", "mapping.prompt_id": "--id-column",
+            "mapping.metadata": "--metadata-object-column"},
+    exclude={"mapping.responses", "mapping.response"})
+
+
+def _order(stage: str) -> tuple[int, str]:
+    head = stage.split("/")[0]
+    return (PIPELINE_ORDER.index(head) if head in PIPELINE_ORDER else len(PIPELINE_ORDER), stage)
 
 
 def inspect(run: RunArg) -> None:
-    """Show a run's stages, counts, rejects and timings."""
+    """Show a run's stages in pipeline order: status (stale when an input changed since),
+    counts, rejects and timings."""
     store = RunStore(run)
-    manifests = store.manifests()
+    manifests = sorted(store.manifests(), key=lambda m: _order(m.stage))
     if not manifests:
         raise ConfigError(f"{run}: no stage has run here (no */manifest.json)")
     table = Table(title=f"run {run}")
     for col in ("stage", "status", "in", "out", "rejected", "partial", "seconds", "finished"):
         table.add_column(col, justify="right" if col in ("in", "out", "rejected", "partial",
-                                                          "seconds") else "left")
+                                                          "seconds") else "left",
+                         overflow="fold", no_wrap=False)
     for m in manifests:
         c = m.counts
-        table.add_row(m.stage, m.status, str(c.inputs), str(c.outputs), str(c.rejected),
+        stale = store.stale_inputs(m.stage) if m.status == "complete" else []
+        status = f"stale (input changed: {', '.join(stale)})" if stale else m.status
+        table.add_row(m.stage, status, str(c.inputs), str(c.outputs), str(c.rejected),
                       str(c.partial), f"{m.seconds:.1f}" if m.seconds is not None else "-",
-                      m.finished_at.strftime("%Y-%m-%d %H:%M:%S") if m.finished_at else "-")
-    console.print(table)
+                      m.finished_at.strftime("%Y-%m-%d %H:%M:%S") if m.finished_at else "-",
+                      style="yellow" if stale else None)
+    out.print(table)
     for m in manifests:
         rejects = store.stage_dir(m.stage) / "rejects.jsonl"
         if rejects.exists() and rejects.stat().st_size:
-            console.print(f"rejects of {m.stage}: {rejects}")
+            err.print(f"rejects of {m.stage}: {rejects}")
 
 
 def register(app: typer.Typer) -> None:

@@ -12,20 +12,21 @@ from typing import Annotated, Any
 
 import typer
 
-from grouppref.commands.run import console, print_outcome
+from grouppref.commands.output import err
+from grouppref.commands.run import print_outcome
 from grouppref.config import load_config
-from grouppref.labeling.server.credentials import load_credentials
-from grouppref.labeling.server.embedded import EmbeddedArgilla, ServerConfig
-from grouppref.runner import LabelRunConfig, RunConfig, run_pipeline
+from grouppref.labeling.config import LabelRunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = ROOT / "examples" / "demo.yaml"
 DEMO_PROMPTS = ROOT / "data" / "demo_prompts.jsonl"
 
 
-def demo_config(out: Path, quick: bool = False) -> RunConfig:
-    """The demo's validated config, writing into ``out``."""
-    cfg = load_config(RunConfig, DEMO_CONFIG, {"run_dir": str(out)})
+def demo_config(out: Path, quick: bool = False) -> Any:
+    """The demo's validated :class:`~grouppref.runner.RunConfig`, writing into ``out``."""
+    from grouppref.runner import RunConfig
+
+    cfg = load_config(RunConfig, DEMO_CONFIG, overrides={"run_dir": str(out)})
     updates: dict[str, Any] = {"prompts": cfg.prompts.model_copy(update={"source": str(DEMO_PROMPTS)})}
     updates["export"] = [e.model_copy(update={"to_dir": str(out / "export" / "groups")})
                          if e.to_dir else e for e in cfg.export]
@@ -40,15 +41,17 @@ def demo_config(out: Path, quick: bool = False) -> RunConfig:
     return cfg.model_copy(update=updates)
 
 
-def human_config(cfg: RunConfig, state_dir: Path, annotators: int) -> RunConfig:
+def human_config(cfg: Any, state_dir: Path, annotators: int) -> Any:
     """The demo with people instead of the simulated panel: push, wait, pull."""
     label = LabelRunConfig(state_dir=str(state_dir), min_rankings=annotators, poll_seconds=10,
                            push={"min_submitted": annotators, "suggest_from": "ensemble"})
     return cfg.model_copy(update={"simulate": None, "label": label})
 
 
-def _accounts(server: EmbeddedArgilla, count: int) -> list[tuple[str, str]]:
+def _accounts(server: Any, count: int) -> list[tuple[str, str]]:
     """Annotator logins ``annotator-1..N`` (made once; kept in the 0600 credentials file)."""
+    from grouppref.labeling.server.credentials import load_credentials
+
     known = load_credentials(server.credentials_path).users
     logins = []
     for i in range(1, count + 1):
@@ -72,21 +75,24 @@ def demo(
     port: Annotated[int, typer.Option(help="With --human: the Argilla port.")] = 6900,
 ) -> None:
     """Run the demo pipeline end to end on the shipped prompts and embedded models."""
+    from grouppref.labeling.server.embedded import EmbeddedArgilla, ServerConfig
+    from grouppref.runner import run_pipeline
+
     cfg = demo_config(out, quick=quick)
     forced = ["all"] if force else None
     if not human:
-        print_outcome(run_pipeline(cfg, force=forced, console=console), cfg.run_dir)
+        print_outcome(run_pipeline(cfg, force=forced, console=err), cfg.run_dir)
         return
     state_dir = out / "argilla"
     with EmbeddedArgilla(ServerConfig(state_dir=state_dir, port=port)) as server:
         logins = _accounts(server, annotators)
-        console.print(f"[bold]Argilla[/] is up at {server.url} - log in as:", highlight=False)
+        err.print(f"[bold]Argilla[/] is up at {server.url} - log in as:", highlight=False)
         for user, password in logins:
-            console.print(f"  {user} / {password}", highlight=False)
-        console.print("Rank each group in the web UI; the demo goes on once every group has "
+            err.print(f"  {user} / {password}", highlight=False)
+        err.print("Rank each group in the web UI; the demo goes on once every group has "
                       f"{annotators} submitted ranking(s). Ctrl-C stops (state is kept).")
         outcome = run_pipeline(human_config(cfg, state_dir, annotators), force=forced,
-                               wait=True, console=console)
+                               wait=True, console=err)
     print_outcome(outcome, cfg.run_dir)
 
 

@@ -7,14 +7,15 @@
 from __future__ import annotations
 
 import enum
+import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-from grouppref.commands.options import help_of
+from grouppref.commands.options import Extra, config_command, help_of
+from grouppref.commands.output import err, out
 from grouppref.labeling.server.credentials import CREDENTIALS_FILE, load_credentials
 from grouppref.labeling.server.embedded import (
     EmbeddedArgilla,
@@ -26,10 +27,10 @@ from grouppref.labeling.server.embedded import (
 )
 from grouppref.labeling.server.processes import RUN_FILE
 
-console = Console()
-label_app = typer.Typer(name="label", no_args_is_help=True,
+DATABASE_ENV = "GROUPPREF_ARGILLA_DATABASE_URL"
+label_app = typer.Typer(name="label", no_args_is_help=True, rich_markup_mode=None,
                         help="Human labeling in Argilla: a local server, push, pull, status.")
-users_app = typer.Typer(name="users", no_args_is_help=True,
+users_app = typer.Typer(name="users", no_args_is_help=True, rich_markup_mode=None,
                         help="Accounts on the embedded Argilla server.")
 label_app.add_typer(users_app)
 
@@ -46,54 +47,51 @@ class RoleChoice(enum.StrEnum):
     owner = "owner"
 
 
-def serve(
-    host: Annotated[str, typer.Option(help=help_of(ServerConfig, "host"))] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help=help_of(ServerConfig, "port"))] = 6900,
-    database_url: Annotated[str | None, typer.Option(
-        help=help_of(ServerConfig, "database_url") + " Also from $GROUPPREF_ARGILLA_DATABASE_URL "
-        "(keeps the password out of your shell history).",
-        envvar="GROUPPREF_ARGILLA_DATABASE_URL", show_default=False)] = None,
-    state_dir: StateDirOpt = None,
-    workspace: Annotated[str, typer.Option(help=help_of(ServerConfig, "workspace"))] = "grouppref",
-    detach: Annotated[bool, typer.Option(
-        "--detach", help="Run in the background; stop with `grouppref label stop`.")] = False,
-    show_secrets: ShowSecretsOpt = False,
-) -> None:
-    """Start a local Argilla (no Docker, no Elasticsearch); Ctrl-C stops everything."""
-    config = ServerConfig(host=host, port=port, database_url=database_url, workspace=workspace,
-                          state_dir=state_dir or default_state_dir())
+def _serve(config: ServerConfig, extras: dict[str, Any], force: bool) -> None:
+    if config.database_url is None and os.environ.get(DATABASE_ENV):
+        config = config.model_copy(update={"database_url": os.environ[DATABASE_ENV]})
     server = EmbeddedArgilla(config)
-    console.print("starting Argilla (the first start builds its environment, ~1 min) ...")
-    server.start(detach=detach)
-    _report(server, show_secrets)
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(f"[yellow]warning:[/] bound to {host}: reachable from your network")
-    if detach:
-        console.print(f"running in the background; stop with `grouppref label stop "
-                      f"--state-dir {server.state_dir}`")
+    err.print("starting Argilla (the first start builds its environment, ~1 min) ...")
+    server.start(detach=extras["detach"])
+    _report(server, extras["show_secrets"])
+    if config.host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"[yellow]warning:[/] bound to {config.host}: reachable from your network")
+    if extras["detach"]:
+        err.print(f"running in the background; stop with `grouppref label stop "
+                  f"--state-dir {server.state_dir}`")
         return
-    console.print("press Ctrl-C to stop")
+    err.print("press Ctrl-C to stop")
     try:
         code = server.wait()
         if not (server.state_dir / RUN_FILE).exists():
             code = 0  # `grouppref label stop` from another terminal
         else:
-            console.print(f"[red]a server process exited ({code}); see "
-                          f"{server.state_dir / 'logs'}")
+            err.print(f"[red]a server process exited ({code}); see {server.state_dir / 'logs'}")
     except KeyboardInterrupt:
         code = 0
     finally:
         server.stop()
-        console.print("stopped")
+        err.print("stopped")
     if code:
         raise typer.Exit(1)
 
 
+serve = config_command(
+    ServerConfig, _serve, name="serve", force_help=None, exclude={"venv_dir"},
+    doc="Start a local Argilla (no Docker, no Elasticsearch); Ctrl-C stops everything. The "
+    f"database URL may also come from ${DATABASE_ENV} (keeps its password out of your shell "
+    "history).",
+    extras=[Extra("detach", Annotated[bool, typer.Option(
+                "--detach", help="Run in the background; stop with `grouppref label stop`.")],
+                  False),
+            Extra("show_secrets", ShowSecretsOpt, False)])
+
+
 def _report(server: EmbeddedArgilla, show_secrets: bool) -> None:
-    console.print(f"[green]Argilla[/] at {server.url}  (workspace {server.workspace!r})")
-    console.print(f"owner {server.owner_username!r}; credentials in {server.credentials_path}")
+    out.print(f"[green]Argilla[/] at {server.url}  (workspace {server.workspace!r})")
+    out.print(f"owner {server.owner_username!r}; credentials in {server.credentials_path}")
     if show_secrets:
-        console.print(f"owner password: {server.owner_password}\nowner API key: {server.api_key}",
+        out.print(f"owner password: {server.owner_password}\nowner API key: {server.api_key}",
                       highlight=False)
 
 
@@ -101,13 +99,13 @@ def stop(state_dir: StateDirOpt = None) -> None:
     """Stop the embedded Argilla running on the state directory."""
     where = state_dir or default_state_dir()
     if stop_state_dir(where):
-        console.print(f"stopped the Argilla server of {where}")
+        out.print(f"stopped the Argilla server of {where}")
     else:
-        console.print(f"no Argilla server was running on {where}")
+        out.print(f"no Argilla server was running on {where}")
 
 
 def users_add(
-    name: Annotated[str, typer.Argument(help="Username (also the UI login).")],
+    name: Annotated[str, typer.Argument(help="Username (also the UI login).", metavar="NAME")],
     role: Annotated[RoleChoice, typer.Option(help="Argilla role.")] = RoleChoice.annotator,
     password_stdin: Annotated[bool, typer.Option(
         "--password-stdin", help="Read the password from stdin instead of generating one.")] = False,
@@ -121,10 +119,10 @@ def users_add(
     username, password, api_key = create_user(url, where / CREDENTIALS_FILE, name, role.value,
                                               password)
     workspace = load_credentials(where / CREDENTIALS_FILE).workspace
-    console.print(f"created {role.value} {username!r} in workspace {workspace!r} at {url}; "
+    out.print(f"created {role.value} {username!r} in workspace {workspace!r} at {url}; "
                   f"password and API key in {where / CREDENTIALS_FILE}")
     if show_secrets:
-        console.print(f"password: {password}\nAPI key: {api_key}", highlight=False)
+        out.print(f"password: {password}\nAPI key: {api_key}", highlight=False)
 
 
 label_app.command()(serve)

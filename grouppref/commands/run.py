@@ -3,69 +3,74 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
+from grouppref.commands.core import PIPELINE_ORDER, RunArg
+from grouppref.commands.options import Extra, config_command
+from grouppref.commands.output import err, out
 from grouppref.errors import StageError
-from grouppref.pipeline.report.stage import ReportConfig, run_report
-from grouppref.runner import STAGES, RunOutcome, check_stages, load_run_config, run_pipeline
+from grouppref.pipeline.report.config import ReportConfig
 from grouppref.runs.store import RunStore
 
-console = Console()
-_STAGES = ", ".join(STAGES)
+_STAGES = ", ".join(s for s in PIPELINE_ORDER if s != "import")
 
 
-def print_outcome(outcome: RunOutcome, run_dir: str) -> None:
+def print_outcome(outcome: Any, run_dir: str) -> None:
     """The closing lines of a run: where everything is, or what it waits for."""
     if outcome.status == "waiting":
-        console.print(f"[yellow]{outcome.message}[/]", highlight=False, soft_wrap=True)
-        console.print(f"state saved in {run_dir}; run the same command again to go on "
-                      "(or add --wait)", highlight=False, soft_wrap=True)
+        err.print(f"[yellow]{outcome.message}[/]")
+        err.print(f"state saved in {run_dir}; run the same command again to go on (or add --wait)")
         return
-    console.print(f"[bold green]run complete[/]: {run_dir} (computed: "
-                  f"{', '.join(outcome.ran) or 'nothing'}; cached: "
-                  f"{', '.join(outcome.cached) or 'nothing'})", highlight=False, soft_wrap=True)
+    out.print(f"[bold green]run complete[/]: {run_dir} (computed: "
+              f"{', '.join(outcome.ran) or 'nothing'}; cached: "
+              f"{', '.join(outcome.cached) or 'nothing'})")
     if outcome.report:
-        console.print(f"report: {outcome.report}", highlight=False, soft_wrap=True)
-    console.print(f"inspect it: grouppref inspect {run_dir}", highlight=False, soft_wrap=True)
+        out.print(f"report: {outcome.report}")
+    out.print(f"inspect it: grouppref inspect {run_dir}")
 
 
 def run(
-    config: Annotated[Path, typer.Argument(help="Run config (YAML or TOML).")],
+    config: Annotated[Path, typer.Argument(help="Run config (YAML, TOML or JSON).", metavar="CONFIG",
+                                           show_default=False)],
     start: Annotated[str | None, typer.Option(
-        "--from", help=f"First stage to run ({_STAGES}).")] = None,
-    until: Annotated[str | None, typer.Option(help="Last stage to run.")] = None,
+        "--from", help=f"First stage to run ({_STAGES}).", show_default=False)] = None,
+    until: Annotated[str | None, typer.Option(help="Last stage to run.", show_default=False)] = None,
     force: Annotated[list[str] | None, typer.Option(
-        help="Re-run this stage even when cached (repeatable; 'all' for every stage).")] = None,
+        help="Re-run this stage even when cached (repeatable; 'all' for every stage).",
+        show_default=False)] = None,
     wait: Annotated[bool, typer.Option(help="Poll Argilla until enough human rankings are in "
                                        "instead of stopping.")] = False,
-    run_dir: Annotated[str | None, typer.Option(help="Override the config's run_dir.")] = None,
+    run_dir: Annotated[str | None, typer.Option(help="Override the config's run_dir.",
+                                                show_default=False)] = None,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Override one setting: KEY.PATH=VALUE (VALUE is YAML), e.g. "
-        "--set rank.rankers.0.model=path/to/rm (repeatable).")] = None,
+        "--set rank.rankers.0.model=path/to/rm (repeatable).", show_default=False)] = None,
 ) -> None:
     """Run the stages of CONFIG in order; unchanged stages are skipped (cached)."""
+    from grouppref.runner import check_stages, load_run_config, run_pipeline
+
     check_stages(start, until, force)  # before reading anything
     cfg = load_run_config(config, set_, run_dir)
-    outcome = run_pipeline(cfg, start=start, until=until, force=force, wait=wait,
-                           console=console)
+    outcome = run_pipeline(cfg, start=start, until=until, force=force, wait=wait, console=err)
     print_outcome(outcome, cfg.run_dir)
 
 
-def report(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
-    output: Annotated[Path | None, typer.Option(
-        help="HTML file (default RUN/report/report.html).")] = None,
-    title: Annotated[str | None, typer.Option(help="Page title (default: the run name).")] = None,
-) -> None:
-    """Write the run's self-contained HTML report (no external requests)."""
-    store = RunStore(run_dir)
+def _report(config: ReportConfig, extras: dict[str, Any], force: bool) -> None:
+    from grouppref.pipeline.report.stage import run_report
+
+    store = RunStore(extras["run"])
     if not store.manifests():
-        raise StageError(f"{run_dir}: no stage has run here; give a run directory")
-    path = run_report(store, ReportConfig(output=str(output) if output else None, title=title))
-    console.print(f"report: {path}", highlight=False, soft_wrap=True)
+        raise StageError(f"{extras['run']}: no stage has run here; give a run directory")
+    stage = run_report(store, config, force=force)
+    out.print(f"report: {stage.outputs['html']}")
+
+
+report = config_command(
+    ReportConfig, _report, name="report", section="report", extras=[Extra("run", RunArg)],
+    doc="Write the run's self-contained HTML report (no external requests).",
+    force_help="Render again even when no stage changed.")
 
 
 def register(app: typer.Typer) -> None:

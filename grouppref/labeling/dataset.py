@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from grouppref.schemas import AnnotatedGroup, Annotator, Ranking, check_tiers
+from grouppref.schemas import MAX_K, MIN_K, AnnotatedGroup, Annotator, Ranking, check_tiers
 
 SCHEMA_VERSION = "1"
 RANKING = "ranking"
@@ -48,7 +48,7 @@ class DatasetSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    k: int = Field(ge=2, le=50, description="Number of response slots (the largest group).")
+    k: int = Field(ge=MIN_K, le=MAX_K, description="Number of response slots (the largest group).")
     min_submitted: int = Field(default=1, ge=1,
                                description="Submitted rankings needed before a group counts "
                                "as completed (Argilla TaskDistribution min_submitted).")

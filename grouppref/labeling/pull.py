@@ -25,19 +25,17 @@ from typing import Any
 
 from grouppref.errors import ConfigError
 from grouppref.labeling.client import ArgillaClient
+from grouppref.labeling.config import LABEL_STAGE, PullConfig, TargetConfig
 from grouppref.labeling.dataset import MAPPING_KEY, RANKING, RATIONALE, ranking_from_response
-from grouppref.labeling.push import LABEL_STAGE, TargetConfig, load_groups
+from grouppref.labeling.push import load_groups
+from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.progress import stage_progress
-from grouppref.runs.store import RunStore, StageRun, canonical_json, sha256_text
+from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, Ranking, Reject
 
 STAGE_VERSION = "1"
 STATE_FILE = "responses.json"
 RATIONALES_FILE = "rationales.jsonl"
-
-
-class PullConfig(TargetConfig):
-    """Settings of ``label pull`` (the dataset, workspace and input stage)."""
 
 
 @dataclass
@@ -125,12 +123,11 @@ def label_status(store: RunStore, config: TargetConfig, client: ArgillaClient) -
     return summarize(name, fetch_state(client, name, config.workspace))
 
 
-def _fingerprint(store: RunStore, source: str, state: DatasetState) -> str:
+def _fingerprint(state: DatasetState) -> str:
+    """The remote half of the pull's input: the dataset and its submitted responses."""
     submitted = sorted((r.response_id, r.updated_at) for r in state.responses
                        if r.status == "submitted")
-    return sha256_text(canonical_json({
-        "input": store.require(source).output_fingerprint, "dataset": state.dataset["id"],
-        "submitted": submitted}))
+    return sha256_text(canonical_json({"dataset": state.dataset["id"], "submitted": submitted}))
 
 
 def _earlier_human(store: RunStore) -> dict[tuple[str, str], Ranking]:
@@ -208,9 +205,9 @@ def pull_run(store: RunStore, config: PullConfig, client: ArgillaClient, force: 
     name = config.dataset_name(store)
     state = fetch_state(client, name, config.workspace, progress=progress)
     earlier = _earlier_human(store)  # read before open_stage marks the stage as running
-    stage = store.open_stage(LABEL_STAGE, config, input_fingerprint=_fingerprint(store, source,
-                             state), record_type=AnnotatedGroup, stage_version=STAGE_VERSION,
-                             force=force)
+    stage = store.open_stage(LABEL_STAGE, config, input_fingerprint=_fingerprint(state),
+                             inputs=[source], record_type=AnnotatedGroup,
+                             stage_version=STAGE_VERSION, force=force)
     if stage.cached:
         return PullReport(stage=stage, new=0, changed=0, stats=stage.manifest.stats)
     rejects: list[Reject] = []

@@ -17,15 +17,13 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from grouppref.errors import GroupPrefError, StageError
 from grouppref.labeling.client import ArgillaClient
+from grouppref.labeling.config import LABEL_STAGE, SOURCE_STAGES, PushConfig
 from grouppref.labeling.dataset import (
     MAPPING_KEY,
-    RATIONALE,
     DatasetSpec,
     candidate_map,
     dataset_payload,
@@ -42,62 +40,11 @@ from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore
 from grouppref.schemas import RECORD_TYPES, AnnotatedGroup, Reject
 
-SOURCE_STAGES = ("rank", "generate")
-LABEL_STAGE = "label"
 PUSH_LOG = "push.json"
-DEFAULT_WORKSPACE = "grouppref"  # also the embedded server's default workspace
-MAX_BATCH = 500  # the server's limit for one bulk upsert
-
-SourceStage = Literal["rank", "generate", "simulate"]
 
 
 class SchemaMismatchError(GroupPrefError):
     """An Argilla dataset with the run's name exists but its schema differs from the run's."""
-
-
-class TargetConfig(BaseModel):
-    """Which Argilla dataset belongs to a run (shared by push, pull and status)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    dataset: str | None = Field(default=None, description="Argilla dataset name; default "
-                                "'grouppref-<run directory name>'.")
-    workspace: str = Field(default=DEFAULT_WORKSPACE, description="Argilla workspace of the dataset "
-                           "(created on push when missing and the key is an owner's).")
-    source_stage: SourceStage | None = Field(default=None, description="Stage whose groups "
-                                             "are labelled; default: the latest complete of "
-                                             "rank and generate.")
-
-    def dataset_name(self, store: RunStore) -> str:
-        return self.dataset or f"grouppref-{store.name}"
-
-
-class PushConfig(TargetConfig):
-    """Settings of ``label push``."""
-
-    min_submitted: int | None = Field(default=None, ge=1, description=DatasetSpec.model_fields[
-        "min_submitted"].description + " Default: an existing dataset's value, else 1.")
-    rationale: bool | None = Field(default=None, description=DatasetSpec.model_fields[
-        "rationale"].description + " Default: as an existing dataset has it, else yes.")
-    use_markdown: bool = Field(default=False, description=DatasetSpec.model_fields[
-        "use_markdown"].description)
-    guidelines: str | None = Field(default=None, description="Annotation guidelines (text); "
-                                   "default: grouppref's ranking guidelines.")
-    suggest_from: str | None = Field(default=None, description="Annotator id of the automatic "
-                                     "ranking shown as suggestion; default: the first "
-                                     "non-human ranking of each group.")
-    batch_size: int = Field(default=100, ge=1, le=MAX_BATCH,
-                            description="Records per bulk upsert request.")
-
-    def spec(self, k: int, existing: dict[str, Any] | None = None) -> DatasetSpec:
-        """The dataset spec; unset choices follow ``existing`` (a :func:`schema_summary`)."""
-        extra = {"guidelines": self.guidelines} if self.guidelines else {}
-        min_submitted = self.min_submitted or (existing or {}).get("min_submitted") or 1
-        rationale = self.rationale
-        if rationale is None:
-            rationale = existing is None or RATIONALE in existing["questions"]
-        return DatasetSpec(k=k, min_submitted=min_submitted, rationale=rationale,
-                           use_markdown=self.use_markdown, **extra)
 
 
 @dataclass

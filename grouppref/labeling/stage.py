@@ -2,7 +2,7 @@
 
 1. Push the run's groups (the latest of rank/generate, or ``push.source_stage``) to Argilla.
    The push is skipped when the source stage's output, the push settings and the server are
-   the same as at the last push (``RUN/label/run-push.json``): records are upserted by group
+   the same as at the last push (the ``RUN/label/push`` stage): records are upserted by group
    id, so a skipped push changes nothing.
 2. Count the groups with at least ``min_rankings`` *submitted* rankings. Fewer than
    ``min_groups`` of them: raise :class:`WaitingForLabels` with how many submissions are
@@ -15,7 +15,6 @@ Credentials: ``api_url`` with ``$ARGILLA_API_KEY``, else ``$ARGILLA_API_URL`` /
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -24,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
 from grouppref.errors import ConfigError
@@ -36,42 +34,15 @@ from grouppref.labeling.client import (
     connect,
     resolve_credentials,
 )
-from grouppref.labeling.pull import DatasetState, PullConfig, fetch_state, pull_run
-from grouppref.labeling.push import (
-    LABEL_STAGE,
-    SOURCE_STAGES,
-    PushConfig,
-    load_groups,
-    push_run,
-)
-from grouppref.runs.store import RunStore, StageRun, canonical_json, sha256_text
+from grouppref.labeling.config import LABEL_STAGE, SOURCE_STAGES, LabelRunConfig, PullConfig, PushConfig
+from grouppref.labeling.pull import DatasetState, fetch_state, pull_run
+from grouppref.labeling.push import load_groups, push_run
+from grouppref.runs.stage import Waiting
+from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup
 
-PUSH_STATE = "run-push.json"
 
-
-class LabelRunConfig(BaseModel):
-    """Human labeling inside a run: push, wait for enough submitted rankings, pull."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    push: PushConfig = Field(default_factory=PushConfig, description="Dataset, workspace, "
-                             "source stage and push settings (the pull reads the same dataset).")
-    min_rankings: int = Field(default=1, ge=1, description="Submitted human rankings a group "
-                              "needs before the run goes on (also the dataset's min_submitted "
-                              "when push.min_submitted is unset).")
-    min_groups: float = Field(default=1.0, gt=0.0, le=1.0, description="Share of the groups "
-                              "that must have min_rankings before the run goes on.")
-    api_url: str | None = Field(default=None, description="Argilla URL; its API key comes from "
-                                "$ARGILLA_API_KEY (default: $ARGILLA_API_URL, else the embedded "
-                                "server's URL and owner key).")
-    state_dir: str | None = Field(default=None, description="State directory of the embedded "
-                                  "server to use (default: its default state directory).")
-    poll_seconds: float = Field(default=30.0, gt=0, description="With --wait: seconds between "
-                                "progress checks.")
-
-
-class WaitingForLabels(Exception):  # noqa: N818 - a state, not an error
+class WaitingForLabels(Waiting):
     """Too few rankings are in; the run stops cleanly (exit code 0) with this message."""
 
 
@@ -132,27 +103,28 @@ def credentials(config: LabelRunConfig) -> ArgillaCredentials:
                                state_dir=Path(config.state_dir) if config.state_dir else None)
 
 
-def _push_key(store: RunStore, push: PushConfig, creds: ArgillaCredentials) -> str:
-    manifest = (store.require(push.source_stage) if push.source_stage
-                else store.latest(SOURCE_STAGES))
-    settings = push.model_dump(mode="json", exclude={"batch_size"})
-    return sha256_text(canonical_json({"source": manifest.stage, "input":
-                                       manifest.output_fingerprint, "push": settings,
-                                       "server": creds.api_url}))
+PUSH_STAGE = f"{LABEL_STAGE}/push"
 
 
 def _push(store: RunStore, push: PushConfig, client: ArgillaClient, creds: ArgillaCredentials,
           console: Console, force: bool) -> None:
-    """Push unless the last push had the same key (see the module docstring)."""
-    path = store.stage_dir(LABEL_STAGE) / PUSH_STATE
-    key = _push_key(store, push, creds)
-    if not force and path.exists() and json.loads(path.read_text())["key"] == key:
+    """Push unless ``RUN/label/push`` records the same push (settings, server, input)."""
+    source = push.source_stage or store.latest(SOURCE_STAGES).stage
+    settings = {"push": push.model_dump(mode="json", exclude={"batch_size"}),
+                "server": creds.api_url, "source": source}
+    stage = store.open_stage(PUSH_STAGE, settings, inputs=[source], record_type=None,
+                             force=force)
+    if stage.cached:
         return
     report = push_run(store, push, client, progress=False)
     console.print(f"{'label':>9}: pushed {report.groups} groups to {creds.api_url} (dataset "
                   f"{report.dataset!r}: {report.created} new, {report.updated} updated, "
                   f"{len(report.refused)} refused)", highlight=False)
-    path.write_text(json.dumps({"key": key, "dataset_id": report.dataset_id}) + "\n")
+    stage.finish(inputs=report.groups, kept=report.groups,
+                 stats={"dataset_id": report.dataset_id, "created": report.created,
+                        "updated": report.updated, "refused": len(report.refused)},
+                 outputs={"dataset": f"argilla:{creds.api_url}#{report.workspace}/"
+                                     f"{report.dataset}"})
 
 
 def _state(store: RunStore, push: PushConfig, client: ArgillaClient, creds: ArgillaCredentials,
@@ -165,7 +137,7 @@ def _state(store: RunStore, push: PushConfig, client: ArgillaClient, creds: Argi
         return fetch_state(client, name, push.workspace)
 
 
-def run_label(store: RunStore, config: LabelRunConfig, *, force: bool = False,
+def run_label(store: RunStore, config: LabelRunConfig, force: bool = False, *,
               wait: bool = False, console: Console | None = None) -> StageRun[AnnotatedGroup]:
     """Push, check progress and pull (see the module docstring).
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from grouppref.errors import GroupPrefError
-from grouppref.runs.store import sha256_text
+from grouppref.runs.hashing import sha256_text
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_ALIASES = {"", "embedded", "default", EMBEDDED_NAME, "HuggingFaceTB/SmolLM2-135M-Instruct"}

@@ -8,156 +8,66 @@ Layout of one run (``RUN`` is any directory, conventionally ``runs/<name>``)::
     RUN/<stage>/shards/           work in progress: one Parquet + rejects file per finished shard
 
 A stage is *cached* when its manifest is complete and has the same config hash, input
-fingerprint and stage version: it is then skipped (``force=True`` re-runs it). A stage that was
-killed resumes: shards already written are kept, the rest are computed. A shard is written to a
-temporary name and renamed, so a shard on disk is always whole.
+fingerprint and stage version (and its non-record outputs still exist): it is then skipped
+(``force=True`` re-runs it). The input fingerprint covers the files it read and the output
+fingerprint of every stage of the run it read, so re-running an upstream stage with other
+settings makes every stage below it *stale* (:meth:`RunStore.stale_inputs`). A stage that was
+killed resumes: shards already written are kept, the rest are computed. A shard is written to
+a temporary name and renamed, so a shard on disk is always whole.
 
 Typical use inside a stage::
 
-    stage = store.open_stage("rank", config, input_fingerprint=fp, record_type=AnnotatedGroup)
+    stage = store.open_stage("rank", config, inputs=["generate"], record_type=AnnotatedGroup)
     if stage.cached:
-        return stage.result()
+        return stage
     for shard in stage.pending_shards(groups, shard_size=config.shard_size):
         records, rejects = work(shard.items)
         stage.write_shard(shard, records, rejects)
-    return stage.finish(stats={...})
+    return stage.finish(inputs=len(groups), stats={...})
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import platform
 import shutil
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import datasets
-import pyarrow as pa
-import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from grouppref.errors import StageError
-from grouppref.schemas import Reject, features_for, from_dataset, to_row
+from grouppref.runs.hashing import (
+    canonical_json,
+    config_hash,
+    fingerprint_file,
+    fingerprint_inputs,
+    sha256_text,
+)
+from grouppref.runs.manifest import (
+    MANIFEST,
+    REJECTS,
+    Counts,
+    Manifest,
+    atomic_write_text,
+    now,
+    package_versions,
+    read_rejects,
+    write_rejects,
+)
+from grouppref.schemas.records import Reject
+
+if TYPE_CHECKING:
+    import datasets
 
 T = TypeVar("T")
 R = TypeVar("R", bound=BaseModel)
 
-MANIFEST = "manifest.json"
-REJECTS = "rejects.jsonl"
 DATA = "data"
 SHARDS = "shards"
-_TRACKED_PACKAGES = ("grouppref", "pydantic", "datasets", "pyarrow", "torch", "transformers",
-                     "accelerate", "argilla", "numpy")
-
-
-class Counts(BaseModel):
-    """Row counts of one stage: ``inputs == outputs + rejected`` (``partial`` rows were kept)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    inputs: int = 0
-    outputs: int = 0
-    rejected: int = 0
-    partial: int = Field(default=0, description="Rejects of part of a row (the row was kept).")
-
-
-class Manifest(BaseModel):
-    """What one stage did; written to ``RUN/<stage>/manifest.json``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    stage: str
-    run: str
-    status: Literal["running", "complete"]
-    stage_version: str
-    config: dict[str, Any]
-    config_hash: str
-    input_fingerprint: str
-    output_fingerprint: str | None = None
-    record_type: str | None = None
-    counts: Counts = Field(default_factory=Counts)
-    started_at: datetime
-    finished_at: datetime | None = None
-    seconds: float | None = None
-    versions: dict[str, str] = Field(default_factory=dict)
-    stats: dict[str, Any] = Field(default_factory=dict)
-
-
-def canonical_json(value: Any) -> str:
-    """JSON with sorted keys and no spaces: equal values give equal strings."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def config_hash(config: BaseModel | dict[str, Any], stage_version: str) -> str:
-    """Hash of the validated settings plus the stage version (the cache key's config half)."""
-    data = config.model_dump(mode="json") if isinstance(config, BaseModel) else config
-    return sha256_text(canonical_json({"config": data, "stage_version": stage_version}))
-
-
-def fingerprint_file(path: Path) -> str:
-    """sha256 of a file's bytes, or of every file under a directory (names included)."""
-    digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
-        with file.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
-def fingerprint_records(records: Iterable[BaseModel]) -> str:
-    """sha256 over the canonical JSON of records, in order."""
-    digest = hashlib.sha256()
-    for record in records:
-        digest.update(canonical_json(record.model_dump(mode="json")).encode("utf-8"))
-        digest.update(b"\n")
-    return digest.hexdigest()
-
-
-def package_versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
-    for name in _TRACKED_PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return versions
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_rejects(path: Path, rejects: Iterable[Reject]) -> int:
-    """Write rejects as JSON lines (atomically); returns how many."""
-    lines = [r.model_dump_json() for r in rejects]
-    _atomic_write_text(path, "".join(line + "\n" for line in lines))
-    return len(lines)
-
-
-def read_rejects(path: Path) -> list[Reject]:
-    if not path.exists():
-        return []
-    with path.open(encoding="utf-8") as fh:
-        return [Reject.model_validate_json(line) for line in fh if line.strip()]
+REMOTE_PREFIXES = ("hub:", "argilla:", "http://", "https://")
 
 
 @dataclass(frozen=True)
@@ -169,10 +79,20 @@ class Shard(Generic[T]):
     items: Sequence[T]
 
 
-class StageRun(Generic[R]):
-    """One execution (or cached result) of a stage; made by :meth:`RunStore.open_stage`."""
+def is_remote(location: str) -> bool:
+    """True for an output that lives elsewhere (a Hub repo, an Argilla dataset)."""
+    return location.startswith(REMOTE_PREFIXES)
 
-    def __init__(self, store: RunStore, manifest: Manifest, record_type: type[R], cached: bool):
+
+class StageRun(Generic[R]):
+    """One execution (or cached result) of a stage; made by :meth:`RunStore.open_stage`.
+
+    It is also what every stage returns (the Stage contract, :mod:`grouppref.runs.stage`):
+    ``cached``, ``manifest`` (counts, stats, outputs), ``dir``, ``records()`` and ``rejects()``.
+    """
+
+    def __init__(self, store: RunStore, manifest: Manifest, record_type: type[R] | None,
+                 cached: bool):
         self.store = store
         self.manifest = manifest
         self.record_type = record_type
@@ -180,6 +100,18 @@ class StageRun(Generic[R]):
         self.dir = store.stage_dir(manifest.stage)
         self._t0 = time.perf_counter()
         self._seconds_before = 0.0 if cached else (manifest.seconds or 0.0)
+
+    @property
+    def name(self) -> str:
+        return self.manifest.stage
+
+    @property
+    def counts(self) -> Counts:
+        return self.manifest.counts
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        return self.manifest.outputs
 
     # -- work -------------------------------------------------------------------------------
     def _shard_path(self, index: int) -> Path:
@@ -204,15 +136,26 @@ class StageRun(Generic[R]):
             if self.shard_done(i)
         )
 
+    def _features(self) -> Any:
+        from grouppref.schemas.arrow import features_for
+
+        if self.record_type is None:
+            raise StageError(f"stage {self.name!r} writes no records (it has outputs: "
+                             f"{sorted(self.outputs)})")
+        return features_for(self.record_type)
+
     def write_shard(self, shard: Shard[Any], records: Sequence[R], rejects: Sequence[Reject]) -> None:
         """Persist one shard's output and rejects; rename makes it all-or-nothing."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from grouppref.schemas.arrow import to_row
+
         path = self._shard_path(shard.index)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_rejects(path.with_suffix(".rejects.jsonl"), rejects)
-        table = pa.Table.from_pylist(
-            [to_row(r) for r in records],
-            schema=features_for(self.record_type).arrow_schema,
-        )
+        table = pa.Table.from_pylist([to_row(r) for r in records],
+                                     schema=self._features().arrow_schema)
         tmp = path.with_name(path.name + ".tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, path)  # the shard counts as done only from here on
@@ -225,51 +168,56 @@ class StageRun(Generic[R]):
         (self.dir / SHARDS).mkdir(parents=True, exist_ok=True)
         write_rejects(self.dir / SHARDS / f"{name}.rejects.jsonl", rejects)
 
-    def finish(self, inputs: int, stats: dict[str, Any] | None = None) -> StageRun[R]:
-        """Merge the shards into ``data/``, write ``rejects.jsonl`` and the final manifest.
+    def _write_data(self) -> int:
+        """Merge the shards into ``data/`` (atomically); returns the number of records."""
+        import datasets
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
-        Args:
-            inputs (int): rows the stage read; must equal outputs + whole-row rejects.
-            stats (dict | None): stage-specific numbers for the manifest (noise rate, tokens, ...).
-
-        Raises:
-            StageError: if the counts do not add up (a row would be silently lost).
-        """
-        shard_dir = self.dir / SHARDS
-        parquet_files = sorted(shard_dir.glob("shard-*.parquet"))
-        features = features_for(self.record_type)
-        tables = [pq.read_table(p) for p in parquet_files]
+        features = self._features()
+        tables = [pq.read_table(p) for p in sorted((self.dir / SHARDS).glob("shard-*.parquet"))]
         table = pa.concat_tables(tables) if tables else features.arrow_schema.empty_table()
         dataset = datasets.Dataset(table, info=datasets.DatasetInfo(features=features))
-        rejects = [r for f in sorted(shard_dir.glob("*.rejects.jsonl")) for r in read_rejects(f)]
-        counts = Counts(
-            inputs=inputs,
-            outputs=len(dataset),
-            rejected=sum(r.scope == "row" for r in rejects),
-            partial=sum(r.scope == "part" for r in rejects),
-        )
-        if counts.inputs != counts.outputs + counts.rejected:
-            raise StageError(
-                f"stage {self.manifest.stage!r}: {counts.inputs} rows in but {counts.outputs} out "
-                f"+ {counts.rejected} rejected; a row would be lost (this is a bug in the stage)"
-            )
-        data_dir = self.dir / DATA
-        tmp_dir = self.dir / (DATA + ".tmp")
+        data_dir, tmp_dir = self.dir / DATA, self.dir / (DATA + ".tmp")
         shutil.rmtree(tmp_dir, ignore_errors=True)
         # An empty dataset must still be saved as one (empty) shard to load back.
         dataset.save_to_disk(str(tmp_dir), num_shards=1 if len(dataset) == 0 else None)
         shutil.rmtree(data_dir, ignore_errors=True)
         os.replace(tmp_dir, data_dir)
+        return len(dataset)
+
+    def finish(self, inputs: int, stats: dict[str, Any] | None = None, *,
+               outputs: dict[str, str] | None = None, kept: int | None = None) -> StageRun[R]:
+        """Merge the shards into ``data/``, write ``rejects.jsonl`` and the final manifest.
+
+        Args:
+            inputs (int): rows the stage read; must equal outputs + whole-row rejects.
+            stats (dict | None): stage-specific numbers for the manifest (noise rate, tokens, ...).
+            outputs (dict[str, str] | None): non-record outputs, name -> location (a model
+                folder, an export path, ``hub:owner/name``, ``argilla:URL#dataset``).
+            kept (int | None): for a stage that writes no records: how many input rows it
+                used (its ``outputs`` count).
+
+        Raises:
+            StageError: if the counts do not add up (a row would be silently lost).
+        """
+        shard_dir = self.dir / SHARDS
+        produced = self._write_data() if self.record_type is not None else (kept or 0)
+        rejects = [r for f in sorted(shard_dir.glob("*.rejects.jsonl")) for r in read_rejects(f)]
+        counts = Counts(inputs=inputs, outputs=produced,
+                        rejected=sum(r.scope == "row" for r in rejects),
+                        partial=sum(r.scope == "part" for r in rejects))
+        if counts.inputs != counts.outputs + counts.rejected:
+            raise StageError(
+                f"stage {self.manifest.stage!r}: {counts.inputs} rows in but {counts.outputs} out "
+                f"+ {counts.rejected} rejected; a row would be lost (this is a bug in the stage)"
+            )
         write_rejects(self.dir / REJECTS, rejects)
-        finished = _now()
         self.manifest = self.manifest.model_copy(update={
-            "status": "complete",
-            "counts": counts,
-            "finished_at": finished,
+            "status": "complete", "counts": counts, "finished_at": now(), "outputs": outputs or {},
             "seconds": round(self._seconds_before + time.perf_counter() - self._t0, 3),
-            "output_fingerprint": fingerprint_file(data_dir),
-            "stats": stats or {},
-        })
+            "stats": stats or {}})
+        self.manifest.output_fingerprint = self.store.output_fingerprint(self.manifest)
         self.store.write_manifest(self.manifest)
         shutil.rmtree(shard_dir, ignore_errors=True)
         return self
@@ -279,14 +227,18 @@ class StageRun(Generic[R]):
         return self.store.load_dataset(self.manifest.stage)
 
     def records(self) -> list[R]:
-        return from_dataset(self.dataset(), self.record_type)
+        from grouppref.schemas.arrow import from_dataset
+
+        self._features()
+        return from_dataset(self.dataset(), self.record_type)  # type: ignore[arg-type]
 
     def rejects(self) -> list[Reject]:
         return read_rejects(self.dir / REJECTS)
 
 
 class RunStore:
-    """The directory of one run; each stage gets ``RUN/<stage>/``."""
+    """The directory of one run; each stage gets ``RUN/<stage>/`` (``export/<target>`` for
+    the exports: one folder, manifest and cache entry per target)."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -307,11 +259,13 @@ class RunStore:
     def write_manifest(self, manifest: Manifest) -> None:
         path = self.stage_dir(manifest.stage) / MANIFEST
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(path, manifest.model_dump_json(indent=2) + "\n")
+        atomic_write_text(path, manifest.model_dump_json(indent=2) + "\n")
 
     def manifests(self) -> list[Manifest]:
-        """Every stage manifest of the run, oldest first."""
-        found = [self.manifest(p.parent.name) for p in self.root.glob(f"*/{MANIFEST}")]
+        """Every stage manifest of the run (nested ones such as ``export/<target>`` too),
+        oldest first."""
+        paths = [*self.root.glob(f"*/{MANIFEST}"), *self.root.glob(f"*/*/{MANIFEST}")]
+        found = [self.manifest(str(p.parent.relative_to(self.root))) for p in paths]
         return sorted((m for m in found if m), key=lambda m: m.started_at)
 
     def is_complete(self, stage: str) -> bool:
@@ -334,37 +288,118 @@ class RunStore:
         return max(done, key=lambda m: m.finished_at or m.started_at)
 
     def load_dataset(self, stage: str) -> datasets.Dataset:
+        import datasets
+
         self.require(stage)
         return datasets.load_from_disk(str(self.stage_dir(stage) / DATA))
 
     def load_records(self, stage: str, record_type: type[R]) -> list[R]:
+        from grouppref.schemas.arrow import from_dataset
+
         return from_dataset(self.load_dataset(stage), record_type)
+
+    # -- cache keys and staleness ------------------------------------------------------------
+    def input_fingerprints(self, stages: Sequence[str]) -> dict[str, str]:
+        """The current output fingerprint of each stage read (each must be complete)."""
+        return {s: self.require(s).output_fingerprint or "" for s in stages}
+
+    def output_fingerprint(self, manifest: Manifest) -> str:
+        """Identity of a stage's output: the content of ``data/``; for a stage with
+        non-record outputs (a model, an export) also its settings, input and locations, since
+        the same records can give another model."""
+        data = self.stage_dir(manifest.stage) / DATA
+        content = fingerprint_file(data) if data.is_dir() else ""
+        if not manifest.outputs:
+            return content
+        return sha256_text(canonical_json({
+            "data": content, "outputs": manifest.outputs, "config": manifest.config_hash,
+            "input": manifest.input_fingerprint}))
+
+    def stale_inputs(self, stage: str) -> list[str]:
+        """The stages this stage read that changed (re-run with other settings or results,
+        or gone) since it ran; empty when it is current or has not run."""
+        m = self.manifest(stage)
+        if m is None:
+            return []
+        changed = []
+        for name, fingerprint in m.inputs.items():
+            now_m = self.manifest(name)
+            if now_m is None or now_m.status != "complete" or now_m.output_fingerprint != fingerprint:
+                changed.append(name)
+        return changed
+
+    def lineage(self, stage: str) -> list[Manifest]:
+        """The manifests ``stage``'s output derives from, upstream first, itself last (each
+        once): what a dataset card or a report describes as "how it was made"."""
+        seen: dict[str, Manifest] = {}
+
+        def visit(name: str) -> None:
+            m = self.manifest(name)
+            if m is None or name in seen:
+                return
+            for upstream in m.inputs:
+                visit(upstream)
+            seen[name] = m
+
+        visit(stage)
+        return list(seen.values())
+
+    def _reusable(self, manifest: Manifest) -> bool:
+        """Complete, and every local output it names still exists."""
+        return manifest.status == "complete" and all(
+            is_remote(loc) or Path(loc).exists() for loc in manifest.outputs.values())
+
+    def cached(self, stage: str, config: BaseModel | dict[str, Any], *, input_fingerprint: str = "",
+               inputs: Sequence[str] = (), stage_version: str = "1") -> Manifest | None:
+        """The complete manifest :meth:`open_stage` would reuse, without opening anything (so
+        every process of a distributed launch can ask, and only the main one writes)."""
+        m = self.manifest(stage)
+        key = fingerprint_inputs(input_fingerprint, self.input_fingerprints(inputs))
+        if (m is None or m.config_hash != config_hash(config, stage_version)
+                or m.input_fingerprint != key or m.stage_version != stage_version):
+            return None
+        return m if self._reusable(m) else None
 
     def open_stage(
         self,
         stage: str,
         config: BaseModel | dict[str, Any],
         *,
-        input_fingerprint: str,
-        record_type: type[R],
+        record_type: type[R] | None,
+        input_fingerprint: str = "",
+        inputs: Sequence[str] = (),
         stage_version: str = "1",
         force: bool = False,
     ) -> StageRun[R]:
         """Start, resume or reuse a stage.
 
-        Returns a cached :class:`StageRun` (``.cached`` is True) when a complete manifest has the
-        same config hash, input fingerprint and stage version and ``force`` is False. A
-        ``running`` manifest with the same key resumes its shards; anything else starts afresh.
+        Args:
+            stage (str): its folder name in the run.
+            config (BaseModel | dict): the validated settings (hashed into the cache key).
+            record_type (type | None): the record the stage writes to ``data/``; ``None`` for
+                a stage whose output lives elsewhere (``finish(outputs=...)``).
+            input_fingerprint (str): what it read from outside the run (a file's hash).
+            inputs (Sequence[str]): stages of the run it reads; their output fingerprints join
+                the cache key and the manifest (a later change upstream makes this one stale).
+            stage_version (str): bump it when the stage's output changes for the same input.
+            force (bool): run again even when cached.
+
+        Returns a cached :class:`StageRun` (``.cached`` is True) when a complete manifest has
+        the same config hash, input fingerprint and stage version, its outputs still exist and
+        ``force`` is False. A ``running`` manifest with the same key resumes its shards;
+        anything else starts afresh.
         """
+        read = self.input_fingerprints(inputs)
+        fingerprint = fingerprint_inputs(input_fingerprint, read)
         chash = config_hash(config, stage_version)
         previous = self.manifest(stage)
         same_key = (
             previous is not None
             and previous.config_hash == chash
-            and previous.input_fingerprint == input_fingerprint
+            and previous.input_fingerprint == fingerprint
             and previous.stage_version == stage_version
         )
-        if previous is not None and same_key and previous.status == "complete" and not force:
+        if previous is not None and same_key and not force and self._reusable(previous):
             return StageRun(self, previous, record_type, cached=True)
         stage_dir = self.stage_dir(stage)
         resuming = previous is not None and same_key and previous.status == "running" and not force
@@ -378,9 +413,10 @@ class RunStore:
             stage_version=stage_version,
             config=config_data,
             config_hash=chash,
-            input_fingerprint=input_fingerprint,
-            record_type=record_type.__name__,
-            started_at=previous.started_at if resuming and previous else _now(),
+            input_fingerprint=fingerprint,
+            inputs=read,
+            record_type=record_type.__name__ if record_type else None,
+            started_at=previous.started_at if resuming and previous else now(),
             seconds=previous.seconds if resuming and previous else None,
             versions=package_versions(),
         )

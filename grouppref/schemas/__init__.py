@@ -1,4 +1,4 @@
-"""Record schemas (DESIGN.md §3) and their Arrow mapping."""
+"""Record schemas (docs/data-format.md) and their Arrow mapping."""
 
 from grouppref.schemas.arrow import features_for, from_dataset, from_row, to_dataset, to_row
 from grouppref.schemas.records import (

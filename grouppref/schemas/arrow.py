@@ -26,8 +26,10 @@ from datetime import datetime
 from functools import cache
 from typing import Any, Literal, TypeVar
 
-import datasets
 from pydantic import BaseModel
+
+if typing.TYPE_CHECKING:
+    import datasets
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -51,6 +53,8 @@ def _unwrap(annotation: Any) -> Any:
 
 
 def _feature(annotation: Any) -> Any:
+    import datasets  # here, not at import: the CLI's help and schema commands stay light
+
     ann = _unwrap(annotation)
     if isinstance(ann, list):
         raise TypeError(f"union {ann} has no Arrow feature; wrap it in a dict field")
@@ -77,6 +81,8 @@ def _feature(annotation: Any) -> Any:
 @cache
 def features_for(model: type[BaseModel]) -> datasets.Features:
     """The ``datasets.Features`` of a record type (one column per top-level field)."""
+    import datasets
+
     return datasets.Features(
         {name: _feature(f.annotation) for name, f in model.model_fields.items()}
     )
@@ -144,6 +150,8 @@ def from_row(model: type[R], row: dict[str, Any]) -> R:
 
 def to_dataset(records: typing.Iterable[BaseModel], model: type[BaseModel]) -> datasets.Dataset:
     """A ``datasets.Dataset`` of records of one type (an empty one keeps the schema)."""
+    import datasets
+
     rows = [to_row(r) for r in records]
     features = features_for(model)
     if not rows:

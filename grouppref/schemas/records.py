@@ -1,4 +1,4 @@
-"""The records every stage reads and writes (DESIGN.md §3).
+"""The records every stage reads and writes (docs/data-format.md; the layers: docs/architecture.md).
 
 All are pydantic v2 models with ``extra="forbid"``; every float must be finite. Stage outputs
 are ``datasets.Dataset`` with one row per group (see :mod:`grouppref.schemas.arrow`).

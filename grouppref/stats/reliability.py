@@ -5,12 +5,12 @@ Two measures per annotator, both over tensors of all groups (chunked by ``batch_
 * ``tau``: Kendall's tau-b of each of its rankings against the *leave-one-out* consensus (the
   weighted BT fit of the group's other rankings), averaged over its groups. Leaving the
   annotator out matters: with 3 annotators a group's full consensus is pulled towards each
-  one's own votes. ``tau`` drives the weights: ``weight = kind_weight * clip(tau, 0, 1)``,
+  one's own votes. ``tau`` drives the annotator weights: ``annotator_weight = kind_weight * clip(tau, 0, 1)``,
   iterated (consensus -> tau -> weights -> refit) ``reliability_iterations`` times.
   An annotator is *unreliable* when its ``tau`` is not significantly above chance:
   ``tau <= unreliable_tau + z * se(tau)`` (se over its groups).
 * ``flip_rate``: the share of its pairwise votes against the (unknown) truth, from pairwise
-  agreement between annotators (:func:`~grouppref.stats.bt.flip_rates_moment`). It needs
+  agreement between annotators (:func:`~grouppref.stats.noise.flip_rates_moment`). It needs
   no consensus, so it is not biased by the consensus' own errors: on simulated panels it lands
   within ~0.01 of the true flip rate, where "votes against the consensus" reads 0.24 for a
   true 0.40. The dataset's noise estimate is the vote-weighted mean of ``flip_rate`` over the
@@ -25,14 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
-from grouppref.stats import bt
+from grouppref.stats import bt, noise, rankstats
 
 
 @dataclass
 class Reliability:
     """Per-annotator results; every tensor has shape ``(N,)`` (N annotators)."""
 
-    weight: torch.Tensor  # final weight of the annotator's rankings in the fit
+    annotator_weight: torch.Tensor  # final weight of the annotator's rankings in the fit
     tau: torch.Tensor  # mean tau-b against the leave-one-out consensus (NaN: no comparable group)
     tau_se: torch.Tensor  # its standard error over groups
     groups: torch.Tensor  # groups with a comparable leave-one-out consensus
@@ -72,8 +72,8 @@ def loo_concordance(ranks: torch.Tensor, slot_w: torch.Tensor, alpha: float, max
     theta = torch.zeros(b, a, k, dtype=bt.DTYPE)
     theta[slot] = bt.map_pairwise(loo[slot], alpha, max_iter=max_iter)
     valid = (ranks >= 0).any(1, keepdim=True).expand(b, a, k)
-    cons = bt.tiers_strengths(theta.reshape(b * a, k), valid.reshape(b * a, k), tie_tol)
-    c, d = bt.concordance(ranks, cons.reshape(b, a, k))
+    cons = rankstats.tiers_strengths(theta.reshape(b * a, k), valid.reshape(b * a, k), tie_tol)
+    c, d = rankstats.concordance(ranks, cons.reshape(b, a, k))
     return torch.where(slot, c, 0), torch.where(slot, d, 0)
 
 
@@ -110,7 +110,7 @@ def pairwise_agreement(ranks: torch.Tensor, ann: torch.Tensor, n: int, batch_siz
     votes = torch.zeros(n, dtype=bt.DTYPE)
     for s in range(0, ranks.shape[0], batch_size):
         r, idx = ranks[s : s + batch_size], ann[s : s + batch_size]
-        c, d = bt.concordance_slots(r)  # (B, A, A)
+        c, d = rankstats.concordance_slots(r)  # (B, A, A)
         a = idx.shape[1]
         pair = (idx[:, :, None] >= 0) & (idx[:, None, :] >= 0) & ~torch.eye(a, dtype=torch.bool)
         ia = idx[:, :, None].expand(-1, a, a)[pair]
@@ -139,26 +139,27 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
         Reliability: per-annotator tensors.
     """
     n = kind_w.shape[0]
-    weight = kind_w.clone()
+    annotator_w = kind_w.clone()
     unreliable = torch.zeros(n, dtype=torch.bool)
     for _ in range(max(iterations, 1)):  # one pass even without weighting: tau is reported
-        st = _tau_stats(ranks, ann, weight, n, alpha, batch_size, max_iter, tie_tol)
+        st = _tau_stats(ranks, ann, annotator_w, n, alpha, batch_size, max_iter, tie_tol)
         enough = st["groups"] >= min_groups
         unreliable = enough & (st["tau"] <= unreliable_tau + z * st["tau_se"].nan_to_num(0.0))
         if iterations > 0:
-            weight = kind_w * torch.where(enough, st["tau"].nan_to_num(0.0).clamp(0, 1), 1.0)
+            annotator_w = kind_w * torch.where(enough, st["tau"].nan_to_num(0.0).clamp(0, 1),
+                                               1.0)
         if drop:
-            weight = torch.where(unreliable, 0.0, weight)
+            annotator_w = torch.where(unreliable, 0.0, annotator_w)
     agree, total, votes = pairwise_agreement(ranks, ann, n, batch_size)
-    return Reliability(weight=weight, tau=st["tau"], tau_se=st["tau_se"], groups=st["groups"],
+    return Reliability(annotator_weight=annotator_w, tau=st["tau"], tau_se=st["tau_se"], groups=st["groups"],
                        votes=votes, loo_disagreement=st["loo_disagreement"],
-                       flip_rate=bt.flip_rates_moment(agree, total), unreliable=unreliable,
+                       flip_rate=noise.flip_rates_moment(agree, total), unreliable=unreliable,
                        dropped=unreliable & drop & (kind_w > 0))
 
 
 def noise_rate(rel: Reliability) -> float | None:
-    """Vote-weighted mean flip rate over the annotators used (weight > 0)."""
-    used = rel.weight > 0
+    """Vote-weighted mean flip rate over the annotators used (annotator weight > 0)."""
+    used = rel.annotator_weight > 0
     f = torch.where(torch.isnan(rel.flip_rate), rel.loo_disagreement, rel.flip_rate)
     ok = used & ~torch.isnan(f) & (rel.votes > 0)
     if not bool(ok.any()):

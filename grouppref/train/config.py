@@ -4,16 +4,36 @@ the description that is also its CLI help. Everything here is checked before a m
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from grouppref.errors import ConfigError
-from grouppref.train.data import DataConfig
+from grouppref.runs.stage import StageSpec
 
 LossName = Literal["gspo", "plackett_luce", "dpo"]
 Tracker = Literal["tensorboard", "trackio"]
 _TRACKER_PACKAGES = {"tensorboard": "tensorboard", "trackio": "trackio"}
+
+
+class DataConfig(BaseModel):
+    """How groups are turned into tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_prompt_length: int = Field(
+        default=512, ge=1, description="Longest prompt in tokens; a longer prompt rejects its group.")
+    max_response_length: int = Field(
+        default=512, ge=1, description="Longest response in tokens, EOS included; see 'overflow'.")
+    overflow: Literal["truncate", "reject"] = Field(
+        default="truncate",
+        description="A response over max_response_length: 'truncate' it, or 'reject' the "
+                    "candidate (a group left with fewer than 2 candidates is rejected).")
+    chat_template: bool = Field(
+        default=True,
+        description="Render prompts with the tokenizer's chat template (needed for chat "
+                    "prompts); off: the prompt text is used as is.")
+
 
 
 class LoraSettings(BaseModel):
@@ -205,24 +225,13 @@ class EvalConfig(BaseModel):
                              description="Tokenisation: max lengths, overflow, chat template.")
 
 
-def cpu_launch() -> bool:
-    """True under a multi-process launch (torchrun / accelerate launch) on a machine without
-    CUDA, XPU or NPU: accelerate then needs ``cpu=True`` to start DDP over gloo, else every
-    process would train alone."""
-    import os
-
-    import torch
-    from accelerate.utils import is_npu_available, is_xpu_available
-
-    launched = int(os.environ.get("LOCAL_RANK", -1)) != -1 or int(os.environ.get("WORLD_SIZE", 1)) > 1
-    return launched and not (torch.cuda.is_available() or is_xpu_available() or is_npu_available())
+def _eval_reads(config: EvalConfig) -> tuple[str, ...]:
+    return ("validate",) if config.model else ("validate", "train")
 
 
-def process_state() -> Any:
-    """accelerate's shared ``PartialState`` (rank, world size, barriers), CPU launches included.
-
-    Call this, not ``PartialState()``, wherever the state may be created first.
-    """
-    from accelerate import PartialState
-
-    return PartialState(cpu=cpu_launch())
+TRAIN = StageSpec(name="train", config=TrainConfig, entry="grouppref.train.stage:run_train",
+                  summary="Train the policy on RUN/validate (model in RUN/train/model).",
+                  reads=lambda config: ("validate",))
+EVAL = StageSpec(name="eval", config=EvalConfig, entry="grouppref.train.eval:run_eval",
+                 summary="Compare the trained model with its start on the held-out split.",
+                 reads=_eval_reads)

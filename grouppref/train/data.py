@@ -18,34 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from grouppref.errors import ConfigError, RowError
 from grouppref.schemas import Reject, ValidatedGroup
+from grouppref.train.config import DataConfig
 
 Tensor = torch.Tensor
-
-
-class DataConfig(BaseModel):
-    """How groups are turned into tokens."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_prompt_length: int = Field(
-        default=512, ge=1, description="Longest prompt in tokens; a longer prompt rejects its group.")
-    max_response_length: int = Field(
-        default=512, ge=1, description="Longest response in tokens, EOS included; see 'overflow'.")
-    overflow: Literal["truncate", "reject"] = Field(
-        default="truncate",
-        description="A response over max_response_length: 'truncate' it, or 'reject' the "
-                    "candidate (a group left with fewer than 2 candidates is rejected).")
-    chat_template: bool = Field(
-        default=True,
-        description="Render prompts with the tokenizer's chat template (needed for chat "
-                    "prompts); off: the prompt text is used as is.")
 
 
 @dataclass

@@ -23,7 +23,6 @@ Every metric is a mean over groups (pair accuracy over groups with a decided pai
 from __future__ import annotations
 
 import gc
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,16 +33,14 @@ import torch
 
 from grouppref.errors import ConfigError, StageError
 from grouppref.models.loading import load_causal_lm, load_tokenizer, model_fingerprint, model_label
-from grouppref.runs.store import Manifest, RunStore, Shard, StageRun, sha256_text
+from grouppref.runs.hashing import sha256_text
+from grouppref.runs.manifest import Manifest
+from grouppref.runs.store import RunStore, Shard, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
-from grouppref.train.config import EvalConfig, process_state
-from grouppref.train.data import (
-    DataConfig,
-    GroupBatch,
-    TokenizedGroup,
-    collate_groups,
-    tokenize_groups,
-)
+from grouppref.schemas.reports import EvalReport
+from grouppref.train.config import EvalConfig, TrainConfig
+from grouppref.train.data import GroupBatch, TokenizedGroup, collate_groups, tokenize_groups
+from grouppref.train.distributed import process_state
 from grouppref.train.logps import group_logps
 from grouppref.train.losses import best_worst, implicit_rewards, pair_accuracy
 from grouppref.train.reference import ensure_reference
@@ -225,10 +222,10 @@ def evaluate(model: Any, groups: Sequence[TokenizedGroup], *, beta: float,
 
 # -- comparing models, and the eval stage ---------------------------------------------------------
 @dataclass
-class EvalReport:
+class Comparison:
     """What :func:`compare_models` found: the report, rejects and the groups scored."""
 
-    report: dict[str, Any]
+    report: EvalReport
     rejects: list[Reject]
     used: list[ValidatedGroup]
     inputs: int
@@ -240,7 +237,7 @@ def select_split(groups: Sequence[ValidatedGroup], split: str) -> list[Validated
 
 
 def compare_models(groups: Sequence[ValidatedGroup], config: EvalConfig, cache_dir: Path,
-                   stage: str = "eval") -> EvalReport:
+                   stage: str = "eval") -> Comparison:
     """Score ``config.model`` (and ``config.baseline``) on the groups of ``config.split``.
 
     Raises:
@@ -268,23 +265,22 @@ def compare_models(groups: Sequence[ValidatedGroup], config: EvalConfig, cache_d
               if name is not None}
     delta = ({k: scores["model"][k] - v for k, v in scores["baseline"].items() if k != "groups"}
              if len(scores) == 2 else {})
-    report = {
-        "split": config.split, "groups": len(tokenized),
-        "rejected": sum(r.scope == "row" for r in rejects),
-        "truncated_responses": sum(g.num_truncated for g in tokenized),
-        "model": model_label(config.model),
-        "baseline": model_label(config.baseline) if config.baseline else None,
-        "ref_model": model_label(ref_name) if ref_name else None,
-        "beta": _beta(config), "length_normalise": bool(config.length_normalise),
-        "metrics": scores, "delta": delta,
-    }
+    report = EvalReport(
+        split=config.split, groups=len(tokenized), rejected=sum(r.scope == "row" for r in rejects),
+        truncated_responses=sum(g.num_truncated for g in tokenized),
+        model=model_label(config.model),
+        baseline=model_label(config.baseline) if config.baseline else None,
+        ref_model=model_label(ref_name) if ref_name else None,
+        beta=_beta(config), length_normalise=bool(config.length_normalise),
+        metrics=scores, delta=delta)
     kept = {g.group_id for g in tokenized}
-    return EvalReport(report=report, rejects=rejects, inputs=len(chosen),
+    return Comparison(report=report, rejects=rejects, inputs=len(chosen),
                       used=[g for g in chosen if g.group_id in kept])
 
 
 def _beta(config: EvalConfig) -> float:
-    return config.beta if config.beta is not None else 0.1
+    """The eval's beta, else the training default (one source: TrainConfig)."""
+    return config.beta if config.beta is not None else TrainConfig.model_fields["beta"].default
 
 
 def _score(name: str, groups: list[TokenizedGroup], config: EvalConfig,
@@ -312,18 +308,18 @@ def resolve_from_train(config: EvalConfig, train: Manifest | None) -> EvalConfig
             raise StageError("the run has no complete train stage; run `grouppref train` on "
                              "it first, or pass --model")
         return config
-    trained = train.config["train"]
+    trained = TrainConfig.model_validate(train.config["train"])
     update: dict[str, Any] = {}
     if config.model is None:
-        update["model"] = train.stats["output_dir"]
+        update["model"] = train.outputs["model"]
         if config.baseline is None:
-            update["baseline"] = model_label(trained["model"])
+            update["baseline"] = model_label(trained.model)
     if config.beta is None:
-        update["beta"] = trained["beta"]
+        update["beta"] = trained.beta
     if config.length_normalise is None:
-        update["length_normalise"] = trained["length_normalise"]
+        update["length_normalise"] = trained.length_normalise
     if "data" not in config.model_fields_set:
-        update["data"] = DataConfig.model_validate(trained["data"])
+        update["data"] = trained.data
     return config.model_copy(update=update)
 
 
@@ -334,12 +330,13 @@ def run_eval(store: RunStore, config: EvalConfig, force: bool = False) -> StageR
     Raises:
         StageError: RUN/validate is missing, or there is nothing to evaluate.
     """
-    validate = store.require("validate")
+    store.require("validate")
     resolved = resolve_from_train(config, store.manifest("train"))
     models = [m for m in (resolved.model, resolved.baseline, resolved.ref_model) if m]
-    fp = sha256_text("|".join([validate.output_fingerprint or ""]
-                              + [model_fingerprint(m) for m in models]))
-    stage = store.open_stage(STAGE, resolved, input_fingerprint=fp, record_type=ValidatedGroup,
+    fp = sha256_text("|".join(model_fingerprint(m) for m in models))
+    reads = ["validate", *(["train"] if store.is_complete("train") else [])]
+    stage = store.open_stage(STAGE, resolved, input_fingerprint=fp, inputs=reads,
+                             record_type=ValidatedGroup,
                              stage_version=STAGE_VERSION, force=force)
     if stage.cached:
         return stage
@@ -347,5 +344,5 @@ def run_eval(store: RunStore, config: EvalConfig, force: bool = False) -> StageR
                            cache_dir=stage.dir / "reference")
     shard = Shard(index=0, start=0, items=found.used)
     stage.write_shard(shard, found.used, found.rejects)
-    (stage.dir / "metrics.json").write_text(json.dumps(found.report, indent=2) + "\n")
-    return stage.finish(inputs=found.inputs, stats=found.report)
+    (stage.dir / "metrics.json").write_text(found.report.model_dump_json(indent=2) + "\n")
+    return stage.finish(inputs=found.inputs, stats=found.report.model_dump(mode="json"))

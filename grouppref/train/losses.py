@@ -1,4 +1,4 @@
-"""Group preference losses as pure functions over implicit rewards (DESIGN.md §4).
+"""Group preference losses as pure functions over implicit rewards (docs/train-internals.md).
 
 Shape notation: B groups, K candidates per group (padded to the largest group of the batch;
 ``valid`` marks the real ones). Every loss returns one value per group, shape (B,), so the

@@ -1,5 +1,5 @@
 """Reference log-probs: one no-grad pass of the reference model over every candidate, stored
-beside the data so that training holds only the policy in memory (DESIGN.md §4).
+beside the data so that training holds only the policy in memory (docs/train-internals.md).
 
 The cache key is a hash of (reference model fingerprint, token fingerprint of the tokenized
 groups, DataConfig, dtype, format version). The token fingerprint hashes the token ids
@@ -31,9 +31,10 @@ import torch
 
 from grouppref.errors import StageError
 from grouppref.models.loading import load_causal_lm, model_fingerprint, model_label
-from grouppref.runs.store import canonical_json, sha256_text
-from grouppref.train.config import process_state
-from grouppref.train.data import DataConfig, TokenizedGroup, collate_groups
+from grouppref.runs.hashing import canonical_json, sha256_text
+from grouppref.train.config import DataConfig
+from grouppref.train.data import TokenizedGroup, collate_groups
+from grouppref.train.distributed import process_state
 from grouppref.train.logps import group_logps
 
 FORMAT_VERSION = "1"

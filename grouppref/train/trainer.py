@@ -15,7 +15,6 @@ Checkpoints and their restore live in :mod:`grouppref.train.checkpoint`.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -29,19 +28,13 @@ import torch
 from grouppref.errors import StageError
 from grouppref.models.loading import load_causal_lm, load_tokenizer
 from grouppref.schemas import Reject, ValidatedGroup
+from grouppref.schemas.reports import TrainStats
 from grouppref.train import checkpoint
-from grouppref.train.config import TrainConfig, check_precision, check_trackers, cpu_launch
+from grouppref.train.config import TrainConfig, check_precision, check_trackers
 from grouppref.train.data import GroupBatch, TokenizedGroup, collate_groups, tokenize_groups
+from grouppref.train.distributed import cpu_launch
 from grouppref.train.eval import evaluate, reward_metrics
-from grouppref.train.logps import group_logps
-from grouppref.train.losses import (
-    dpo_loss,
-    gspo_loss,
-    implicit_rewards,
-    importance_weights,
-    plackett_luce_loss,
-    sft_loss,
-)
+from grouppref.train.loop import Objective, step_loss
 from grouppref.train.reference import ReferenceInfo, ensure_reference, require_reference
 
 TRAIN_METRICS = ("loss", "pair_accuracy", "margin", "reward_best", "reward_worst", "kl")
@@ -53,7 +46,7 @@ class TrainResult:
 
     model: Any
     tokenizer: Any
-    metrics: dict[str, Any]
+    stats: TrainStats
     out_dir: Path
     rejects: list[Reject]
     used: list[str] = field(default_factory=list)  # group ids trained or evaluated on
@@ -76,52 +69,18 @@ class _Run:
     steps_per_epoch: int
     state: checkpoint.TrainState
     log: checkpoint.MetricsLog
+    objective: Objective
     last_train: dict[str, float] = field(default_factory=dict)
 
 
 # -- one step ---------------------------------------------------------------------------------
-def group_loss(policy_logps: torch.Tensor, batch: GroupBatch,
-               config: TrainConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-group training loss (B,) of the configured objective, plus per-group diagnostics.
-
-    ``L = loss(s) + sft_weight · NLL(best)``, ``s = implicit_rewards(policy_logps, ref)``; with
-    ``importance_clip`` each term is scaled by the clipped importance weights ρ.
-    """
-    s = _rewards(policy_logps, batch, config)  # (B, K)
-    rho = None
-    if config.importance_clip is not None:
-        rho = importance_weights(policy_logps, batch.behavior_logps, batch.num_tokens,
-                                 clip=config.importance_clip)  # (B, K), detached
-    if config.loss == "gspo":
-        loss = gspo_loss(s, batch.p_ij, batch.w_ij, batch.valid, config.label_smoothing,
-                         robust=config.robust, rho=rho)
-    elif config.loss == "plackett_luce":
-        loss = plackett_luce_loss(s, batch.order, batch.valid, rho=rho)
-    else:
-        loss = dpo_loss(s, batch.order, batch.valid, config.label_smoothing,
-                        robust=config.robust, rho=rho)
-    extra: dict[str, torch.Tensor] = {}
-    if config.sft_weight > 0:
-        sft = sft_loss(policy_logps, batch.num_tokens, batch.order)  # (B,)
-        loss = loss + config.sft_weight * sft
-        extra["sft_loss"] = sft.detach()
-    if rho is not None:
-        extra["rho"] = (rho * batch.valid).sum(1) / batch.valid.sum(1)
-    return loss, extra
-
-
-def _rewards(policy_logps: torch.Tensor, batch: GroupBatch, config: TrainConfig) -> torch.Tensor:
-    return implicit_rewards(policy_logps, batch.ref_logps, config.beta, batch.num_tokens,
-                            config.length_normalise)
-
-
 def _micro_step(run: _Run, batch: GroupBatch, window: checkpoint.Window) -> None:
-    """Forward, backward and (on a sync step) clip + optimizer + schedule."""
+    """The shared step (:func:`grouppref.train.loop.step_loss`) under accelerate: forward,
+    backward and (on a sync step) clip + optimizer + schedule."""
     acc, config = run.accelerator, run.config
     with acc.accumulate(run.model):
-        logps = group_logps(run.model, batch, share_prefix=config.share_prefix)  # (B, K)
-        per_group, extra = group_loss(logps, batch, config)  # (B,)
-        acc.backward(per_group.mean())
+        out = step_loss(run.model, batch, run.objective, share_prefix=config.share_prefix)
+        acc.backward(out.loss.mean())
         if acc.sync_gradients:
             norm = acc.clip_grad_norm_(run.model.parameters(), config.max_grad_norm)
             window.grad_norms.append(float(norm))
@@ -130,8 +89,8 @@ def _micro_step(run: _Run, batch: GroupBatch, window: checkpoint.Window) -> None
         run.optimizer.zero_grad()
         if acc.sync_gradients:
             run.scheduler.step()
-    stats = reward_metrics(logps, batch, config.beta, config.length_normalise)
-    window.sums.add({"loss": per_group.detach(), **stats, **extra})
+    stats = reward_metrics(out.logps, batch, config.beta, config.length_normalise)
+    window.sums.add({"loss": out.loss.detach(), **stats, **out.extra})
     window.groups += len(batch.group_ids)
     window.tokens += int(batch.prompt_mask.sum() + batch.cand_mask.sum())
 
@@ -291,7 +250,8 @@ def _build_run(config: TrainConfig, accelerator: Any, model: Any, train_set: lis
     return _Run(config=config, accelerator=accelerator, model=model, optimizer=optimizer,
                 scheduler=scheduler, loader=loader, held_out=held_out, pad_token_id=pad_token_id,
                 out_dir=out_dir, total_steps=total, steps_per_epoch=steps_per_epoch,
-                state=checkpoint.TrainState(), log=checkpoint.MetricsLog(out_dir, accelerator))
+                state=checkpoint.TrainState(), log=checkpoint.MetricsLog(out_dir, accelerator),
+                objective=Objective.of(config))
 
 
 def _save_model(run: _Run, tokenizer: Any) -> Any:
@@ -366,7 +326,7 @@ def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | 
     _loop(run)
     final_eval = _log_eval(run) if held_out else {}
     model = _save_model(run, tokenizer)
-    metrics = {
+    stats = TrainStats.model_validate(checkpoint.strict_json({
         "steps": run.state.step, "epochs": run.state.epoch_progress(run.steps_per_epoch),
         "train": run.last_train, "eval_start": run.log.first("eval"), "eval": final_eval,
         "groups": {"train": len(train_set), "held_out": len(held_out),
@@ -376,10 +336,9 @@ def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | 
         "reference": {"model": ref_info.model, "cached": ref_info.cached,
                       "entry": str(ref_info.entry)},
         "seconds": round(time.perf_counter() - t0, 3),
-    }
-    metrics = checkpoint.strict_json(metrics)
+    }))
     if accelerator.is_main_process:
-        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (out_dir / "metrics.json").write_text(stats.model_dump_json(indent=2) + "\n")
     accelerator.end_training()
-    return TrainResult(model=model, tokenizer=tokenizer, metrics=metrics, out_dir=out_dir,
+    return TrainResult(model=model, tokenizer=tokenizer, stats=stats, out_dir=out_dir,
                        rejects=rejects, used=[g.group_id for g in train_set + held_out])

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.parse import ParsedInput
 from grouppref.schemas import Agreement, PairPreference, Reject, ValidatedGroup
+from grouppref.schemas.reports import (
+    AggregateReport,
+    AggregateSummary,
+    AnnotatorReliability,
+    Distribution,
+    Histogram,
+    NoiseEstimate,
+    Recommendation,
+    RuleOutcome,
+)
 from grouppref.stats.reliability import Reliability, noise_rate
-
-if TYPE_CHECKING:
-    from grouppref.pipeline.aggregate.stage import AggregateConfig
 
 RULES = ("too_few_rankings", "low_agreement", "cycle", "coin_flip")
 NOTE = ("a recommendation only: the trainer's loss is never switched automatically "
@@ -103,8 +110,8 @@ def decide(ann: torch.Tensor, rel: Reliability, fit: dict[str, np.ndarray],
            config: AggregateConfig) -> Decisions:
     """Apply the noise rules to every group (vectorised)."""
     a = ann.numpy()
-    weight, dropped = rel.weight.numpy(), rel.dropped.numpy()
-    used = (a >= 0) & (weight[np.clip(a, 0, None)] > 0)
+    annotator_w, dropped = rel.annotator_weight.numpy(), rel.dropped.numpy()
+    used = (a >= 0) & (annotator_w[np.clip(a, 0, None)] > 0)
     had_dropped = ((a >= 0) & dropped[np.clip(a, 0, None)]).any(-1)
     used_n = used.sum(-1)
     matches = rule_matches(used_n, fit, config)
@@ -138,51 +145,52 @@ def group_outcome(parsed: ParsedInput, b: int, fit: dict[str, np.ndarray], dec: 
     return _record(parsed, b, fit, dec.used, flags)
 
 
-def _distribution(x: np.ndarray) -> dict[str, Any]:
+def _distribution(x: np.ndarray) -> Distribution:
     x = x[~np.isnan(x)]
     if not x.size:
-        return {"count": 0}
+        return Distribution(count=0)
     q = np.quantile(x, [0.1, 0.25, 0.5, 0.75, 0.9])
     hist, edges = np.histogram(x, bins=10, range=(0.0, 1.0))
-    return {"count": int(x.size), "mean": float(x.mean()),
-            "quantiles": dict(zip(("p10", "p25", "p50", "p75", "p90"), map(float, q), strict=True)),
-            "histogram": {"edges": [round(float(e), 2) for e in edges],
-                          "counts": [int(h) for h in hist]}}
+    return Distribution(
+        count=int(x.size), mean=float(x.mean()),
+        quantiles=dict(zip(("p10", "p25", "p50", "p75", "p90"), map(float, q), strict=True)),
+        histogram=Histogram(edges=[round(float(e), 2) for e in edges],
+                            counts=[int(h) for h in hist]))
 
 
-def _annotators(parsed: ParsedInput, rel: Reliability) -> list[dict[str, Any]]:
+def _annotators(parsed: ParsedInput, rel: Reliability) -> list[AnnotatorReliability]:
     def num(t: torch.Tensor, i: int) -> float | None:
         v = float(t[i])
         return None if math.isnan(v) else v
 
-    return [{"id": aid, "kind": parsed.kinds[i], "groups": int(rel.groups[i]),
-             "votes": int(rel.votes[i]), "tau": num(rel.tau, i), "tau_se": num(rel.tau_se, i),
-             "flip_rate": num(rel.flip_rate, i), "loo_disagreement": num(rel.loo_disagreement, i),
-             "weight": float(rel.weight[i]), "unreliable": bool(rel.unreliable[i]),
-             "dropped": bool(rel.dropped[i])} for i, aid in enumerate(parsed.annotators)]
+    return [AnnotatorReliability(
+        id=aid, kind=parsed.kinds[i], groups=int(rel.groups[i]), votes=int(rel.votes[i]),
+        tau=num(rel.tau, i), tau_se=num(rel.tau_se, i), flip_rate=num(rel.flip_rate, i),
+        loo_disagreement=num(rel.loo_disagreement, i),
+        annotator_weight=float(rel.annotator_weight[i]), unreliable=bool(rel.unreliable[i]),
+        dropped=bool(rel.dropped[i])) for i, aid in enumerate(parsed.annotators)]
 
 
 def recommendation(noise: float | None, threshold: float,
-                   all_unreliable: bool = False) -> dict[str, Any]:
-    """``{"loss": "dpo" | "gspo" | None, ...}``: DPO fallback only when the noise is above
-    ``threshold``; ``None`` (do not train) when every annotator was found unreliable."""
+                   all_unreliable: bool = False) -> Recommendation:
+    """The DPO fallback only when the noise is above ``threshold``; no loss at all (do not
+    train) when every annotator was found unreliable."""
     if all_unreliable:
-        return {"loss": None, "noise": noise, "threshold": threshold, "automatic": False,
-                "reason": "every annotator was found unreliable (no better than chance): these "
-                          "labels should not be trained on", "note": NOTE}
+        return Recommendation(loss=None, noise=noise, threshold=threshold, note=NOTE,
+                              reason="every annotator was found unreliable (no better than "
+                              "chance): these labels should not be trained on")
     if noise is None:
-        return {"loss": "gspo", "noise": None, "threshold": threshold, "automatic": False,
-                "reason": "no noise estimate (no two annotators ranked the same groups)",
-                "note": NOTE}
+        return Recommendation(loss="gspo", noise=None, threshold=threshold, note=NOTE,
+                              reason="no noise estimate (no two annotators ranked the same "
+                              "groups)")
     high = noise > threshold
-    return {"loss": "dpo" if high else "gspo", "noise": noise, "threshold": threshold,
-            "automatic": False, "note": NOTE,
-            "reason": f"estimated label noise {noise:.1%} {'>' if high else '<='} "
-                      f"threshold {threshold:.1%}"}
+    return Recommendation(loss="dpo" if high else "gspo", noise=noise, threshold=threshold,
+                          note=NOTE, reason=f"estimated label noise {noise:.1%} "
+                          f"{'>' if high else '<='} threshold {threshold:.1%}")
 
 
 def build_report(parsed: ParsedInput, rel: Reliability, fit: dict[str, np.ndarray],
-                 dec: Decisions, config: AggregateConfig, source: str) -> dict[str, Any]:
+                 dec: Decisions, config: AggregateConfig, source: str) -> AggregateReport:
     """The report: annotators, agreement, noise, rules, recommendation; ``summary`` for the
     manifest stats."""
     kept = ~dec.rejected
@@ -190,31 +198,30 @@ def build_report(parsed: ParsedInput, rel: Reliability, fit: dict[str, np.ndarra
     votes = (fit["conc"] + fit["disc"]).sum()
     observed = float(fit["disc"].sum() / votes) if votes > 0 else None
     noise = noise_rate(rel)
-    rules: dict[str, dict[str, Any]] = {}
+    rules: dict[str, RuleOutcome] = {}
     for rule in ("no_rankings", *RULES):
         action = config.no_rankings if rule == "no_rankings" else getattr(config, rule)
         hit = dec.matches[rule]
-        rules[rule] = {"action": action, "matched": int(hit.sum()),
-                       "flagged": int((hit & kept).sum()) if action == "flag" else 0,
-                       "dropped": int(hit.sum()) if action in ("drop", "reject") else 0}
+        rules[rule] = RuleOutcome(action=action, matched=int(hit.sum()),
+                                  flagged=int((hit & kept).sum()) if action == "flag" else 0,
+                                  dropped=int(hit.sum()) if action in ("drop", "reject") else 0)
     annotators = _annotators(parsed, rel)
-    all_unreliable = bool(annotators) and all(a["unreliable"] for a in annotators)
+    all_unreliable = bool(annotators) and all(a.unreliable for a in annotators)
     rec = recommendation(noise, config.dpo_fallback_threshold, all_unreliable)
-    summary = {
-        "input_stage": source, "noise_rate": noise, "noise_observed": observed,
-        "recommendation": rec["loss"], "dpo_fallback_threshold": config.dpo_fallback_threshold,
-        "annotators": len(annotators),
-        "unreliable_annotators": [a["id"] for a in annotators if a["unreliable"]],
-        "dropped_annotators": [a["id"] for a in annotators if a["dropped"]],
-        "kendall_w_mean": float(np.nanmean(kw)) if np.isfinite(kw).any() else None,
-        "groups_flagged": int(dec.flagged.sum()),
-        "groups_with_dropped_annotator": int((dec.had_dropped & kept).sum()),
-        "rules": {r: {"flagged": v["flagged"], "dropped": v["dropped"]} for r, v in rules.items()},
-    }
-    return {"summary": summary, "annotators": annotators,
-            "agreement": {"kendall_w": _distribution(kw)},
-            "noise": {"estimated": noise, "observed_against_consensus": observed,
-                      "method": "vote-weighted mean of per-annotator flip rates from pairwise "
-                      "agreement (moment estimator); observed = share of used votes against "
-                      "the final consensus (biased low: each vote pulls the consensus)"},
-            "rules": rules, "recommendation": rec}
+    summary = AggregateSummary(
+        input_stage=source, noise_rate=noise, noise_observed=observed, recommendation=rec.loss,
+        dpo_fallback_threshold=config.dpo_fallback_threshold, annotators=len(annotators),
+        unreliable_annotators=[a.id for a in annotators if a.unreliable],
+        dropped_annotators=[a.id for a in annotators if a.dropped],
+        kendall_w_mean=float(np.nanmean(kw)) if np.isfinite(kw).any() else None,
+        groups_flagged=int(dec.flagged.sum()),
+        groups_with_dropped_annotator=int((dec.had_dropped & kept).sum()),
+        rules={r: {"flagged": v.flagged, "dropped": v.dropped} for r, v in rules.items()})
+    return AggregateReport(
+        summary=summary, annotators=annotators, agreement={"kendall_w": _distribution(kw)},
+        noise=NoiseEstimate(estimated=noise, observed_against_consensus=observed,
+                            method="vote-weighted mean of per-annotator flip rates from pairwise "
+                            "agreement (moment estimator); observed = share of used votes "
+                            "against the final consensus (biased low: each vote pulls the "
+                            "consensus)"),
+        rules=rules, recommendation=rec)

@@ -10,85 +10,20 @@ loss *recommendation* (DPO fallback above ``dpo_fallback_threshold``), never an 
 
 from __future__ import annotations
 
-import json
-from typing import Literal
-
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from grouppref.errors import ConfigError, StageError
+from grouppref.pipeline.aggregate.config import INPUT_STAGES, STAGE, STAGE_VERSION, AggregateConfig
 from grouppref.pipeline.aggregate.outcome import build_report, decide, group_outcome
 from grouppref.pipeline.aggregate.parse import ParsedInput, encode_rankings, parse_rows
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
-from grouppref.schemas.records import AnnotatorKind
-from grouppref.stats import bt
+from grouppref.schemas.reports import AggregateReport
+from grouppref.stats import bt, rankstats
 from grouppref.stats.reliability import estimate_reliability, fit_batches
 
-STAGE = "aggregate"
-STAGE_VERSION = "1"
-INPUT_STAGES = ("label", "simulate", "rank")
 REPORT = "report.json"
-Action = Literal["off", "flag", "drop"]
-
-
-def _default_kind_weights() -> dict[AnnotatorKind, float]:
-    return {"human": 1.0, "simulated": 1.0, "llm_judge": 0.5, "reward_model": 0.5, "rule": 0.5}
-
-
-class AggregateConfig(BaseModel):
-    """Settings of the ``aggregate`` stage."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    input_stage: str | None = Field(default=None, description="Stage to read AnnotatedGroups "
-                                    "from; default: the first complete of label, simulate, rank.")
-    prior_strength: float = Field(default=0.1, gt=0, description="L2 prior alpha on strengths "
-                                  "(choix.opt_pairwise's alpha: prior variance 1/(2 alpha)).")
-    kind_weights: dict[AnnotatorKind, float] = Field(
-        default_factory=_default_kind_weights, description="Weight of annotator kinds relative "
-        "to humans, merged over the defaults (human 1, simulated 1, llm_judge/reward_model/rule "
-        "0.5); 0 leaves a kind out.")
-    reliability_iterations: int = Field(default=3, ge=0, description="Rounds of consensus -> "
-                                        "annotator tau -> weights -> refit (0: kind weights only).")
-    min_groups_for_reliability: int = Field(default=5, ge=1, description="Annotators with fewer "
-                                            "comparable groups keep their kind weight, unflagged.")
-    unreliable_tau: float = Field(default=0.0, ge=-1, le=1, description="Chance level of tau: an "
-                                  "annotator not significantly above it is unreliable.")
-    unreliable_z: float = Field(default=2.0, ge=0, description="Significance (standard errors) "
-                                "an annotator's tau must clear above unreliable_tau.")
-    drop_unreliable: bool = Field(default=True, description="Leave unreliable annotators' "
-                                  "rankings out of the fit (kept in the rows, groups flagged).")
-    min_rankings: int = Field(default=2, ge=1, description="Rule too_few_rankings: fewer used "
-                              "rankings than this.")
-    too_few_rankings: Action = Field(default="flag", description="Action of rule too_few_rankings.")
-    min_kendall_w: float = Field(default=0.5, ge=0, le=1, description="Rule low_agreement: "
-                                 "Kendall's W below this (random rankings give 1/m on average).")
-    low_agreement: Action = Field(default="flag", description="Action of rule low_agreement.")
-    cycle: Action = Field(default="flag", description="Action of rule cycle (intransitive "
-                          "pairwise majority).")
-    coin_flip_margin: float = Field(default=0.1, ge=0, le=0.5, description="Rule coin_flip: "
-                                    "p(best > worst) below 0.5 + this margin.")
-    coin_flip: Action = Field(default="flag", description="Action of rule coin_flip.")
-    no_rankings: Literal["reject", "flag"] = Field(default="reject", description="Groups with "
-                                                   "no usable ranking: reject the row or flag it.")
-    tie_tolerance: float = Field(default=1e-6, ge=0, description="Strength gap under which the "
-                                 "consensus puts two candidates in one tier.")
-    dpo_fallback_threshold: float = Field(default=0.25, ge=0, le=1, description="Recommend the "
-                                          "dpo loss when the estimated noise rate is above this "
-                                          "(0.25: docs/evidence.md, experiment 5).")
-    batch_size: int = Field(default=4096, ge=1, description="Groups fitted together per batch.")
-    max_iter: int = Field(default=100, ge=1, description="Newton iterations per fit.")
-    shard_size: int = Field(default=5000, ge=1, description="Groups per resumable shard.")
-
-    @field_validator("kind_weights")
-    @classmethod
-    def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = {k: w for k, w in v.items() if not w >= 0}
-        if bad:
-            raise ValueError(f"kind weights must be >= 0, got {bad}")
-        return {**_default_kind_weights(), **v}
 
 
 def resolve_input(store: RunStore, config: AggregateConfig) -> str:
@@ -128,14 +63,14 @@ def fit_groups(ranks: torch.Tensor, slot_w: torch.Tensor, valid: torch.Tensor,
     theta = fit_batches(wins, alpha, bs, config.max_iter)
     cov = torch.cat([bt.covariance_pairwise(theta[s : s + bs], wins[s : s + bs], alpha)
                      for s in range(0, ranks.shape[0], bs)])
-    tiers = bt.tiers_strengths(theta, valid, config.tie_tolerance)
+    tiers = rankstats.tiers_strengths(theta, valid, config.tie_tolerance)
     used = slot_w > 0
-    conc, disc = bt.concordance(ranks, tiers[:, None, :])
+    conc, disc = rankstats.concordance(ranks, tiers[:, None, :])
     return {
         "theta": theta, "p": bt.probabilities_pairwise(theta),
         "w": bt.confidence_pairwise(cov, alpha), "wins": wins, "tiers": tiers,
-        "kendall_w": bt.kendall_w(ranks, used), "cycle": bt.majority_cycles(wins),
-        "tau": torch.where(used, bt.kendall_tau(ranks, tiers[:, None, :]), float("nan")),
+        "kendall_w": rankstats.kendall_w(ranks, used), "cycle": rankstats.majority_cycles(wins),
+        "tau": torch.where(used, rankstats.kendall_tau(ranks, tiers[:, None, :]), float("nan")),
         "conc": torch.where(used, conc, 0), "disc": torch.where(used, disc, 0),
     }
 
@@ -161,10 +96,10 @@ def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
         raise ConfigError("aggregate: every kind weight is 0; give at least one kind (e.g. "
                           "human=1) a positive weight")
     source = resolve_input(store, config)
-    manifest = store.require(source)
+    store.require(source)
     rows = list(store.load_dataset(source))
     cfg = config.model_copy(update={"input_stage": source})
-    stage = store.open_stage(STAGE, cfg, input_fingerprint=f"{source}:{manifest.output_fingerprint}",
+    stage = store.open_stage(STAGE, cfg, inputs=[source],
                              record_type=ValidatedGroup, stage_version=STAGE_VERSION, force=force)
     if stage.cached:
         return stage
@@ -178,7 +113,7 @@ def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
             unreliable_tau=config.unreliable_tau, z=config.unreliable_z,
             drop=config.drop_unreliable, batch_size=config.batch_size, max_iter=config.max_iter,
             tie_tol=config.tie_tolerance)
-        slot_w = torch.where(ann >= 0, rel.weight[ann.clamp(min=0)], 0)
+        slot_w = torch.where(ann >= 0, rel.annotator_weight[ann.clamp(min=0)], 0)
         fit = fit_groups(ranks, slot_w, valid, config)
     fit_np = {k: v.numpy() for k, v in fit.items()}
     dec = decide(ann, rel, fit_np, config)
@@ -192,16 +127,16 @@ def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
                               [o for o in outcomes if isinstance(o, Reject)])
             bar.advance(task, len(shard.items))
     report = build_report(parsed, rel, fit_np, dec, config, source)
-    done = stage.finish(inputs=parsed.inputs, stats=report["summary"])
-    report["counts"] = done.manifest.counts.model_dump()
-    (done.dir / REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    done = stage.finish(inputs=parsed.inputs, stats=report.summary.model_dump(mode="json"))
+    report.counts = done.counts.model_dump()
+    (done.dir / REPORT).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return done
 
 
-def read_report(store: RunStore) -> dict:
+def read_report(store: RunStore) -> AggregateReport:
     """The report of a finished aggregate stage (``RUN/aggregate/report.json``)."""
     store.require(STAGE)
     path = store.stage_dir(STAGE) / REPORT
     if not path.exists():
         raise StageError(f"{path} is missing; re-run `grouppref aggregate --force`")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return AggregateReport.model_validate_json(path.read_text(encoding="utf-8"))

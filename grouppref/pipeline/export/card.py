@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import datasets
 import yaml
@@ -18,10 +18,9 @@ from datasets.splits import SplitDict, SplitInfo
 from datasets.utils.metadata import MetadataConfigs
 from huggingface_hub import DatasetCardData
 
+from grouppref.pipeline.export.config import ExportConfig
 from grouppref.runs.store import RunStore
-
-if TYPE_CHECKING:
-    from grouppref.pipeline.export.stage import ExportConfig
+from grouppref.schemas.reports import ExportReport
 
 _SECRET = re.compile(r"key|token|secret|password|passwd|credential", re.IGNORECASE)
 _SIZES = [(1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
@@ -87,9 +86,7 @@ def _scalars(stats: dict[str, Any]) -> list[str]:
 
 def _provenance(store: RunStore) -> list[str]:
     lines = ["## How it was made", ""]
-    for m in store.manifests():
-        if m.stage == "export":
-            continue
+    for m in store.lineage("validate"):
         c = m.counts
         lines += [f"### {m.stage}", "",
                   f"{c.inputs} in, {c.outputs} out, {c.rejected} rejected; finished "
@@ -100,14 +97,14 @@ def _provenance(store: RunStore) -> list[str]:
 
 
 def dataset_card(store: RunStore, dsd: datasets.DatasetDict, config: ExportConfig,
-                 stats: dict[str, Any], hub: bool) -> str:
+                 report: ExportReport, hub: bool) -> str:
     """The full ``README.md`` of an export of ``store``."""
     title = config.pretty_name or f"grouppref run {store.name}"
     lines = ["## Splits", "", "| split | rows | groups |", "|---|---|---|"]
-    lines += [f"| {s} | {len(ds)} | {stats['groups'].get(s, 0)} |" for s, ds in dsd.items()]
+    lines += [f"| {s} | {len(ds)} | {report.groups.get(s, 0)} |" for s, ds in dsd.items()]
     lines += ["", "## Format", "", f"`{config.format}`: {_FORMATS[config.format]}", ""]
     if config.format == "trl-pairs":
-        skipped = stats["skipped_pairs"]
+        skipped = report.skipped_pairs
         lines += [f"Pairs: `{config.pairs}`, min weight {config.min_weight}. Pairs left out: "
                   f"{json.dumps(skipped, sort_keys=True) if skipped else 'none'}.", ""]
     for stage, title_ in (("aggregate", "Agreement and noise (aggregate)"),

@@ -21,29 +21,19 @@ from __future__ import annotations
 import os
 import shutil
 from collections import Counter
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import datasets
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.export.card import dataset_card
-from grouppref.runs.store import (
-    Counts,
-    Manifest,
-    RunStore,
-    config_hash,
-    package_versions,
-    write_rejects,
-)
+from grouppref.pipeline.export.config import INPUT_STAGE, SPLITS, STAGE, STAGE_VERSION, ExportConfig
+from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup, to_dataset
+from grouppref.schemas.reports import ExportReport
 
-STAGE = "export"
-INPUT_STAGE = "validate"
-STAGE_VERSION = "1"
-SPLITS = ("train", "test")
 try:  # the HTTP client of huggingface_hub 2.x; its errors are not all OSErrors
     from httpx2 import HTTPError as _HTTPError
 
@@ -53,75 +43,11 @@ except ImportError:  # older huggingface_hub: requests' errors are OSErrors
 _MESSAGES = datasets.List({"role": datasets.Value("string"), "content": datasets.Value("string")})
 
 
-class ExportConfig(BaseModel):
-    """Settings of the ``export`` stage (exactly one of ``to_dir``, ``parquet``, ``hub``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    format: Literal["groups", "trl-pairs"] = Field(
-        default="groups", description="'groups': one row per group (ValidatedGroup); "
-        "'trl-pairs': TRL's prompt/chosen/rejected rows, one per consensus pair, with weight.")
-    to_dir: str | None = Field(default=None, description="Write a DatasetDict with "
-                               "save_to_disk and a README.md card into this directory.")
-    parquet: str | None = Field(default=None, description="Write one Parquet file with a "
-                                "'split' column (the card goes beside it as FILE.md).")
-    hub: str | None = Field(default=None, description="Push to this Hub dataset repo "
-                            "(owner/name); the token comes from HF_TOKEN or `hf auth login`.")
-    dry_run: bool = Field(default=False, description="With hub: write the exact files the "
-                          "push would upload into a local folder instead of pushing.")
-    dry_run_dir: str | None = Field(default=None, description="Folder of the dry run "
-                                    "(default RUN/export/dry-run).")
-    pairs: Literal["consensus", "best_worst"] = Field(
-        default="consensus", description="trl-pairs: every consensus pair, or only the best vs "
-        "the worst candidate of each group (DPO's classic pairs).")
-    min_weight: float = Field(default=0.0, ge=0.0, le=1.0,
-                              description="trl-pairs: leave out pairs with a smaller weight.")
-    chat: Literal["auto", "always"] = Field(
-        default="auto", description="trl-pairs: 'auto' writes chat turns when any prompt is "
-        "chat (text prompts become one user turn), else plain strings; 'always' writes chat.")
-    license: str = Field(default="other", description="License id for the dataset card.")
-    pretty_name: str | None = Field(default=None, description="Title of the dataset card.")
-    private: bool = Field(default=True, description="Hub: create the repo as private.")
-    max_shard_size: str = Field(default="500MB",
-                                description="Hub: largest Parquet shard (e.g. 500MB).")
-
-    @model_validator(mode="after")
-    def _one_target(self) -> ExportConfig:
-        options = {"to_dir": "--to", "parquet": "--parquet", "hub": "--hub"}
-        given = [option for field, option in options.items() if getattr(self, field)]
-        if len(given) != 1:
-            raise ValueError("give exactly one of --to, --parquet, --hub "
-                             f"(got {', '.join(given) or 'none'})")
-        if (self.dry_run or self.dry_run_dir) and not self.hub:
-            raise ValueError("--dry-run only goes with --hub REPO")
-        return self
-
-    @property
-    def target(self) -> str:
-        if self.hub:
-            return "hub-dry-run" if self.dry_run else "hub"
-        return "dir" if self.to_dir else "parquet"
-
-
-class ExportResult(BaseModel):
-    """What an export wrote."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    target: str
-    location: str
-    rows: dict[str, int]
-    files: list[str]
-    skipped_pairs: dict[str, int]
-    rejects: list[Reject]
-
-
 # -- input --------------------------------------------------------------------------------------
 def load_validated(store: RunStore) -> list[ValidatedGroup]:
     """The groups of ``RUN/validate``; refuses a validate output older than ``aggregate``."""
     manifest = store.require(INPUT_STAGE)
-    aggregate = store.manifest("aggregate")
-    if aggregate and aggregate.output_fingerprint != manifest.input_fingerprint:
+    if store.stale_inputs(INPUT_STAGE):
         raise StageError(f"{store.root}: aggregate changed after validate ran; run "
                          f"`grouppref validate {store.root}` again before exporting")
     if manifest.counts.outputs == 0:  # nothing passed (and an empty output does not load)
@@ -313,55 +239,44 @@ def _write_target(store: RunStore, dsd: datasets.DatasetDict, card_for: Any,
         return config.parquet, _save_parquet(dsd, card_for(hub=False), Path(config.parquet))
     shards = num_shards(dsd, config.max_shard_size)
     if config.dry_run:
-        where = Path(config.dry_run_dir or store.stage_dir(STAGE) / "dry-run")
+        where = Path(config.dry_run_dir or store.stage_dir(config.stage_name()) / "dry-run")
         return str(where), _save_dry_run(dsd, card_for(hub=True), where, shards)
     return f"hub:{config.hub}", _push(dsd, card_for(hub=True), config.hub or "", config, shards)
 
 
-def run_export(store: RunStore, config: ExportConfig) -> ExportResult:
-    """Export ``RUN/validate`` in ``config.format`` to ``config``'s target.
+def run_export(store: RunStore, config: ExportConfig, force: bool = False) -> StageRun[Any]:
+    """Export ``RUN/validate`` in ``config.format`` to ``config``'s target, recorded in
+    ``RUN/export/<target>/`` (its own manifest, rejects and cache entry per target).
 
     Args:
         store (RunStore): the run; only its ``validate`` output is read.
         config (ExportConfig): format, target and card settings.
+        force (bool): export again even when the same export of the same input exists.
 
     Returns:
-        ExportResult: where it went, rows per split, files written, skipped pairs, rejects.
+        StageRun: ``manifest.stats`` is an :class:`~grouppref.schemas.reports.ExportReport`,
+        ``manifest.outputs["location"]`` where it went.
 
     Raises:
         StageError: validate has not run, is stale, or nothing is left to export.
         ConfigError: a bad target, or ``--hub`` without a token.
     """
     groups = load_validated(store)
+    stage = store.open_stage(config.stage_name(), config, inputs=[INPUT_STAGE], record_type=None,
+                             stage_version=STAGE_VERSION, force=force)
+    if stage.cached:
+        return stage
     dsd, skipped, rejects = build_dataset(groups, config)
-    rows = {s: len(ds) for s, ds in dsd.items()}
-    stats = {"format": config.format, "rows": rows, "skipped_pairs": dict(skipped),
-             "groups": {s: sum(g.split == s for g in groups) for s in SPLITS}}
+    report = ExportReport(format=config.format, target=config.target, location="",
+                          rows={s: len(ds) for s, ds in dsd.items()},
+                          skipped_pairs=dict(skipped),
+                          groups={s: sum(g.split == s for g in groups) for s in SPLITS})
 
     def card_for(hub: bool) -> str:
-        return dataset_card(store, dsd, config, stats, hub=hub)
+        return dataset_card(store, dsd, config, report, hub=hub)
 
-    started = datetime.now(timezone.utc)
     location, files = _write_target(store, dsd, card_for, config)
-    _write_manifest(store, config, started, len(groups), rejects,
-                    {**stats, "target": config.target, "location": location, "files": files})
-    return ExportResult(target=config.target, location=location, rows=rows, files=files,
-                        skipped_pairs=dict(skipped), rejects=rejects)
-
-
-def _write_manifest(store: RunStore, config: ExportConfig, started: datetime, inputs: int,
-                    rejects: list[Reject], stats: dict[str, Any]) -> None:
-    """Record the export in ``RUN/export`` (manifest + rejects), like every stage."""
-    validate = store.require(INPUT_STAGE)
-    finished = datetime.now(timezone.utc)
-    store.stage_dir(STAGE).mkdir(parents=True, exist_ok=True)
-    write_rejects(store.stage_dir(STAGE) / "rejects.jsonl", rejects)
-    store.write_manifest(Manifest(
-        stage=STAGE, run=store.name, status="complete", stage_version=STAGE_VERSION,
-        config=config.model_dump(mode="json"), config_hash=config_hash(config, STAGE_VERSION),
-        input_fingerprint=validate.output_fingerprint or "", record_type=config.format,
-        counts=Counts(inputs=inputs, outputs=inputs - len(rejects), rejected=len(rejects)),
-        started_at=started, finished_at=finished,
-        seconds=round((finished - started).total_seconds(), 3), versions=package_versions(),
-        stats=stats))
-
+    report = report.model_copy(update={"location": location, "files": files})
+    stage.add_rejects("export", rejects)
+    return stage.finish(inputs=len(groups), kept=len(groups) - len(rejects),
+                        stats=report.model_dump(mode="json"), outputs={"location": location})

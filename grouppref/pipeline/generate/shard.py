@@ -34,7 +34,7 @@ from grouppref.schemas import (
 )
 
 if TYPE_CHECKING:
-    from grouppref.pipeline.generate.stage import GenerateConfig
+    from grouppref.pipeline.generate.config import GenerateConfig
 
 STAGE = "generate"
 _UNBOUNDED = 1_000_000  # tokenizers without a limit report ~1e30 as model_max_length

@@ -12,28 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from grouppref.readers.rows import ColumnMapping, read_groups
+from grouppref.pipeline.imports.config import STAGE, STAGE_VERSION, ImportConfig
+from grouppref.readers.groups import read_groups
 from grouppref.runs.store import RunStore, StageRun
-from grouppref.schemas import MAX_K, MIN_K, CandidateGroup, Reject
-
-STAGE = "generate"
-STAGE_VERSION = "import-1"
-
-
-class ImportConfig(BaseModel):
-    """Settings of ``generate --import``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    source: str = Field(description="File (JSONL/JSON/CSV/Parquet), saved dataset or Hub id with "
-                        "the responses to import.")
-    split: str = Field(default="train", description="Split to read from a dataset with splits.")
-    mapping: ColumnMapping = Field(default_factory=ColumnMapping,
-                                   description="Which columns hold the prompt and responses.")
-    min_k: int = Field(default=MIN_K, ge=MIN_K, le=MAX_K, description="Fewest distinct "
-                       "candidates a group may keep; groups with fewer go to rejects.")
+from grouppref.schemas import CandidateGroup, Reject
 
 
 def run_import(store: RunStore, config: ImportConfig, force: bool = False) -> StageRun[CandidateGroup]:

@@ -4,26 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from grouppref.readers.rows import ColumnMapping, read_prompts
+from grouppref.pipeline.prompts.config import STAGE, STAGE_VERSION, PromptsConfig
+from grouppref.readers.prompts import read_prompts
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Prompt
-
-STAGE = "prompts"
-STAGE_VERSION = "1"
-
-
-class PromptsConfig(BaseModel):
-    """Settings of the ``prompts`` stage."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    source: str = Field(description="Prompt file (JSONL/JSON/CSV/Parquet), saved dataset or Hub id.")
-    split: str = Field(default="train", description="Split to read from a dataset with splits.")
-    mapping: ColumnMapping = Field(default_factory=ColumnMapping,
-                                   description="Which columns hold the prompt fields.")
-    limit: int | None = Field(default=None, ge=1, description="Read only the first N rows.")
 
 
 def run_prompts(store: RunStore, config: PromptsConfig, force: bool = False) -> StageRun[Prompt]:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from grouppref.errors import ConfigError
 from grouppref.models.loading import is_embedded, model_label
-from grouppref.runs.store import canonical_json, sha256_text
+from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.schemas import Annotator
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]{0,63}$")]

@@ -11,14 +11,15 @@ leaves a part-reject with the reason; the group is still written with its other 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
-from grouppref.errors import ConfigError, StageError
+from grouppref.errors import StageError
 from grouppref.models.loading import model_fingerprint
 from grouppref.pipeline.rank import scoring as rs
+from grouppref.pipeline.rank.config import STAGE, STAGE_VERSION, EnsembleSettings, RankConfig
 from grouppref.pipeline.rank.rankers import Ranker, Skip, build_ranker
 from grouppref.pipeline.rank.settings import (
     ANNOTATOR_KIND,
@@ -27,77 +28,10 @@ from grouppref.pipeline.rank.settings import (
     ranker_keys,
     validation_message,
 )
+from grouppref.runs.hashing import sha256_text
 from grouppref.runs.progress import stage_progress
-from grouppref.runs.store import RunStore, StageRun, sha256_text
+from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking, Reject, from_row
-
-STAGE = "rank"
-STAGE_VERSION = "1"
-
-
-class EnsembleSettings(BaseModel):
-    """A weighted ensemble of rankers, added as one more ranking."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    weights: dict[str, float] = Field(min_length=1, description="Ranker key -> weight (> 0), "
-                                      "e.g. reward=1,verify=2; keys are ranker names or kinds.")
-    name: str = Field(default="ensemble", pattern=r"^[A-Za-z0-9][\w.:-]{0,63}$",
-                      description="Annotator id of the ensemble ranking.")
-
-
-class RankConfig(BaseModel):
-    """Settings of the ``rank`` stage."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    rankers: list[RankerSettings] = Field(min_length=1, description="Rankers; each adds its own "
-                                          "ranking (a union on `kind`: reward/rule/similarity/judge).")
-    ensemble: EnsembleSettings | None = Field(default=None, description="Weighted ensemble "
-                                              "of z-scored ranker scores, as an extra ranking.")
-    tie_tolerance: float = Field(default=1e-6, ge=0.0, description="Scores within this absolute "
-                                 "distance of a tier's best score share the tier (a tie).")
-    input_stage: str = Field(default="generate", description="Stage whose groups are ranked.")
-    shard_size: int = Field(default=64, ge=1, description="Groups per resumable shard.")
-    device: str = Field(default="cpu", description="Torch device of the models (cpu, cuda, ...).")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        default="float32", description="Torch dtype of the reward and judge models.")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> RankConfig:
-        ids = [annotator_for(r).id for r in self.rankers]
-        if self.ensemble is not None:
-            ids.append(self.ensemble.name)
-        repeated = sorted({i for i in ids if ids.count(i) > 1})
-        if repeated:
-            raise ValueError(f"annotator ids {repeated} appear twice; give each ranker a `name`")
-        if self.input_stage == STAGE:
-            raise ValueError("input_stage cannot be 'rank' (it would read what it overwrites); "
-                             "rank the output of generate, simulate or label")
-        keys = ranker_keys(self.rankers)
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"ranker names {keys} repeat; give each ranker a distinct `name`")
-        if self.ensemble is not None:
-            unknown = sorted(set(self.ensemble.weights) - set(keys))
-            if unknown:
-                raise ValueError(f"ensemble names unknown rankers {unknown}; the rankers are "
-                                 f"{keys}")
-            bad = {k: w for k, w in self.ensemble.weights.items() if not w > 0}
-            if bad:
-                raise ValueError(f"ensemble weights must be > 0, got {bad}")
-        return self
-
-
-def load_rank_config(data: dict[str, Any], where: str) -> RankConfig:
-    """Validate settings from a file or the CLI into a ``RankConfig``.
-
-    Raises:
-        ConfigError: naming every invalid key and what is wrong with it.
-    """
-    try:
-        return RankConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(f"{where}: invalid rank settings: {validation_message(e)}") from e
 
 
 # -- rankings ------------------------------------------------------------------------------------
@@ -158,12 +92,12 @@ def _part_reject(group: AnnotatedGroup, number: int, annotator_id: str, reason: 
 
 
 # -- the stage -----------------------------------------------------------------------------------
-def _read_input(store: RunStore, config: RankConfig) -> tuple[list[Any], str]:
+def _read_input(store: RunStore, config: RankConfig) -> list[Any]:
     manifest = store.require(config.input_stage)
     if manifest.record_type not in ("CandidateGroup", "AnnotatedGroup", "ValidatedGroup"):
         raise StageError(f"rank: stage {config.input_stage!r} holds {manifest.record_type} rows, "
                          "not candidate groups; rank the output of `grouppref generate`")
-    return list(store.load_dataset(config.input_stage)), manifest.output_fingerprint or ""
+    return list(store.load_dataset(config.input_stage))
 
 
 def _parse_row(row: dict[str, Any], number: int, source: str) -> AnnotatedGroup | Reject:
@@ -194,11 +128,11 @@ def run_rank(store: RunStore, config: RankConfig, force: bool = False) -> StageR
     rankers = [build_ranker(s, config.device, config.dtype) for s in config.rankers]
     for ranker in rankers:
         ranker.check()
-    rows, input_fp = _read_input(store, config)
+    rows = _read_input(store, config)
     parsed = [_parse_row(row, i + 1, config.input_stage) for i, row in enumerate(rows)]
     groups = [(i + 1, g) for i, g in enumerate(parsed) if isinstance(g, AnnotatedGroup)]
-    fingerprint = sha256_text("|".join([input_fp, *_model_fingerprints(rankers)]))
-    stage = store.open_stage(STAGE, config, input_fingerprint=fingerprint,
+    fingerprint = sha256_text("|".join(_model_fingerprints(rankers)))
+    stage = store.open_stage(STAGE, config, input_fingerprint=fingerprint, inputs=[config.input_stage],
                              record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=force)
     if stage.cached:
         return stage

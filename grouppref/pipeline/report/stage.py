@@ -23,12 +23,12 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
-from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 
-from grouppref.runs.store import RunStore, read_rejects  # noqa: E402
+from grouppref.pipeline.report.config import STAGE, ReportConfig
+from grouppref.runs.hashing import canonical_json, sha256_text
+from grouppref.runs.manifest import read_rejects
+from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import ValidatedGroup  # noqa: E402
-
-STAGE = "report"
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;
@@ -47,18 +47,6 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}.muted{color:#57606a;f
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 NAV = (("stages", "Stages"), ("agreement", "Agreement"), ("noise", "Annotators and noise"),
        ("training", "Training"), ("evaluation", "Evaluation"))
-
-
-class ReportConfig(BaseModel):
-    """Settings of the ``report`` stage."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    output: str | None = Field(default=None, description="HTML file to write (default: "
-                               "RUN/report/report.html).")
-    title: str | None = Field(default=None, description="Page title (default: the run name).")
-    max_reject_reasons: int = Field(default=5, ge=0, description="Most common reject reasons "
-                                    "shown per stage.")
 
 
 def _figure_png(fig: Any) -> str:
@@ -294,10 +282,22 @@ def render_report(store: RunStore, config: ReportConfig) -> str:
             f"&middot; generated {now}</p><nav class='muted'>{nav}</nav>{body}</body></html>")
 
 
-def run_report(store: RunStore, config: ReportConfig | None = None) -> Path:
-    """Write the report (always re-rendered: it is cheap and reflects the run as it is now)."""
+def run_report(store: RunStore, config: ReportConfig | None = None, force: bool = False
+               ) -> StageRun[Any]:
+    """Write the run's report; cached until a stage it describes changes.
+
+    Returns:
+        StageRun: ``manifest.outputs["html"]`` is the file written.
+    """
     config = config or ReportConfig()
     path = Path(config.output) if config.output else store.stage_dir(STAGE) / "report.html"
+    described = [m for m in store.manifests() if m.status == "complete" and m.stage != STAGE]
+    # any stage re-run (even with the same output: new timings) renders the report again
+    when = sha256_text(canonical_json([[m.stage, m.finished_at] for m in described]))
+    stage = store.open_stage(STAGE, config, input_fingerprint=when,
+                             inputs=[m.stage for m in described], record_type=None, force=force)
+    if stage.cached:
+        return stage
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_report(store, config), encoding="utf-8")
-    return path
+    return stage.finish(inputs=0, outputs={"html": str(path)})

@@ -19,62 +19,20 @@ import json
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from grouppref.errors import ConfigError, StageError
+from grouppref.pipeline.simulate.config import (
+    STAGE,
+    STAGE_VERSION,
+    AnnotatorSpec,
+    SimulateConfig,
+)
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking, Reject, from_row
-from grouppref.schemas.records import AnnotatorKind
-
-STAGE = "simulate"
-STAGE_VERSION = "1"
-AUTOMATIC_KINDS: tuple[AnnotatorKind, ...] = ("reward_model", "rule", "llm_judge")
-
-
-class AnnotatorSpec(BaseModel):
-    """One simulated annotator."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(min_length=1, pattern=r"^\S+$", description="Annotator id in the rankings.")
-    behavior: Literal["noisy", "random", "reversed"] = Field(
-        default="noisy", description="noisy: Mallows around the truth with `flip_rate`; random: "
-        "uniform permutations; reversed: the true order backwards.")
-    flip_rate: float = Field(default=0.1, ge=0.0, le=0.5, description="Expected share of "
-                             "pairwise votes against the truth (noisy annotators).")
-
-    def expected_flip_rate(self) -> float:
-        return {"noisy": self.flip_rate, "random": 0.5, "reversed": 1.0}[self.behavior]
-
-
-def _default_panel() -> list[AnnotatorSpec]:
-    return [AnnotatorSpec(id=f"sim-{i + 1}", flip_rate=f) for i, f in enumerate((0.05, 0.15, 0.3))]
-
-
-class SimulateConfig(BaseModel):
-    """Settings of the ``simulate`` stage."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    input_stage: str = Field(default="rank", description="Stage whose AnnotatedGroups get the "
-                             "simulated rankings (rank or label).")
-    annotators: list[AnnotatorSpec] = Field(default_factory=_default_panel, min_length=1,
-                                            description="The simulated panel.")
-    per_group: int | None = Field(default=None, ge=1, description="How many panel members rank "
-                                  "each group (drawn at random); all of them when unset.")
-    truth_kinds: list[AnnotatorKind] = Field(
-        default_factory=lambda: list(AUTOMATIC_KINDS), min_length=1,
-        description="Kinds of existing rankings whose mean gives the true scores.")
-    truth_annotator: str | None = Field(default=None, description="Take the truth from this one "
-                                        "annotator id instead of the mean over truth_kinds.")
-    truth_use_scores: bool = Field(default=True, description="Use a ranking's min-max normalised "
-                                   "scores when it has them for every candidate (else positions).")
-    seed: int = Field(default=0, description="Random seed of the panel.")
-    shard_size: int = Field(default=1000, ge=1, description="Groups per resumable shard.")
 
 
 # -- Mallows ---------------------------------------------------------------------------------
@@ -250,8 +208,7 @@ def run_simulate(store: RunStore, config: SimulateConfig, force: bool = False
         raise StageError(f"simulate: stage {config.input_stage!r} holds "
                          f"{manifest.record_type} rows, not AnnotatedGroup")
     rows = list(store.load_dataset(config.input_stage))
-    fingerprint = f"{config.input_stage}:{manifest.output_fingerprint}"
-    stage = store.open_stage(STAGE, config, input_fingerprint=fingerprint,
+    stage = store.open_stage(STAGE, config, inputs=[config.input_stage],
                              record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=force)
     if stage.cached:
         return stage

@@ -40,37 +40,17 @@ import datasets
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grouppref.errors import StageError
+from grouppref.pipeline.validate.config import INPUT_STAGE, STAGE, STAGE_VERSION, ValidateConfig
+from grouppref.runs.hashing import canonical_json
 from grouppref.runs.progress import stage_progress
-from grouppref.runs.store import DATA, RunStore, StageRun, canonical_json
+from grouppref.runs.store import DATA, RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup, check_tiers, from_row, normalise_text
 
-STAGE = "validate"
-INPUT_STAGE = "aggregate"
-STAGE_VERSION = "1"
 REPORT = "report.json"
 CHECKS = ("schema", "conflicting_contents", "duplicate_group_id", "duplicate_prompt",
           "too_few_pairs", "flagged")
 MAX_FAILURES_IN_REPORT = 1000
 Rows = Sequence[dict[str, Any]] | datasets.Dataset  # raw Arrow rows of RUN/aggregate
-
-
-class ValidateConfig(BaseModel):
-    """Settings of the ``validate`` stage."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    test_fraction: float = Field(default=0.1, ge=0.0, lt=1.0,
-                                 description="Expected share of prompts put in the test split.")
-    seed: int = Field(default=0, description="Seed of the prompt hash that assigns the split.")
-    split_by: Literal["prompt", "prompt_text"] = Field(
-        default="prompt", description="What decides the split: 'prompt' (exact prompt content) "
-        "or 'prompt_text' (case- and whitespace-normalised text, so near-identical prompts share "
-        "a split).")
-    min_pairs: int = Field(default=1, ge=0,
-                           description="Reject groups with fewer pair preferences than this.")
-    reject_flags: list[str] = Field(default_factory=list,
-                                    description="Reject groups carrying any of these flags.")
-    shard_size: int = Field(default=1000, ge=1, description="Groups per resumable shard.")
 
 
 class Failure(BaseModel):
@@ -353,7 +333,7 @@ def run_validate(store: RunStore, config: ValidateConfig, force: bool = False
         StageError: if ``aggregate`` has not completed, or (a bug) a prompt ends up in both splits.
     """
     manifest = store.require(INPUT_STAGE)
-    stage = store.open_stage(STAGE, config, input_fingerprint=manifest.output_fingerprint or "",
+    stage = store.open_stage(STAGE, config, inputs=[INPUT_STAGE],
                              record_type=ValidatedGroup, stage_version=STAGE_VERSION, force=force)
     if stage.cached:
         return stage

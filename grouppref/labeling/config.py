@@ -1,0 +1,108 @@
+"""Settings of labeling in Argilla: the dataset of a run (push, pull, status) and the ``label``
+stage of ``grouppref run``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from grouppref.labeling.dataset import (
+    RATIONALE,
+    DatasetSpec,
+)
+from grouppref.runs.stage import StageSpec
+from grouppref.runs.store import RunStore
+
+SOURCE_STAGES = ("rank", "generate")
+
+
+LABEL_STAGE = "label"
+
+
+DEFAULT_WORKSPACE = "grouppref"  # also the embedded server's default workspace
+
+
+MAX_BATCH = 500  # the server's limit for one bulk upsert
+
+
+SourceStage = Literal["rank", "generate", "simulate"]
+
+
+class TargetConfig(BaseModel):
+    """Which Argilla dataset belongs to a run (shared by push, pull and status)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str | None = Field(default=None, description="Argilla dataset name; default "
+                                "'grouppref-<run directory name>'.")
+    workspace: str = Field(default=DEFAULT_WORKSPACE, description="Argilla workspace of the dataset "
+                           "(created on push when missing and the key is an owner's).")
+    source_stage: SourceStage | None = Field(default=None, description="Stage whose groups "
+                                             "are labelled; default: the latest complete of "
+                                             "rank and generate.")
+
+    def dataset_name(self, store: RunStore) -> str:
+        return self.dataset or f"grouppref-{store.name}"
+
+
+class PushConfig(TargetConfig):
+    """Settings of ``label push``."""
+
+    min_submitted: int | None = Field(default=None, ge=1, description=DatasetSpec.model_fields[
+        "min_submitted"].description + " Default: an existing dataset's value, else 1.")
+    rationale: bool | None = Field(default=None, description=DatasetSpec.model_fields[
+        "rationale"].description + " Default: as an existing dataset has it, else yes.")
+    use_markdown: bool = Field(default=False, description=DatasetSpec.model_fields[
+        "use_markdown"].description)
+    guidelines: str | None = Field(default=None, description="Annotation guidelines (text); "
+                                   "default: grouppref's ranking guidelines.")
+    suggest_from: str | None = Field(default=None, description="Annotator id of the automatic "
+                                     "ranking shown as suggestion; default: the first "
+                                     "non-human ranking of each group.")
+    batch_size: int = Field(default=100, ge=1, le=MAX_BATCH,
+                            description="Records per bulk upsert request.")
+
+    def spec(self, k: int, existing: dict[str, Any] | None = None) -> DatasetSpec:
+        """The dataset spec; unset choices follow ``existing`` (a :func:`schema_summary`)."""
+        extra = {"guidelines": self.guidelines} if self.guidelines else {}
+        min_submitted = self.min_submitted or (existing or {}).get("min_submitted") or 1
+        rationale = self.rationale
+        if rationale is None:
+            rationale = existing is None or RATIONALE in existing["questions"]
+        return DatasetSpec(k=k, min_submitted=min_submitted, rationale=rationale,
+                           use_markdown=self.use_markdown, **extra)
+
+
+class PullConfig(TargetConfig):
+    """Settings of ``label pull`` (the dataset, workspace and input stage)."""
+
+
+class LabelRunConfig(BaseModel):
+    """Human labeling inside a run: push, wait for enough submitted rankings, pull."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    push: PushConfig = Field(default_factory=PushConfig, description="Dataset, workspace, "
+                             "source stage and push settings (the pull reads the same dataset).")
+    min_rankings: int = Field(default=1, ge=1, description="Submitted human rankings a group "
+                              "needs before the run goes on (also the dataset's min_submitted "
+                              "when push.min_submitted is unset).")
+    min_groups: float = Field(default=1.0, gt=0.0, le=1.0, description="Share of the groups "
+                              "that must have min_rankings before the run goes on.")
+    api_url: str | None = Field(default=None, description="Argilla URL; its API key comes from "
+                                "$ARGILLA_API_KEY (default: $ARGILLA_API_URL, else the embedded "
+                                "server's URL and owner key).")
+    state_dir: str | None = Field(default=None, description="State directory of the embedded "
+                                  "server to use (default: its default state directory).")
+    poll_seconds: float = Field(default=30.0, gt=0, description="With --wait: seconds between "
+                                "progress checks.")
+
+
+def _reads(config: LabelRunConfig) -> tuple[str, ...]:
+    return (config.push.source_stage,) if config.push.source_stage else SOURCE_STAGES
+
+
+LABEL = StageSpec(
+    name=LABEL_STAGE, config=LabelRunConfig, entry="grouppref.labeling.stage:run_label",
+    summary="Push to Argilla, wait for human rankings, pull them into RUN/label.", reads=_reads)

@@ -1,0 +1,88 @@
+"""Settings of the ``aggregate`` stage."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from grouppref.runs.stage import StageSpec
+from grouppref.schemas.records import AnnotatorKind
+
+STAGE = "aggregate"
+
+
+STAGE_VERSION = "1"
+
+
+INPUT_STAGES = ("label", "simulate", "rank")
+
+
+Action = Literal["off", "flag", "drop"]
+
+
+def _default_kind_weights() -> dict[AnnotatorKind, float]:
+    return {"human": 1.0, "simulated": 1.0, "llm_judge": 0.5, "reward_model": 0.5, "rule": 0.5}
+
+
+class AggregateConfig(BaseModel):
+    """Settings of the ``aggregate`` stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_stage: str | None = Field(default=None, description="Stage to read AnnotatedGroups "
+                                    "from; default: the first complete of label, simulate, rank.")
+    prior_strength: float = Field(default=0.1, gt=0, description="L2 prior alpha on strengths "
+                                  "(choix.opt_pairwise's alpha: prior variance 1/(2 alpha)).")
+    kind_weights: dict[AnnotatorKind, float] = Field(
+        default_factory=_default_kind_weights, description="Weight of annotator kinds relative "
+        "to humans, merged over the defaults (human 1, simulated 1, llm_judge/reward_model/rule "
+        "0.5); 0 leaves a kind out.")
+    reliability_iterations: int = Field(default=3, ge=0, description="Rounds of consensus -> "
+                                        "annotator tau -> weights -> refit (0: kind weights only).")
+    min_groups_for_reliability: int = Field(default=5, ge=1, description="Annotators with fewer "
+                                            "comparable groups keep their kind weight, unflagged.")
+    unreliable_tau: float = Field(default=0.0, ge=-1, le=1, description="Chance level of tau: an "
+                                  "annotator not significantly above it is unreliable.")
+    unreliable_z: float = Field(default=2.0, ge=0, description="Significance (standard errors) "
+                                "an annotator's tau must clear above unreliable_tau.")
+    drop_unreliable: bool = Field(default=True, description="Leave unreliable annotators' "
+                                  "rankings out of the fit (kept in the rows, groups flagged).")
+    min_rankings: int = Field(default=2, ge=1, description="Rule too_few_rankings: fewer used "
+                              "rankings than this.")
+    too_few_rankings: Action = Field(default="flag", description="Action of rule too_few_rankings.")
+    min_kendall_w: float = Field(default=0.5, ge=0, le=1, description="Rule low_agreement: "
+                                 "Kendall's W below this (random rankings give 1/m on average).")
+    low_agreement: Action = Field(default="flag", description="Action of rule low_agreement.")
+    cycle: Action = Field(default="flag", description="Action of rule cycle (intransitive "
+                          "pairwise majority).")
+    coin_flip_margin: float = Field(default=0.1, ge=0, le=0.5, description="Rule coin_flip: "
+                                    "p(best > worst) below 0.5 + this margin.")
+    coin_flip: Action = Field(default="flag", description="Action of rule coin_flip.")
+    no_rankings: Literal["reject", "flag"] = Field(default="reject", description="Groups with "
+                                                   "no usable ranking: reject the row or flag it.")
+    tie_tolerance: float = Field(default=1e-6, ge=0, description="Strength gap under which the "
+                                 "consensus puts two candidates in one tier.")
+    dpo_fallback_threshold: float = Field(default=0.25, ge=0, le=1, description="Recommend the "
+                                          "dpo loss when the estimated noise rate is above this "
+                                          "(0.25: docs/evidence.md, experiment 5).")
+    batch_size: int = Field(default=4096, ge=1, description="Groups fitted together per batch.")
+    max_iter: int = Field(default=100, ge=1, description="Newton iterations per fit.")
+    shard_size: int = Field(default=5000, ge=1, description="Groups per resumable shard.")
+
+    @field_validator("kind_weights")
+    @classmethod
+    def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: w for k, w in v.items() if not w >= 0}
+        if bad:
+            raise ValueError(f"kind weights must be >= 0, got {bad}")
+        return {**_default_kind_weights(), **v}
+
+
+def _reads(config: AggregateConfig) -> tuple[str, ...]:
+    return (config.input_stage,) if config.input_stage else INPUT_STAGES
+
+
+AGGREGATE = StageSpec(
+    name=STAGE, config=AggregateConfig, entry="grouppref.pipeline.aggregate.stage:run_aggregate",
+    summary="Fit Bradley-Terry per group into RUN/aggregate.", reads=_reads)

@@ -1,0 +1,169 @@
+"""Typed reports that stages hand to each other (and to the CLI and the HTML report).
+
+A stage keeps its report in its manifest's ``stats`` (JSON); whoever reads it validates it
+into one of these models instead of reading a dict by string keys. They live here, beside the
+records, because stages in several layers read them (the report stage renders the train
+stage's numbers, the eval stage reads the train stage's settings).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- export ---------------------------------------------------------------------------------------
+class ExportReport(_Report):
+    """What one export wrote (``RUN/export/<target>/manifest.json`` stats)."""
+
+    format: Literal["groups", "trl-pairs"]
+    target: str = Field(description="dir, parquet, hub or hub-dry-run.")
+    location: str = Field(description="Where it went: a folder, a file or hub:owner/name.")
+    rows: dict[str, int] = Field(description="Rows per split.")
+    files: list[str] = Field(default_factory=list, description="Files written.")
+    skipped_pairs: dict[str, int] = Field(default_factory=dict, description="trl-pairs: pairs "
+                                          "left out, by reason.")
+    groups: dict[str, int] = Field(default_factory=dict, description="Groups per split read.")
+
+
+# -- aggregate ------------------------------------------------------------------------------------
+class AnnotatorReliability(_Report):
+    """One annotator as the aggregation saw it."""
+
+    id: str
+    kind: str
+    groups: int = Field(description="Groups with a comparable leave-one-out consensus.")
+    votes: int = Field(description="Strict pairwise votes cast.")
+    tau: float | None = Field(description="Mean Kendall tau-b against the leave-one-out consensus.")
+    tau_se: float | None
+    flip_rate: float | None = Field(description="Moment estimate of its share of flipped votes.")
+    loo_disagreement: float | None
+    annotator_weight: float = Field(description="Weight of its rankings in the final fit "
+                                    "(kind weight x reliability; 0: left out).")
+    unreliable: bool
+    dropped: bool
+
+
+class Histogram(_Report):
+    edges: list[float]
+    counts: list[int]
+
+
+class Distribution(_Report):
+    """A distribution over groups (count, mean, quantiles p10..p90, histogram on [0, 1])."""
+
+    count: int
+    mean: float | None = None
+    quantiles: dict[str, float] = Field(default_factory=dict)
+    histogram: Histogram | None = None
+
+
+class NoiseEstimate(_Report):
+    estimated: float | None = Field(description="Vote-weighted mean flip rate (moment "
+                                    "estimator over pairwise agreement).")
+    observed_against_consensus: float | None = Field(description="Share of used votes against "
+                                                     "the final consensus (biased low).")
+    method: str
+
+
+class RuleOutcome(_Report):
+    action: str
+    matched: int
+    flagged: int
+    dropped: int
+
+
+class Recommendation(_Report):
+    """The loss the data suggests; never applied automatically."""
+
+    loss: Literal["gspo", "dpo"] | None
+    noise: float | None
+    threshold: float
+    automatic: bool = False
+    reason: str
+    note: str
+
+
+class AggregateSummary(_Report):
+    """The headline numbers (the aggregate manifest's ``stats``)."""
+
+    input_stage: str
+    noise_rate: float | None
+    noise_observed: float | None
+    recommendation: Literal["gspo", "dpo"] | None
+    dpo_fallback_threshold: float
+    annotators: int
+    unreliable_annotators: list[str]
+    dropped_annotators: list[str]
+    kendall_w_mean: float | None
+    groups_flagged: int
+    groups_with_dropped_annotator: int
+    rules: dict[str, dict[str, int]]
+
+
+class AggregateReport(_Report):
+    """``RUN/aggregate/report.json``: reliability, agreement, noise, rules, recommendation."""
+
+    summary: AggregateSummary
+    annotators: list[AnnotatorReliability]
+    agreement: dict[str, Distribution]
+    noise: NoiseEstimate
+    rules: dict[str, RuleOutcome]
+    recommendation: Recommendation
+    counts: dict[str, int] = Field(default_factory=dict)
+
+
+# -- train and eval ---------------------------------------------------------------------------------
+class GroupCounts(_Report):
+    train: int
+    held_out: int
+    rejected: int
+    dropped_candidates: int
+    truncated_responses: int
+
+
+class ReferenceInfo(_Report):
+    model: str
+    cached: bool
+    entry: str
+
+
+class TrainStats(_Report):
+    """What a training run measured (``RUN/train`` manifest stats and ``metrics.json``)."""
+
+    steps: int
+    epochs: float
+    train: dict[str, Any] = Field(description="Last logging window's training metrics.")
+    eval_start: dict[str, Any] = Field(description="Held-out metrics before training (empty: "
+                                       "no held-out split).")
+    eval: dict[str, Any] = Field(description="Held-out metrics at the end.")
+    groups: GroupCounts
+    reference: ReferenceInfo
+    seconds: float
+
+
+class EvalReport(_Report):
+    """A model (and its baseline) scored on a group dataset's consensus (``RUN/eval``)."""
+
+    split: str
+    groups: int
+    rejected: int
+    truncated_responses: int
+    model: str
+    baseline: str | None
+    ref_model: str | None
+    beta: float
+    length_normalise: bool
+    metrics: dict[str, dict[str, float | None]] = Field(description="Role (model, baseline) "
+                                                        "-> metric -> value.")
+    delta: dict[str, float | None] = Field(description="model - baseline, per metric.")
+
+
+def report_of(model: type[_Report], stats: dict[str, Any]) -> Any:
+    """``stats`` (a manifest's) validated as ``model``."""
+    return model.model_validate(stats)

@@ -1,0 +1,142 @@
+"""Ranking statistics over batched tiered rankings, as pure functions over torch tensors.
+
+Shapes as in :mod:`grouppref.stats.bt`: ``B`` groups, ``A`` rankings per group, ``K``
+candidates; a ranking is a ``(K,)`` vector of tier indices (0 = best; ties share a tier) with
+``-1`` for a padded candidate or a candidate the ranking leaves out. Everything is float64.
+Tied pairs count as neither concordant nor discordant (Kendall's tau-b, as
+``scipy.stats.kendalltau``); Kendall's W uses mid-ranks with the tie correction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+DTYPE = torch.float64
+
+
+def midranks(ranks: torch.Tensor) -> torch.Tensor:
+    """1-based mid-ranks of tiered rankings: ``1 + #above + (#tied - 1) / 2``; ``(..., K)`` ->
+    ``(..., K)`` float64 (0 where ``ranks`` is -1)."""
+    valid = ranks >= 0
+    both = valid[..., :, None] & valid[..., None, :]
+    above = ((ranks[..., None, :] < ranks[..., :, None]) & both).sum(-1)
+    tied = ((ranks[..., None, :] == ranks[..., :, None]) & both).sum(-1)
+    return torch.where(valid, 1 + above + (tied - 1) / 2, 0).to(DTYPE)
+
+
+def kendall_w(ranks: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
+    """Kendall's coefficient of concordance W with the tie correction, per group.
+
+    ``W = 12 S / (m^2 (n^3 - n) - m sum_a T_a)``, ``S = sum_i (R_i - m (n + 1) / 2)^2``,
+    ``R_i`` = sum of mid-ranks of candidate ``i`` over the ``m`` included rankings,
+    ``T_a = sum over tie groups of (t^3 - t)``. Under random rankings ``E[W] = 1 / m``.
+
+    Args:
+        ranks (torch.Tensor): ``(B, A, K)`` tier indices, ``-1`` for padding.
+        included (torch.Tensor): ``(B, A)`` bool, rankings that take part.
+
+    Returns:
+        torch.Tensor: ``(B,)`` in ``[0, 1]``; NaN where ``m < 2`` or every ranking is one tier.
+    """
+    valid = (ranks >= 0) & included[..., None]  # (B, A, K)
+    m = included.sum(-1).to(DTYPE)  # (B,)
+    n = (ranks >= 0).any(1).sum(-1).to(DTYPE)  # (B,)
+    rr = torch.where(valid, midranks(ranks), 0)
+    big_r = rr.sum(1)  # (B, K)
+    present = (ranks >= 0).any(1)
+    s = torch.where(present, (big_r - (m * (n + 1) / 2)[:, None]) ** 2, 0).sum(-1)
+    tie_size = ((ranks[..., None, :] == ranks[..., :, None]) & valid[..., None, :]
+                & valid[..., :, None]).sum(-1).to(DTYPE)  # (B, A, K)
+    t = torch.where(valid, tie_size**2 - 1, 0).sum((-1, -2))  # sum_a sum_groups (t^3 - t)
+    denom = m**2 * (n**3 - n) - m * t
+    ok = (m >= 2) & (denom > 0)
+    return torch.where(ok, 12 * s / torch.where(ok, denom, 1), math.nan).clamp(max=1.0)
+
+
+def _signs(ranks: torch.Tensor) -> torch.Tensor:
+    """``s[..., i, j] = sign(r_j - r_i)`` over valid pairs ``i < j`` (+1: i ranked above j)."""
+    valid = ranks >= 0
+    both = valid[..., :, None] & valid[..., None, :]
+    upper = torch.triu(torch.ones(ranks.shape[-1], ranks.shape[-1], dtype=torch.bool,
+                                  device=ranks.device), diagonal=1)
+    s = torch.sign((ranks[..., None, :] - ranks[..., :, None]).to(DTYPE))
+    return torch.where(both & upper, s, 0)
+
+
+def concordance(ranks_a: torch.Tensor, ranks_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concordant and discordant pair counts between two tiered rankings (pairs tied in either
+    are neither); shapes broadcast, ``(..., K)`` -> two ``(...)`` tensors."""
+    prod = _signs(ranks_a) * _signs(ranks_b)
+    return (prod > 0).sum((-1, -2)).to(DTYPE), (prod < 0).sum((-1, -2)).to(DTYPE)
+
+
+def kendall_tau(ranks_a: torch.Tensor, ranks_b: torch.Tensor) -> torch.Tensor:
+    """Kendall's tau-b between tiered rankings: ``sum s_a s_b / sqrt(sum s_a^2 sum s_b^2)``
+    over valid pairs (as ``scipy.stats.kendalltau``); ``(..., K)`` -> ``(...)``, NaN where
+    either ranking is all one tier."""
+    sa, sb = _signs(ranks_a), _signs(ranks_b)
+    num = (sa * sb).sum((-1, -2))
+    den = ((sa**2).sum((-1, -2)) * (sb**2).sum((-1, -2))).sqrt()
+    return torch.where(den > 0, num / torch.where(den > 0, den, 1), math.nan)
+
+
+def majority_cycles(wins: torch.Tensor, eps: float = 1e-9) -> torch.Tensor:
+    """Whether the strict pairwise majority ``W_ij > W_ji`` of each group is intransitive.
+
+    The majority graph has an edge ``i -> j`` when ``i`` beats ``j``; it has a cycle iff its
+    transitive closure (``ceil(log2 K)`` boolean squarings) reaches some ``i`` from itself.
+
+    Args:
+        wins (torch.Tensor): ``(B, K, K)`` win counts.
+        eps (float): margin under which a pair counts as tied (no edge).
+
+    Returns:
+        torch.Tensor: ``(B,)`` bool.
+    """
+    reach = (wins - wins.transpose(-1, -2) > eps).to(DTYPE)  # (B, K, K)
+    for _ in range(max(1, math.ceil(math.log2(max(wins.shape[-1], 2))))):
+        reach = ((reach + reach @ reach) > 0).to(DTYPE)
+    return torch.diagonal(reach, dim1=-2, dim2=-1).sum(-1) > 0
+
+
+def tiers_strengths(theta: torch.Tensor, valid: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
+    """Consensus tier index per candidate: sort by strength, start a new tier at every gap
+    larger than ``tol`` (so exactly tied strengths share a tier).
+
+    Args:
+        theta (torch.Tensor): ``(B, K)`` strengths.
+        valid (torch.Tensor): ``(B, K)`` bool, real (not padded) candidates.
+        tol (float): largest gap that still counts as a tie.
+
+    Returns:
+        torch.Tensor: ``(B, K)`` long tier index (0 = best), -1 for padding.
+    """
+    key = torch.where(valid, theta, -math.inf)
+    order = torch.argsort(key, dim=-1, descending=True, stable=True)
+    sorted_theta = torch.gather(key, -1, order)
+    gaps = sorted_theta[:, :-1] - sorted_theta[:, 1:]
+    new_tier = torch.cat([torch.zeros_like(gaps[:, :1], dtype=torch.long),
+                          (gaps > tol).long()], dim=-1)
+    tier_sorted = new_tier.cumsum(-1)
+    tiers = torch.empty_like(tier_sorted).scatter_(-1, order, tier_sorted)
+    return torch.where(valid, tiers, -1)
+
+
+def concordance_slots(ranks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concordant / discordant pair counts between every two rankings of each group.
+
+    Uses ``#conc = (sum |s_a||s_c| + sum s_a s_c) / 2`` and ``#disc = (sum |s_a||s_c| -
+    sum s_a s_c) / 2`` over pairs ``i < j`` (``s`` as in :func:`kendall_tau`).
+
+    Args:
+        ranks (torch.Tensor): ``(B, A, K)`` tier indices, ``-1`` for padding.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: two ``(B, A, A)`` float64 tensors.
+    """
+    s = _signs(ranks)  # (B, A, K, K)
+    dot = torch.einsum("baij,bcij->bac", s, s)
+    both = torch.einsum("baij,bcij->bac", s.abs(), s.abs())
+    return (both + dot) / 2, (both - dot) / 2
