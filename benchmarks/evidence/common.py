@@ -12,7 +12,7 @@ Testbed (one per seed):
 * a simulated annotator panel from :mod:`grouppref.pipeline.simulate.stage` ranks each group
   (Mallows around the true order, flip rate = expected share of votes against the truth);
 * aggregation with the package's own tensors (:mod:`grouppref.stats.reliability`,
-  :func:`grouppref.pipeline.aggregate.stage.fit_groups`): reliability weights, BT ``p_ij``,
+  :func:`grouppref.pipeline.aggregate.fit.fit_groups`): reliability weights, BT ``p_ij``,
   ``w_ij``, consensus order and the noise estimate the aggregate report would show;
 * training with the package's own step (:func:`grouppref.train.loop.run_steps`: the losses
   of :mod:`grouppref.train.losses` on log-probs from :func:`grouppref.train.logps.group_logps`),
@@ -36,7 +36,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grouppref.pipeline.aggregate.config import AggregateConfig
-from grouppref.pipeline.aggregate.stage import fit_groups
+from grouppref.pipeline.aggregate.fit import fit_groups
 from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.stats.reliability import estimate_reliability, noise_rate
@@ -208,12 +208,12 @@ def aggregate(ranks: Tensor, config: AggregateConfig | None = None) -> dict[str,
         batch_size=cfg.batch_size, max_iter=cfg.max_iter, tie_tol=cfg.tie_tolerance)
     slot_w = rel.annotator_weight[ann]
     fit = fit_groups(ranks, slot_w, torch.ones(n, k, dtype=torch.bool), cfg)
-    tiers = fit["tiers"]
-    order = torch.argsort(tiers.double() * 1e6 - fit["theta"], dim=1, stable=True)
+    tiers = fit.tiers
+    order = torch.argsort(tiers.double() * 1e6 - fit.theta, dim=1, stable=True)
     above = tiers[:, :, None] < tiers[:, None, :]  # i in a better tier than j
     hard_p = torch.where(above, 1.0, torch.where(above.transpose(1, 2), 0.0, 0.5))
     hard_w = (tiers[:, :, None] != tiers[:, None, :]).float()
-    return {"p": fit["p"].float(), "w": fit["w"].float(), "order": order, "hard_p": hard_p.float(),
+    return {"p": fit.p.float(), "w": fit.w.float(), "order": order, "hard_p": hard_p.float(),
             "hard_w": hard_w, "noise": noise_rate(rel), "weights": rel.annotator_weight.tolist()}
 
 

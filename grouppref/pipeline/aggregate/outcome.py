@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from grouppref.pipeline.aggregate.config import AggregateConfig
+from grouppref.pipeline.aggregate.fit import BTFit
 from grouppref.pipeline.aggregate.parse import ParsedInput
 from grouppref.schemas import Agreement, PairPreference, Reject, ValidatedGroup
 from grouppref.schemas.reports import (
@@ -29,28 +30,28 @@ NOTE = ("a recommendation only: the trainer's loss is never switched automatical
         "the soft gspo loss on reward gain from an estimated 29%)")
 
 
-def rule_matches(used_n: np.ndarray, fit: dict[str, np.ndarray], config: AggregateConfig
+def rule_matches(used_n: np.ndarray, fit: BTFit, config: AggregateConfig
                  ) -> dict[str, np.ndarray]:
     """Which groups each noise rule matches; every array is ``(B,)`` bool."""
-    theta, valid = fit["theta"], fit["tiers"] >= 0
+    theta, valid = fit.theta, fit.tiers >= 0
     spread = (np.where(valid, theta, -np.inf).max(-1) - np.where(valid, theta, np.inf).min(-1))
     p_extreme = 1 / (1 + np.exp(-spread))  # p(best > worst)
-    kw = fit["kendall_w"]
+    kw = fit.kendall_w
     return {
         "no_rankings": used_n == 0,
         "too_few_rankings": used_n < config.min_rankings,
         "low_agreement": ~np.isnan(kw) & (kw < config.min_kendall_w),
-        "cycle": fit["cycle"].astype(bool),
+        "cycle": fit.cycle.astype(bool),
         "coin_flip": p_extreme < 0.5 + config.coin_flip_margin,
     }
 
 
-def _detail(rule: str, b: int, used_n: np.ndarray, fit: dict[str, np.ndarray],
+def _detail(rule: str, b: int, used_n: np.ndarray, fit: BTFit,
             config: AggregateConfig) -> str:
     if rule in ("too_few_rankings", "no_rankings"):
         return f"{rule} ({used_n[b]} used < {config.min_rankings})"
     if rule == "low_agreement":
-        return f"low_agreement (Kendall's W {fit['kendall_w'][b]:.3f} < {config.min_kendall_w})"
+        return f"low_agreement (Kendall's W {fit.kendall_w[b]:.3f} < {config.min_kendall_w})"
     if rule == "cycle":
         return "cycle (intransitive pairwise majority)"
     return f"coin_flip (p(best > worst) < {0.5 + config.coin_flip_margin:.2f})"
@@ -73,24 +74,24 @@ def _nanmean_or_none(x: np.ndarray) -> float | None:
     return float(x.mean()) if x.size else None
 
 
-def _record(parsed: ParsedInput, b: int, fit: dict[str, np.ndarray], used: np.ndarray,
+def _record(parsed: ParsedInput, b: int, fit: BTFit, used: np.ndarray,
             flags: list[str]) -> ValidatedGroup:
     group = parsed.groups[b]
     ids = group.candidate_ids()
     k = len(ids)
-    tiers = fit["tiers"][b, :k]
+    tiers = fit.tiers[b, :k]
     consensus = [[ids[i] for i in range(k) if tiers[i] == t] for t in range(int(tiers.max()) + 1)]
-    c, d = fit["conc"][b][used[b]].sum(), fit["disc"][b][used[b]].sum()
-    kw = fit["kendall_w"][b]
+    c, d = fit.conc[b][used[b]].sum(), fit.disc[b][used[b]].sum()
+    kw = fit.kendall_w[b]
     agreement = Agreement(
         num_annotators=int(used[b].sum()),
         kendall_w=None if math.isnan(kw) else float(min(max(kw, 0.0), 1.0)),
-        mean_tau=_nanmean_or_none(fit["tau"][b][used[b]]),
+        mean_tau=_nanmean_or_none(fit.tau[b][used[b]]),
         noise=float(d / (c + d)) if c + d > 0 else None)
     return ValidatedGroup(  # dict(group): the validated sub-records are reused, not re-parsed
         **dict(group), consensus=consensus,
-        strengths={cid: float(fit["theta"][b, i]) for i, cid in enumerate(ids)},
-        pairs=_pairs(ids, fit["p"][b, :k, :k], fit["w"][b, :k, :k], fit["wins"][b, :k, :k]),
+        strengths={cid: float(fit.theta[b, i]) for i, cid in enumerate(ids)},
+        pairs=_pairs(ids, fit.p[b, :k, :k], fit.w[b, :k, :k], fit.wins[b, :k, :k]),
         agreement=agreement, flags=flags)
 
 
@@ -106,7 +107,7 @@ class Decisions:
     flagged: np.ndarray  # (B,) bool: kept with at least one flag
 
 
-def decide(ann: torch.Tensor, rel: Reliability, fit: dict[str, np.ndarray],
+def decide(ann: torch.Tensor, rel: Reliability, fit: BTFit,
            config: AggregateConfig) -> Decisions:
     """Apply the noise rules to every group (vectorised)."""
     a = ann.numpy()
@@ -125,7 +126,7 @@ def decide(ann: torch.Tensor, rel: Reliability, fit: dict[str, np.ndarray],
                      flagged=flagged & ~rejected)
 
 
-def group_outcome(parsed: ParsedInput, b: int, fit: dict[str, np.ndarray], dec: Decisions,
+def group_outcome(parsed: ParsedInput, b: int, fit: BTFit, dec: Decisions,
                   config: AggregateConfig, stage: str) -> ValidatedGroup | Reject:
     """Group ``b`` as a ValidatedGroup with its flags, or a row Reject naming the rules."""
     group, used_n = parsed.groups[b], dec.used_n
@@ -189,14 +190,14 @@ def recommendation(noise: float | None, threshold: float,
                           f"{'>' if high else '<='} threshold {threshold:.1%}")
 
 
-def build_report(parsed: ParsedInput, rel: Reliability, fit: dict[str, np.ndarray],
+def build_report(parsed: ParsedInput, rel: Reliability, fit: BTFit,
                  dec: Decisions, config: AggregateConfig, source: str) -> AggregateReport:
     """The report: annotators, agreement, noise, rules, recommendation; ``summary`` for the
     manifest stats."""
     kept = ~dec.rejected
-    kw = np.clip(fit["kendall_w"][kept], 0.0, 1.0)
-    votes = (fit["conc"] + fit["disc"]).sum()
-    observed = float(fit["disc"].sum() / votes) if votes > 0 else None
+    kw = np.clip(fit.kendall_w[kept], 0.0, 1.0)
+    votes = (fit.conc + fit.disc).sum()
+    observed = float(fit.disc.sum() / votes) if votes > 0 else None
     noise = noise_rate(rel)
     rules: dict[str, RuleOutcome] = {}
     for rule in ("no_rankings", *RULES):

@@ -14,14 +14,15 @@ import torch
 
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.aggregate.config import INPUT_STAGES, STAGE, STAGE_VERSION, AggregateConfig
+from grouppref.pipeline.aggregate.fit import fit_groups
 from grouppref.pipeline.aggregate.outcome import build_report, decide, group_outcome
 from grouppref.pipeline.aggregate.parse import ParsedInput, encode_rankings, parse_rows
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import AggregateReport
-from grouppref.stats import bt, rankstats
-from grouppref.stats.reliability import estimate_reliability, fit_batches
+from grouppref.stats import bt
+from grouppref.stats.reliability import estimate_reliability
 
 REPORT = "report.json"
 
@@ -40,39 +41,6 @@ def resolve_input(store: RunStore, config: AggregateConfig) -> str:
             return name
     raise StageError(f"{store.root}: none of {list(INPUT_STAGES)} has completed; run "
                      "`grouppref rank`, `grouppref simulate` or `grouppref label pull` first")
-
-
-def fit_groups(ranks: torch.Tensor, slot_w: torch.Tensor, valid: torch.Tensor,
-               config: AggregateConfig) -> dict[str, torch.Tensor]:
-    """The final per-group fit and statistics, in batches (no per-group Python loop).
-
-    Args:
-        ranks (torch.Tensor): ``(B, A, K)`` tier indices, ``-1`` for padding.
-        slot_w (torch.Tensor): ``(B, A)`` weight of each ranking (0: not used).
-        valid (torch.Tensor): ``(B, K)`` bool, real (not padded) candidates.
-        config (AggregateConfig): prior, batch size, tolerances.
-
-    Returns:
-        dict[str, torch.Tensor]: ``theta`` (B, K), ``p`` and ``w`` (B, K, K) (``p_ij``,
-        ``w_ij``), ``wins`` (B, K, K), ``tiers`` (B, K), ``kendall_w`` (B,), ``tau`` (B, A),
-        ``conc`` / ``disc`` (B, A) against the consensus, ``cycle`` (B,) bool.
-    """
-    alpha, bs = config.prior_strength, config.batch_size
-    wins = torch.cat([bt.wins_rankings(ranks[s : s + bs], slot_w[s : s + bs])
-                      for s in range(0, ranks.shape[0], bs)])
-    theta = fit_batches(wins, alpha, bs, config.max_iter)
-    cov = torch.cat([bt.covariance_pairwise(theta[s : s + bs], wins[s : s + bs], alpha)
-                     for s in range(0, ranks.shape[0], bs)])
-    tiers = rankstats.tiers_strengths(theta, valid, config.tie_tolerance)
-    used = slot_w > 0
-    conc, disc = rankstats.concordance(ranks, tiers[:, None, :])
-    return {
-        "theta": theta, "p": bt.probabilities_pairwise(theta),
-        "w": bt.confidence_pairwise(cov, alpha), "wins": wins, "tiers": tiers,
-        "kendall_w": rankstats.kendall_w(ranks, used), "cycle": rankstats.majority_cycles(wins),
-        "tau": torch.where(used, rankstats.kendall_tau(ranks, tiers[:, None, :]), float("nan")),
-        "conc": torch.where(used, conc, 0), "disc": torch.where(used, disc, 0),
-    }
 
 
 def _kind_weights(parsed: ParsedInput, config: AggregateConfig) -> torch.Tensor:
@@ -115,7 +83,7 @@ def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
             tie_tol=config.tie_tolerance)
         slot_w = torch.where(ann >= 0, rel.annotator_weight[ann.clamp(min=0)], 0)
         fit = fit_groups(ranks, slot_w, valid, config)
-    fit_np = {k: v.numpy() for k, v in fit.items()}
+    fit_np = fit.numpy()
     dec = decide(ann, rel, fit_np, config)
     indices = list(range(len(parsed.groups)))
     with stage_progress() as bar:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from grouppref.errors import ConfigError
+from grouppref.config import validate
 from grouppref.pipeline.rank.settings import (
     RankerSettings,
     annotator_for,
     ranker_keys,
-    validation_message,
 )
 from grouppref.runs.stage import StageSpec
 
@@ -80,10 +79,7 @@ def load_rank_config(data: dict[str, Any], where: str) -> RankConfig:
     Raises:
         ConfigError: naming every invalid key and what is wrong with it.
     """
-    try:
-        return RankConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(f"{where}: invalid rank settings: {validation_message(e)}") from e
+    return validate(RankConfig, data, where)
 
 
 def _reads(config: RankConfig) -> tuple[str, ...]:

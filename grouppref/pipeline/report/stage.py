@@ -29,6 +29,7 @@ from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.manifest import read_rejects
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import ValidatedGroup  # noqa: E402
+from grouppref.schemas.reports import AggregateReport, EvalReport  # noqa: E402
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;
@@ -76,10 +77,6 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     return "-" if value is None else str(value)
-
-
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -148,44 +145,47 @@ def section_agreement(groups: list[ValidatedGroup]) -> str:
             + (_table(["flag", "groups"], flag_rows) if flag_rows else ""))
 
 
+def _aggregate_report(store: RunStore) -> AggregateReport | None:
+    path = store.stage_dir("aggregate") / "report.json"
+    return AggregateReport.model_validate_json(path.read_text()) if path.exists() else None
+
+
 def section_noise(store: RunStore) -> str:
-    report = _read_json(store.stage_dir("aggregate") / "report.json")
-    if not report:
+    report = _aggregate_report(store)
+    if report is None:
         return _missing("Annotators and noise", "noise",
                         "No aggregate report yet (run the aggregate stage).")
     out = _h2("Annotators and noise", "noise")
-    annotators = report.get("annotators") or []
     sim = store.manifest("simulate")
     truth = (sim.stats.get("annotators") or {}) if sim is not None else {}
-    if annotators:
-        rows = [[a["id"], a.get("kind"), a.get("groups"), a.get("tau"), a.get("flip_rate"),
-                 (truth.get(a["id"]) or {}).get("realised_flip_rate"), a.get("weight"),
-                 "yes" if a.get("unreliable") else "", "yes" if a.get("dropped") else ""]
-                for a in annotators]
+    if report.annotators:
+        rows = [[a.id, a.kind, a.groups, a.tau, a.flip_rate,
+                 (truth.get(a.id) or {}).get("realised_flip_rate"), a.annotator_weight,
+                 "yes" if a.unreliable else "", "yes" if a.dropped else ""]
+                for a in report.annotators]
         out += _table(["annotator", "kind", "groups", "tau vs consensus", "estimated flip rate",
-                       "true flip rate (simulated)", "weight", "unreliable", "dropped"], rows)
-    noise = report.get("noise") or {}
-    rec = report.get("recommendation") or {}
-    if noise.get("estimated") is not None:
-        kept_sim = [a for a in annotators if a["id"] in truth and not a.get("dropped")]
+                       "true flip rate (simulated)", "annotator weight", "unreliable",
+                       "dropped"], rows)
+    noise, rec = report.noise, report.recommendation
+    if noise.estimated is not None:
+        kept_sim = [a for a in report.annotators if a.id in truth and not a.dropped]
         extra = ""
         if kept_sim:
-            est = sum(a.get("flip_rate") or 0.0 for a in kept_sim) / len(kept_sim)
-            true = sum(truth[a["id"]]["realised_flip_rate"] for a in kept_sim) / len(kept_sim)
+            est = sum(a.flip_rate or 0.0 for a in kept_sim) / len(kept_sim)
+            true = sum(truth[a.id]["realised_flip_rate"] for a in kept_sim) / len(kept_sim)
             extra = (f"<br>Simulated annotators kept in the fit: mean estimated flip rate "
                      f"<b>{est:.1%}</b>, mean true flip rate <b>{true:.1%}</b>.")
-        warn = " warn" if rec.get("loss") != "gspo" else ""
-        loss = str(rec.get("loss") or "none: do not train on these labels")
+        warn = " warn" if rec.loss != "gspo" else ""
+        loss = str(rec.loss or "none: do not train on these labels")
         out += (f"<div class='box{warn}'>Estimated label noise (all annotators in the fit): "
-                f"<b>{noise['estimated']:.1%}</b>; share of votes against the consensus: "
-                f"{_fmt(noise.get('observed_against_consensus'))}.{extra}<br>Recommended loss: "
-                f"<b>{html.escape(loss)}</b> ({html.escape(rec.get('reason', ''))})."
-                f"<br><span class='muted'>{html.escape(rec.get('note', ''))}</span></div>")
-    rules = report.get("rules") or {}
-    if rules:
+                f"<b>{noise.estimated:.1%}</b>; share of votes against the consensus: "
+                f"{_fmt(noise.observed_against_consensus)}.{extra}<br>Recommended loss: "
+                f"<b>{html.escape(loss)}</b> ({html.escape(rec.reason)})."
+                f"<br><span class='muted'>{html.escape(rec.note)}</span></div>")
+    if report.rules:
         out += "<h3>Noise rules</h3>" + _table(
             ["rule", "action", "groups flagged", "groups dropped"],
-            [[name, r.get("action"), r.get("flagged"), r.get("dropped")] for name, r in rules.items()])
+            [[name, r.action, r.flagged, r.dropped] for name, r in report.rules.items()])
     return out
 
 
@@ -220,20 +220,21 @@ def section_training(store: RunStore) -> str:
 
 
 def section_eval(store: RunStore) -> str:
-    metrics = _read_json(store.stage_dir("eval") / "metrics.json")
-    if not metrics or "metrics" not in metrics:
+    path = store.stage_dir("eval") / "metrics.json"
+    if not store.is_complete("eval") or not path.exists():
         return _missing("Evaluation on the held-out split", "evaluation",
                         "No evaluation in this run.")
-    before = metrics["metrics"].get("baseline") or {}
-    after = metrics["metrics"].get("model") or {}
+    report = EvalReport.model_validate_json(path.read_text())
+    before = report.metrics.get("baseline") or {}
+    after = report.metrics.get("model") or {}
     keys = [k for k in before if isinstance(before.get(k), int | float) and k != "groups"]
     rows = [[k, before.get(k), after.get(k),
-             (after[k] - before[k]) if isinstance(after.get(k), int | float) else None]
-            for k in keys]
-    head = (f"<p class='muted'>{metrics.get('groups')} held-out groups ({metrics.get('split')} "
-            f"split); before = {html.escape(str(metrics.get('baseline')))}, after = "
-            f"{html.escape(str(metrics.get('model')))}; implicit reward beta = "
-            f"{_fmt(metrics.get('beta'))} against {html.escape(str(metrics.get('ref_model')))}.</p>")
+             (after[k] - before[k]) if isinstance(after.get(k), int | float)
+             and isinstance(before.get(k), int | float) else None] for k in keys]
+    head = (f"<p class='muted'>{report.groups} held-out groups ({report.split} split); before "
+            f"= {html.escape(str(report.baseline))}, after = {html.escape(str(report.model))}; "
+            f"implicit reward beta = {_fmt(report.beta)} against "
+            f"{html.escape(str(report.ref_model))}.</p>")
     plot = _eval_plot(before, after, keys)
     return (_h2("Evaluation on the held-out split", "evaluation") + head + plot
             + _table(["metric", "before", "after", "change"], rows))

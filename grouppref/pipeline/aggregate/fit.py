@@ -1,0 +1,62 @@
+"""The final per-group Bradley-Terry fit of the aggregate stage, batched, and its result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from grouppref.pipeline.aggregate.config import AggregateConfig
+from grouppref.stats import bt, rankstats
+from grouppref.stats.reliability import fit_batches
+
+
+@dataclass
+class BTFit:
+    """Per-group fit results, tensors (or, after :meth:`numpy`, arrays) of B groups, A
+    ranking slots and K candidates."""
+
+    theta: Any  # (B, K) log-strengths
+    p: Any  # (B, K, K) p_ij = P(i > j)
+    w: Any  # (B, K, K) confidence w_ij
+    wins: Any  # (B, K, K) weighted votes
+    tiers: Any  # (B, K) consensus tier index, -1 for padding
+    kendall_w: Any  # (B,) Kendall's W of the rankings used (NaN: not defined)
+    cycle: Any  # (B,) bool: intransitive pairwise majority
+    tau: Any  # (B, A) tau-b of each ranking against the consensus (NaN: not used)
+    conc: Any  # (B, A) concordant pairs against the consensus
+    disc: Any  # (B, A) discordant pairs against the consensus
+
+    def numpy(self) -> BTFit:
+        return BTFit(**{f.name: getattr(self, f.name).numpy() for f in fields(self)})
+
+
+def fit_groups(ranks: torch.Tensor, slot_w: torch.Tensor, valid: torch.Tensor,
+               config: AggregateConfig) -> dict[str, torch.Tensor]:
+    """The final per-group fit and statistics, in batches (no per-group Python loop).
+
+    Args:
+        ranks (torch.Tensor): ``(B, A, K)`` tier indices, ``-1`` for padding.
+        slot_w (torch.Tensor): ``(B, A)`` weight of each ranking (0: not used).
+        valid (torch.Tensor): ``(B, K)`` bool, real (not padded) candidates.
+        config (AggregateConfig): prior, batch size, tolerances.
+
+    Returns:
+        BTFit: the fitted tensors (see :class:`BTFit`).
+    """
+    alpha, bs = config.prior_strength, config.batch_size
+    wins = torch.cat([bt.wins_rankings(ranks[s : s + bs], slot_w[s : s + bs])
+                      for s in range(0, ranks.shape[0], bs)])
+    theta = fit_batches(wins, alpha, bs, config.max_iter)
+    cov = torch.cat([bt.covariance_pairwise(theta[s : s + bs], wins[s : s + bs], alpha)
+                     for s in range(0, ranks.shape[0], bs)])
+    tiers = rankstats.tiers_strengths(theta, valid, config.tie_tolerance)
+    used = slot_w > 0
+    conc, disc = rankstats.concordance(ranks, tiers[:, None, :])
+    return BTFit(
+        theta=theta, p=bt.probabilities_pairwise(theta), w=bt.confidence_pairwise(cov, alpha),
+        wins=wins, tiers=tiers, kendall_w=rankstats.kendall_w(ranks, used),
+        cycle=rankstats.majority_cycles(wins),
+        tau=torch.where(used, rankstats.kendall_tau(ranks, tiers[:, None, :]), float("nan")),
+        conc=torch.where(used, conc, 0), disc=torch.where(used, disc, 0))
