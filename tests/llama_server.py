@@ -26,8 +26,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from grouppref.labeling import processes as procs
-from grouppref.models import embedded_gguf
+from grouppref.labeling.server import processes as procs
+from grouppref.models.loading import embedded_gguf
 from tests.suite_setup import missing_requirement
 
 MODEL_ALIAS = "smollm2"

@@ -67,7 +67,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _COUNTS.record(report)
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    if config.option.collectonly:
+        return
     deselected = len(terminalreporter.stats.get("deselected", []))
     terminalreporter.section("tests run")
     for line in _COUNTS.lines(deselected):
