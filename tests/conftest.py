@@ -69,5 +69,7 @@ def artifacts_dir() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
 
-# the embedded Argilla server and PostgreSQL fixtures (tests/argilla_fixtures.py)
-pytest_plugins = ["tests.argilla_fixtures"]
+# failures for missing requirements and the end-of-run count of tests run (tests/suite_setup.py,
+# first: the others import it), the embedded Argilla server and PostgreSQL fixtures
+# (tests/argilla_fixtures.py), llama.cpp's server (tests/llama_server.py)
+pytest_plugins = ["tests.suite_setup", "tests.argilla_fixtures", "tests.llama_server"]
