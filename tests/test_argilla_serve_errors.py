@@ -21,6 +21,7 @@ from grouppref.errors import ConfigError
 from grouppref.labeling.server.credentials import load_credentials
 from grouppref.labeling.server.embedded import EmbeddedArgilla
 from grouppref.labeling.server.processes import pid_alive
+from grouppref.labeling.server.venv import VENV_ENV, default_venv_dir
 from tests.test_label_errors import grouppref, one_line_exit_2
 
 pytestmark = pytest.mark.argilla
@@ -28,7 +29,9 @@ pytestmark = pytest.mark.argilla
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path)}
+    """A clean environment; argilla-server's venv is the one this session already built."""
+    return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path),
+            VENV_ENV: str(default_venv_dir())}
 
 
 def test_port_out_of_range_is_one_line(env: dict[str, str], tmp_path: Path) -> None:
@@ -59,7 +62,8 @@ def test_bad_postgresql_url_is_one_line_and_never_remembered(
         f":{parts.password}@", ":wrong-password-42@")))
     state = tmp_path / "state"
     line = one_line_exit_2(grouppref("label", "serve", "--port", "0", "--state-dir", str(state),
-                                     "--database-url", wrong, env=env))
+                                     "--database-url", wrong, env=env),
+                           progress="starting Argilla")
     assert "embedded Argilla: the server failed:" in line
     assert "password authentication failed" in line and "(full log:" in line
     assert "wrong-password-42" not in line and parts.password not in line
@@ -97,7 +101,8 @@ def test_serve_after_the_server_was_killed_cleans_up_and_starts(env: dict[str, s
                           str(state), env=env)
         assert again.returncode == 0, again.stderr
         assert "already runs" not in again.stderr
-        assert "had died; stopped what was left of it (redis, worker)" in again.stderr
+        assert "had died; stopped what was left of it (redis, worker)" in again.stderr, \
+            again.stderr
         assert not pid_alive(old["worker"], "") and not pid_alive(old["redis"], "")
         new = _children(state)
         url = json.loads((state / "run.json").read_text())["url"]

@@ -44,9 +44,10 @@ def grouppref(*args: str, env: dict[str, str], stdin: str | None = None
                           text=True, cwd=ROOT, timeout=300, env=env, input=stdin)
 
 
-def one_line_exit_2(result: subprocess.CompletedProcess[str]) -> str:
+def one_line_exit_2(result: subprocess.CompletedProcess[str], progress: str = "\0") -> str:
+    """The one error line of a failed command (lines starting with ``progress`` aside)."""
     assert result.returncode == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
+    lines = [ln for ln in result.stderr.strip().splitlines() if not ln.startswith(progress)]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     return lines[0]
 

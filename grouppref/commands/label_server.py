@@ -51,6 +51,7 @@ def _serve(config: ServerConfig, extras: dict[str, Any], force: bool) -> None:
     if config.database_url is None and os.environ.get(DATABASE_ENV):
         config = config.model_copy(update={"database_url": os.environ[DATABASE_ENV]})
     server = EmbeddedArgilla(config)
+    server.prepare()  # a bad --state-dir or --database-url fails before the progress line
     err.print("starting Argilla (the first start builds its environment, ~1 min) ...")
     server.start(detach=extras["detach"])
     if server.cleaned_up:

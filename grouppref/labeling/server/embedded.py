@@ -131,10 +131,7 @@ class EmbeddedArgilla:
             ConfigError: the state dir is not a directory, a server already runs on it, the
                 port is taken, or a child failed (one line: its error and the log's path).
         """
-        given = self.config.database_url
-        database_url = _async_database_url(given) if given else None
-        self._prepare_state_dir()
-        self._check_not_running()
+        database_url = self.prepare()
         env_paths = ensure_server_env(self.config.venv_dir)
         self._credentials = creds.load_or_create(self.credentials_path, self.workspace)
         database_url = database_url or self._credentials.database_url
@@ -157,6 +154,20 @@ class EmbeddedArgilla:
             "url": self.url, "host": host, "port": port, "detached": detach,
             "pids": self.pids()})
         return self
+
+    def prepare(self) -> str | None:
+        """The checks a start makes before spending time: the database URL's form, the state
+        directory (created), no live server on it (what is left of a dead one is stopped).
+        Returns the given database URL in argilla-server's async form (None: not given).
+
+        Raises:
+            ConfigError: see :meth:`start`.
+        """
+        given = self.config.database_url
+        database_url = _async_database_url(given) if given else None
+        self._prepare_state_dir()
+        self._check_not_running()
+        return database_url
 
     def _prepare_state_dir(self) -> None:
         where = f"--state-dir {self.state_dir}"
@@ -311,7 +322,7 @@ def live_children(info: dict, state_dir: Path) -> dict[str, int]:
     """The children recorded in a run file that still run (``name -> pid``)."""
     marks = {"server": str(LAUNCHER), "worker": str(LAUNCHER), "redis": "redis-server"}
     return {name: pid for name, pid in info.get("pids", {}).items()
-            if procs.pid_alive(pid, marks.get(name, ""), cwd=state_dir)}
+            if procs.pid_alive(pid, marks.get(name, ""), under=state_dir)}
 
 
 def stop_state_dir(state_dir: Path) -> bool:
