@@ -55,7 +55,7 @@ class ServerConfig(BaseModel):
         "~/.local/share/grouppref/argilla."))
     database_url: str | None = Field(default=None, description=(
         "PostgreSQL URL (postgresql://user:password@host:port/db); default SQLite in the "
-        "state directory. Remembered for later starts."))
+        "state directory. Remembered for later starts once a start with it succeeded."))
     workspace: str = Field(default="grouppref", description=(
         "Argilla workspace created for the owner and new annotators."))
     password_cost: int = Field(default=10, ge=10, le=15, description=(
