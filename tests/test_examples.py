@@ -113,10 +113,11 @@ def expected_tiers(group: AnnotatedGroup, slot_tiers: list[list[str]]) -> list[l
     return [t for t in ([ids[s] for s in tier if s in ids] for tier in slot_tiers) if t]
 
 
-def answer(server: Any, key: str, dataset_id: str, plan: dict[str, list[list[str]]],
+def answer(server: Any, key: str, dataset_ids: list[str], plan: dict[str, list[list[str]]],
            status: str = "submitted") -> None:
     with annotator_http(server.url, key) as http:
-        records = annotator_records(http, dataset_id)
+        records = {gid: rec for did in dataset_ids
+                   for gid, rec in annotator_records(http, did).items()}
         for gid, tiers in plan.items():
             respond(http, records[gid]["id"], tiers, status=status)
 
@@ -141,7 +142,8 @@ def test_human_example_waits_then_pulls_the_submitted_rankings(
     assert "waiting for 6 more submitted ranking(s): 0/3 groups have 2 each" in first.output
     assert "pushed 3 groups" in first.output
     assert not store.is_complete("label") and not store.stage_dir("aggregate").exists()
-    dataset_id = json.loads((store.stage_dir("label") / "push.json").read_text())["dataset_id"]
+    pushed = json.loads((store.stage_dir("label") / "push.json").read_text())["datasets"]
+    dataset_ids = [d["dataset_id"] for d in pushed]  # one dataset per group size
 
     groups = {g.group_id: g for g in store.load_records("rank", AnnotatedGroup)}
     a, b, c = groups
@@ -152,9 +154,9 @@ def test_human_example_waits_then_pulls_the_submitted_rankings(
                       c: [["response_3"], ["response_2"], ["response_1"]]},
         users[1][0]: {a: [["response_1"], ["response_2"], ["response_3"]]},
     }
-    answer(argilla_server, users[0][2], dataset_id, plans[users[0][0]])
-    answer(argilla_server, users[1][2], dataset_id, plans[users[1][0]])
-    answer(argilla_server, users[2][2], dataset_id, {b: [["response_1"], ["response_2"],
+    answer(argilla_server, users[0][2], dataset_ids, plans[users[0][0]])
+    answer(argilla_server, users[1][2], dataset_ids, plans[users[1][0]])
+    answer(argilla_server, users[2][2], dataset_ids, {b: [["response_1"], ["response_2"],
                                                          ["response_3"]]}, status="draft")
 
     second = grouppref_run(*args)
@@ -176,7 +178,7 @@ def test_human_example_waits_then_pulls_the_submitted_rankings(
         deadline = time.monotonic() + 120  # answer anyway then, so a failure cannot hang
         while "1 draft(s)" not in log.getvalue() and time.monotonic() < deadline:
             time.sleep(0.05)  # wait until the run has polled and is waiting
-        answer(argilla_server, users[1][2], dataset_id, later)
+        answer(argilla_server, users[1][2], dataset_ids, later)
 
     thread = threading.Thread(target=answer_once_waiting, daemon=True)
     thread.start()

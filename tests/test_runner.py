@@ -178,7 +178,7 @@ def response(group: str, user: str, status: str = "submitted") -> ArgillaRespons
 
 
 def test_label_progress_counts_the_fewest_missing_submissions() -> None:
-    state = DatasetState(dataset={}, records=[], responses=[
+    state = DatasetState(datasets=[], records=[], responses=[
         response("a", "u1"), response("a", "u2"), response("b", "u1"), response("c", "u1",
         "draft"), response("other-run", "u1"), response("b", "u3", "discarded")])
     groups = ["a", "b", "c", "d"]

@@ -33,11 +33,12 @@ ClientOpts = [
     Extra("run", Annotated[Path, typer.Argument(help="Run directory, e.g. runs/demo.", metavar="RUN",
                                                 show_default=False)]),
     Extra("api_url", Annotated[str | None, typer.Option(
-        help="Argilla URL (default: $ARGILLA_API_URL, else the embedded server's).",
-        show_default=False)], None),
+        help="Argilla URL, its key from $ARGILLA_API_KEY (default: $ARGILLA_API_URL, else the "
+        "embedded server's). Not together with --state-dir.", show_default=False)], None),
     Extra("state_dir", Annotated[Path | None, typer.Option(
-        help="State directory of the embedded server to use (default: $ARGILLA_API_URL/KEY, "
-        "else the default embedded server).", show_default=False)], None),
+        help="Use the embedded server started on this state directory (its URL and owner "
+        "key; overrides $ARGILLA_API_URL/KEY). Not together with --api-url.",
+        show_default=False)], None),
     Extra("retries", Annotated[int, typer.Option(help=help_of(ClientSettings, "retries"))], 4),
     Extra("timeout", Annotated[float, typer.Option(help=help_of(ClientSettings, "timeout"))],
           60.0),
@@ -72,17 +73,20 @@ def _push(config: PushConfig, extras: dict[str, Any], force: bool) -> None:
         report = push_run(RunStore(extras["run"]), _with_workspace(config, embedded_ws), client)
     for r in report.refused:
         err.print(f"[red]refused[/] {r.one_line()}")
-    state = "created" if report.created_dataset else "existing"
+    for d in report.datasets:
+        state = "created" if d.created_dataset else "existing"
+        out.print(f"  {state} dataset {d.name!r} (K={d.k}): {d.groups} groups, {d.created} new, "
+                  f"{d.updated} updated, {len(d.refused)} refused", highlight=False)
     out.print(f"[green]label push[/]: {report.groups} groups from {report.source_stage} -> "
-              f"{state} dataset {report.dataset!r} (workspace {report.workspace!r}, K={report.k}): "
+              f"{len(report.datasets)} dataset(s) in workspace {report.workspace!r}: "
               f"{report.created} new, {report.updated} updated, {len(report.refused)} refused"
               + (f", {report.retried} retries" if report.retried else ""))
 
 
 push = config_command(
     PushConfig, _push, name="push", section="push", extras=ClientOpts, rename=RENAME, force_help=None,
-    doc="Send the run's groups to Argilla for human ranking (one record per group; re-push "
-    "updates).",
+    doc="Send the run's groups to Argilla for human ranking: one dataset per group size "
+    "(<dataset>-k<K>), one record per group; a re-push updates.",
     custom={"guidelines": Custom("--guidelines", "File with the annotation guidelines "
                                  "(Markdown).", _read_guidelines, metavar="FILE")})
 
@@ -94,10 +98,13 @@ def _pull(config: PullConfig, extras: dict[str, Any], force: bool) -> None:
                           force=force)
     print_stage(report.stage, name="label")
     s = report.stats
+    rejected = s.get("rejected_responses", 0)
     out.print(f"human rankings: {s.get('human_rankings', 0)} in "
-              f"{s.get('groups_with_human_rankings', 0)} groups; this pull: {report.new} new, "
-              f"{report.changed} changed; drafts {s.get('drafts', 0)}, discarded "
-              f"{s.get('discarded', 0)} (not used)")
+              f"{s.get('groups_with_human_rankings', 0)} groups; this pull kept {report.new} "
+              f"new, {report.changed} changed"
+              + (f", rejected {rejected} (reasons in {report.stage.dir / 'rejects.jsonl'})"
+                 if rejected else "")
+              + f"; drafts {s.get('drafts', 0)}, discarded {s.get('discarded', 0)} (not used)")
 
 
 pull = config_command(
@@ -111,7 +118,7 @@ def _status(config: TargetConfig, extras: dict[str, Any], force: bool) -> None:
     with client:
         report = label_status(RunStore(extras["run"]), _with_workspace(config, embedded_ws),
                               client)
-    table = Table(title=f"dataset {report.dataset}")
+    table = Table(title=f"datasets {report.dataset}-k*")
     for col in ("annotator", "submitted", "draft", "discarded"):
         table.add_column(col, justify="left" if col == "annotator" else "right", overflow="fold")
     for user, counts in report.annotators.items():

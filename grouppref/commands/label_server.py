@@ -16,11 +16,11 @@ import typer
 
 from grouppref.commands.options import Extra, config_command, help_of
 from grouppref.commands.output import err, out
+from grouppref.labeling.server.accounts import create_user
 from grouppref.labeling.server.credentials import CREDENTIALS_FILE, load_credentials
 from grouppref.labeling.server.embedded import (
     EmbeddedArgilla,
     ServerConfig,
-    create_user,
     default_state_dir,
     running_url,
     stop_state_dir,
@@ -51,8 +51,12 @@ def _serve(config: ServerConfig, extras: dict[str, Any], force: bool) -> None:
     if config.database_url is None and os.environ.get(DATABASE_ENV):
         config = config.model_copy(update={"database_url": os.environ[DATABASE_ENV]})
     server = EmbeddedArgilla(config)
+    server.prepare()  # a bad --state-dir or --database-url fails before the progress line
     err.print("starting Argilla (the first start builds its environment, ~1 min) ...")
     server.start(detach=extras["detach"])
+    if server.cleaned_up:
+        err.print(f"note: the previous server of {server.state_dir} had died; stopped what was "
+                  f"left of it ({', '.join(server.cleaned_up)})")
     _report(server, extras["show_secrets"])
     if config.host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[yellow]warning:[/] bound to {config.host}: reachable from your network")

@@ -82,37 +82,56 @@ def embedded_credentials(state_dir: Path | None = None) -> tuple[str, str, str, 
 
 def resolve_credentials(api_url: str | None = None, api_key: str | None = None,
                         state_dir: Path | None = None) -> ArgillaCredentials:
-    """The Argilla URL and API key: arguments, else the environment, else the embedded server.
+    """The Argilla URL and API key, by this rule (the first that applies wins):
 
-    ``ARGILLA_API_URL`` / ``ARGILLA_API_KEY`` name any Argilla (remote or local); when either is
-    missing, the embedded server running on ``state_dir`` (``grouppref label serve``) supplies
-    its URL, the owner's key and its workspace.
+    1. ``state_dir``: the embedded server started there (its URL, owner key and workspace);
+       it overrides ``ARGILLA_API_URL`` / ``ARGILLA_API_KEY``;
+    2. ``api_url`` (else ``ARGILLA_API_URL``) with ``api_key`` (else ``ARGILLA_API_KEY``);
+       without a key, the URL must be the default embedded server's, whose owner key is used;
+    3. the embedded server on its default state directory.
+
+    ``api_url`` and ``state_dir`` together name two servers: an error, never a silent choice.
 
     Args:
         api_url (str | None): server URL, e.g. ``http://127.0.0.1:6900``.
         api_key (str | None): API key (an owner or admin key to push and pull).
-        state_dir (Path | None): the embedded server's state directory (default: its default).
+        state_dir (Path | None): the embedded server's state directory.
 
     Raises:
-        ConfigError: no URL or key given and no embedded server running.
+        ConfigError: both ``api_url`` and ``state_dir``; no key for a URL; no server at all.
     """
+    if api_url and state_dir is not None:
+        raise ConfigError(f"--api-url {api_url} and --state-dir {state_dir} both name a server; "
+                          "pass --api-url (with $ARGILLA_API_KEY) for any Argilla, or "
+                          "--state-dir for the embedded server started there")
+    if state_dir is not None:
+        return _embedded(state_dir)
     url = api_url or os.environ.get(ENV_URL)
     key = api_key or os.environ.get(ENV_KEY)
-    if url and key and state_dir is None:
+    if url and key:
         return ArgillaCredentials(api_url=url.rstrip("/"), api_key=SecretStr(key),
                                   source="arguments" if api_key else "environment")
-    missing = " and ".join(n for n, v in ((ENV_URL, url), (ENV_KEY, key)) if not v)
     try:
-        e_url, e_key, workspace, path = embedded_credentials(state_dir)
+        found = _embedded(None)
     except ConfigError as e:
-        if state_dir is not None:
-            raise
+        missing = " and ".join(n for n, v in ((ENV_URL, url), (ENV_KEY, key)) if not v)
         raise ConfigError(f"no Argilla server configured: set {missing} for your Argilla, or "
                           f"start the embedded one ({e})") from e
-    if state_dir is None and url and url.rstrip("/") != e_url:
-        raise ConfigError(f"{ENV_URL}={url} is set but {ENV_KEY} is not; set {ENV_KEY} too")
-    return ArgillaCredentials(api_url=e_url, api_key=SecretStr(e_key), source=path,
+    if url and url.rstrip("/") != found.api_url:
+        where = "--api-url" if api_url else ENV_URL
+        raise ConfigError(f"{where} {url} has no API key: set {ENV_KEY} to an owner or admin "
+                          "key of that Argilla")
+    return found
+
+
+def _embedded(state_dir: Path | None) -> ArgillaCredentials:
+    url, key, workspace, path = embedded_credentials(state_dir)
+    return ArgillaCredentials(api_url=url, api_key=SecretStr(key), source=path,
                               workspace=workspace)
+
+
+def _is_json(response: httpx.Response) -> bool:
+    return "json" in response.headers.get("content-type", "")
 
 
 def _detail(response: httpx.Response) -> str:
@@ -197,9 +216,14 @@ class ArgillaClient:
 
     def _answer(self, method: str, path: str, response: httpx.Response) -> Any:
         status = response.status_code
-        if status < 400:
-            return response.json() if response.content else None
         where = f"{method} {path}"
+        if status < 400:
+            if not response.content:
+                return None
+            try:
+                return response.json()
+            except ValueError:
+                raise self._not_argilla(where, response) from None
         if status == 401:
             raise ArgillaConnectionError(
                 f"Argilla at {self.credentials.api_url} refused the API key from "
@@ -209,7 +233,26 @@ class ArgillaClient:
             raise ArgillaConnectionError(
                 f"Argilla user {self.me.get('username', '?')!r} (role {role}) may not do "
                 f"{where} (403); use an owner or admin API key")
+        if not _is_json(response):
+            raise self._not_argilla(where, response)
         raise ArgillaConnectionError(f"Argilla answered {status} to {where}: {_detail(response)}")
+
+    def _not_argilla(self, where: str, response: httpx.Response) -> ArgillaConnectionError:
+        kind = response.headers.get("content-type", "no content type").split(";")[0]
+        return ArgillaConnectionError(
+            f"{self.credentials.api_url} does not answer like an Argilla 2.x server ({where}: "
+            f"HTTP {response.status_code}, {kind}); check --api-url / {ENV_URL}")
+
+    def require_manager(self, action: str) -> None:
+        """Refuse an annotator's key up front (annotators may not list records or users).
+
+        Raises:
+            ArgillaConnectionError: the key belongs to an annotator.
+        """
+        if self.me.get("role") == "annotator":
+            raise ArgillaConnectionError(
+                f"this key belongs to an annotator ({self.me.get('username')!r}); {action} "
+                "needs an owner or admin key")
 
     # -- lookups shared by push / pull / status ---------------------------------------------
     def workspace_id(self, name: str, create: bool = False) -> str:
@@ -262,7 +305,13 @@ def connect(credentials: ArgillaCredentials, settings: ClientSettings | None = N
     """
     client = ArgillaClient(credentials, settings)
     try:
-        client.me = client.request("GET", "/api/v1/me")
+        me = client.request("GET", "/api/v1/me", allow=(404,))
+        if not isinstance(me, dict) or not {"username", "role"} <= me.keys():
+            raise ArgillaConnectionError(
+                f"{credentials.api_url} does not answer like an Argilla 2.x server (GET "
+                f"/api/v1/me: {'not found' if me is None else 'no user'}); check --api-url / "
+                f"{ENV_URL}")
+        client.me = me
     except BaseException:
         client.close()
         raise

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from grouppref.labeling.dataset import (
-    RATIONALE,
-    DatasetSpec,
-)
+from grouppref.labeling.dataset import RATIONALE, DatasetSpec, is_chat
 from grouppref.runs.stage import StageSpec
 from grouppref.runs.store import RunStore
 
@@ -34,8 +31,9 @@ class TargetConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dataset: str | None = Field(default=None, description="Argilla dataset name; default "
-                                "'grouppref-<run directory name>'.")
+    dataset: str | None = Field(default=None, min_length=1, max_length=190, description=(
+        "Base name of the run's Argilla datasets, one per group size k: '<name>-k<k>'; "
+        "default 'grouppref-<run directory name>'."))
     workspace: str = Field(default=DEFAULT_WORKSPACE, description="Argilla workspace of the dataset "
                            "(created on push when missing and the key is an owner's).")
     source_stage: SourceStage | None = Field(default=None, description="Stage whose groups "
@@ -58,20 +56,24 @@ class PushConfig(TargetConfig):
     guidelines: str | None = Field(default=None, description="Annotation guidelines (text); "
                                    "default: grouppref's ranking guidelines.")
     suggest_from: str | None = Field(default=None, description="Annotator id of the automatic "
-                                     "ranking shown as suggestion; default: the first "
-                                     "non-human ranking of each group.")
+                                     "ranking shown as suggestion; default: the ensemble "
+                                     "ranking when a group has one, else its first automatic "
+                                     "ranking.")
     batch_size: int = Field(default=100, ge=1, le=MAX_BATCH,
                             description="Records per bulk upsert request.")
 
-    def spec(self, k: int, existing: dict[str, Any] | None = None) -> DatasetSpec:
-        """The dataset spec; unset choices follow ``existing`` (a :func:`schema_summary`)."""
+    def spec(self, k: int, chat: bool, existing: dict[str, Any] | None = None,
+             fields: list[dict[str, Any]] | None = None) -> DatasetSpec:
+        """The spec of the size-``k`` dataset; unset choices follow the existing dataset
+        (``existing``: its :func:`schema_summary`; ``fields``: its fields, whose prompt may
+        already be a ChatField, which plain prompts fit too)."""
         extra = {"guidelines": self.guidelines} if self.guidelines else {}
         min_submitted = self.min_submitted or (existing or {}).get("min_submitted") or 1
         rationale = self.rationale
         if rationale is None:
             rationale = existing is None or RATIONALE in existing["questions"]
-        return DatasetSpec(k=k, min_submitted=min_submitted, rationale=rationale,
-                           use_markdown=self.use_markdown, **extra)
+        return DatasetSpec(k=k, chat=chat or is_chat(fields or []), min_submitted=min_submitted,
+                           rationale=rationale, use_markdown=self.use_markdown, **extra)
 
 
 class PullConfig(TargetConfig):
@@ -97,6 +99,14 @@ class LabelRunConfig(BaseModel):
                                   "server to use (default: its default state directory).")
     poll_seconds: float = Field(default=30.0, gt=0, description="With --wait: seconds between "
                                 "progress checks.")
+
+    @model_validator(mode="after")
+    def _one_server(self) -> LabelRunConfig:
+        if self.api_url and self.state_dir:
+            raise ValueError("api_url and state_dir both name a server; give api_url (any "
+                             "Argilla, key from $ARGILLA_API_KEY) or state_dir (the embedded "
+                             "server started there)")
+        return self
 
 
 def _reads(config: LabelRunConfig) -> tuple[str, ...]:

@@ -1,21 +1,22 @@
-"""The Argilla dataset of a run: its settings, its records, and rankings read back from it.
+"""The Argilla datasets of a run: their settings, their records, and rankings read back.
 
+Argilla's ranking question has a fixed list of options per dataset, and a submitted ranking
+must place every option. So a run's groups go to **one dataset per group size k**
+(``<name>-k<k>``): annotators rank exactly the k responses a group has, never an empty slot.
 One record per group (record ``external_id`` = ``group_id``, so pushing again updates it):
 
-- fields ``prompt`` and ``response_1 .. response_K`` (K = the largest group; ``response_i`` with
-  i > k are *optional* fields left out for a group of k < K candidates);
-- a ``ranking`` question (Argilla's RankingQuestion) over ``response_1 .. response_K``, and an
+- fields ``prompt`` and ``response_1 .. response_k``; the prompt is Argilla's ``ChatField``
+  when the run has chat prompts (each turn shown with its role; a plain prompt in such a
+  dataset is one user turn), else a ``TextField``;
+- a ``ranking`` question (Argilla's RankingQuestion) over ``response_1 .. response_k``, and an
   optional free-text ``rationale`` question;
 - metadata properties ``group_id`` (terms), ``models`` (terms) and ``k`` (integer), plus the
   extra metadata ``candidate_ids`` = ``{"response_i": candidate_id}``: the map pull needs to
   turn an annotator's ranking back into candidate ids;
-- a suggestion for ``ranking`` from one automatic ranking (agent = its annotator id, score =
-  its per-candidate scores scaled to [0, 1]);
+- a suggestion for ``ranking`` from one automatic ranking (:func:`pick_suggestion`: the
+  ensemble's when the group has one), its ties as shared ranks, agent = its annotator id,
+  score = its per-candidate scores scaled to [0, 1];
 - task distribution ``overlap`` with ``min_submitted = N`` (Argilla's ``TaskDistribution``).
-
-Argilla requires a submitted ranking to rank *every* option, so for a group of k < K
-candidates the annotator also places the empty slots; pull ignores them and keeps the relative
-order of the k real candidates.
 
 All functions here are pure (JSON in, JSON out): the settings are written as the REST payloads
 the SDK would send, so they can be built and checked without a server.
@@ -32,15 +33,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from grouppref.schemas import MAX_K, MIN_K, AnnotatedGroup, Annotator, Ranking, check_tiers
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 RANKING = "ranking"
 RATIONALE = "rationale"
 MAPPING_KEY = "candidate_ids"
+ENSEMBLE_NAME_PREFIX = "ensemble("  # Annotator.name of the rank stage's ensemble ranking
 DEFAULT_GUIDELINES = (
     "Rank the responses to the prompt from best (1) to worst. Judge helpfulness, correctness "
-    "and harmlessness. Empty response slots (groups with fewer candidates) can go anywhere: "
-    "they are ignored. Responses you find equally good may share a rank."
+    "and harmlessness. Responses you find equally good may share a rank. The suggested order "
+    "comes from the automatic rankers: change it wherever you disagree."
 )
+
+
+def dataset_name(base: str, k: int) -> str:
+    """The dataset of the run's groups of ``k`` candidates: ``<base>-k<k>``."""
+    return f"{base}-k{k}"
 
 
 class DatasetSpec(BaseModel):
@@ -48,7 +55,10 @@ class DatasetSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    k: int = Field(ge=MIN_K, le=MAX_K, description="Number of response slots (the largest group).")
+    k: int = Field(ge=MIN_K, le=MAX_K, description="Number of responses per record (the "
+                   "dataset's group size).")
+    chat: bool = Field(default=False, description="Show the prompt as Argilla's ChatField "
+                       "(turns with roles) instead of a TextField.")
     min_submitted: int = Field(default=1, ge=1,
                                description="Submitted rankings needed before a group counts "
                                "as completed (Argilla TaskDistribution min_submitted).")
@@ -80,8 +90,9 @@ def dataset_payload(name: str, workspace_id: str, spec: DatasetSpec) -> dict[str
 def fields_payload(spec: DatasetSpec) -> list[dict[str, Any]]:
     """Bodies of ``POST /api/v1/datasets/{id}/fields``, in display order."""
     text = {"type": "text", "use_markdown": spec.use_markdown}
-    fields = [{"name": "prompt", "title": "Prompt", "required": True, "settings": text}]
-    fields += [{"name": response_field(i), "title": f"Response {i}", "required": False,
+    prompt = {"type": "chat", "use_markdown": spec.use_markdown} if spec.chat else text
+    fields = [{"name": "prompt", "title": "Prompt", "required": True, "settings": prompt}]
+    fields += [{"name": response_field(i), "title": f"Response {i}", "required": True,
                 "settings": text} for i in range(1, spec.k + 1)]
     return fields
 
@@ -165,13 +176,9 @@ def schema_diff(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
     return lines
 
 
-def existing_k(fields: list[dict[str, Any]]) -> int:
-    """How many ``response_i`` slots a dataset has (0 if none)."""
-    names = {f["name"] for f in fields}
-    k = 0
-    while response_field(k + 1) in names:
-        k += 1
-    return k
+def is_chat(fields: list[dict[str, Any]]) -> bool:
+    """Whether a dataset's ``prompt`` field is a ChatField."""
+    return any(f["name"] == "prompt" and f["settings"]["type"] == "chat" for f in fields)
 
 
 # -- records ---------------------------------------------------------------------------------
@@ -180,14 +187,20 @@ def candidate_map(group: AnnotatedGroup) -> dict[str, str]:
     return {response_field(i + 1): c.candidate_id for i, c in enumerate(group.candidates)}
 
 
+def is_ensemble(annotator: Annotator) -> bool:
+    """Whether a ranking is the rank stage's weighted ensemble (``ensemble_annotator`` names
+    it ``ensemble(<weights>)``, whatever its id)."""
+    return (annotator.name or "").startswith(ENSEMBLE_NAME_PREFIX)
+
+
 def pick_suggestion(group: AnnotatedGroup, suggest_from: str | None) -> Ranking | None:
-    """The automatic ranking to suggest: ``suggest_from``'s, else the first non-human one."""
-    for r in group.rankings:
-        if suggest_from is not None and r.annotator.id == suggest_from:
-            return r
+    """The automatic ranking shown to annotators: ``suggest_from``'s when given (none when the
+    group has no ranking by that annotator), else the ensemble's, else the first non-human."""
     if suggest_from is not None:
-        return None
-    return next((r for r in group.rankings if r.annotator.kind != "human"), None)
+        return next((r for r in group.rankings if r.annotator.id == suggest_from), None)
+    automatic = [r for r in group.rankings if r.annotator.kind != "human"]
+    return next((r for r in automatic if is_ensemble(r.annotator)),
+                automatic[0] if automatic else None)
 
 
 def scaled_scores(ranking: Ranking, ids: list[str]) -> list[float] | None:
@@ -212,41 +225,41 @@ def suggestion_agent(ranking: Ranking) -> str:
     return re.sub(r"[^a-zA-Z0-9\-_:./ ]", "_", text)[:200]
 
 
-def suggestion_payload(group: AnnotatedGroup, ranking: Ranking, question_id: str, k_slots: int
+def suggestion_payload(group: AnnotatedGroup, ranking: Ranking, question_id: str
                        ) -> dict[str, Any]:
-    """A ``ranking`` suggestion: tier t (0-based) becomes rank t + 1, so ties share a rank.
-
-    The empty slots of a group with fewer than ``k_slots`` candidates come last, sharing one
-    rank (score 0), so the UI shows them already placed and the annotator only orders the real
-    responses.
-    """
+    """A ``ranking`` suggestion: tier t (0-based) becomes rank t + 1, so ties share a rank."""
     slot = {cid: field for field, cid in candidate_map(group).items()}
     ordered = [(slot[cid], t + 1) for t, tier in enumerate(ranking.tiers) for cid in tier]
-    empties = [(response_field(i), len(ranking.tiers) + 1)
-               for i in range(group.k + 1, k_slots + 1)]
     payload: dict[str, Any] = {
         "question_id": question_id,
-        "value": [{"value": s, "rank": rank} for s, rank in ordered + empties],
+        "value": [{"value": s, "rank": rank} for s, rank in ordered],
         "agent": suggestion_agent(ranking),
         "type": "model",
     }
     scores = scaled_scores(ranking, [cid for tier in ranking.tiers for cid in tier])
     if scores is not None:
-        payload["score"] = scores + [0.0] * len(empties)
+        payload["score"] = scores
     return payload
 
 
-def record_payload(group: AnnotatedGroup, question_ids: dict[str, str], k_slots: int,
+def prompt_value(group: AnnotatedGroup, chat: bool) -> str | list[dict[str, str]]:
+    """The ``prompt`` field: chat turns for a ChatField, else the prompt's text."""
+    if chat:
+        return [{"role": m.role, "content": m.content} for m in group.prompt.as_messages()]
+    return group.prompt.display_text()
+
+
+def record_payload(group: AnnotatedGroup, question_ids: dict[str, str], chat: bool = False,
                    suggest_from: str | None = None) -> dict[str, Any]:
     """Body item of ``PUT /api/v1/datasets/{id}/records/bulk`` for one group (an upsert).
 
     Args:
         group (AnnotatedGroup): the group; its candidates fill ``response_1 .. response_k``.
         question_ids (dict[str, str]): question name -> id in the dataset.
-        k_slots (int): the dataset's number of response slots K (>= the group's k).
+        chat (bool): the dataset's prompt is a ChatField.
         suggest_from (str | None): see :func:`pick_suggestion`.
     """
-    fields = {"prompt": group.prompt.display_text()}
+    fields: dict[str, Any] = {"prompt": prompt_value(group, chat)}
     fields.update({response_field(i + 1): c.text for i, c in enumerate(group.candidates)})
     models = sorted({c.source.model or c.source.kind for c in group.candidates})
     item: dict[str, Any] = {
@@ -257,8 +270,7 @@ def record_payload(group: AnnotatedGroup, question_ids: dict[str, str], k_slots:
     }
     ranking = pick_suggestion(group, suggest_from)
     if ranking is not None:
-        item["suggestions"] = [suggestion_payload(group, ranking, question_ids[RANKING],
-                                                  k_slots)]
+        item["suggestions"] = [suggestion_payload(group, ranking, question_ids[RANKING])]
     return item
 
 
@@ -268,22 +280,21 @@ def ranking_from_response(value: list[dict[str, Any]], mapping: dict[str, str],
                           ) -> Ranking:
     """Turn a submitted Argilla ranking into a :class:`Ranking` of the group's candidates.
 
-    Items for empty slots (not in ``mapping``) are dropped; items sharing a rank form one
-    tier; an item without a rank takes its 1-based position.
+    Items sharing a rank form one tier; an item without a rank takes its 1-based position.
 
     Raises:
-        ValueError: the ranking does not cover the group's candidates exactly once, or the
-            record's map names candidates the group does not have (pushed from other data).
+        ValueError: the ranking does not cover the group's candidates exactly once, names an
+            option the record does not have, or the record's map names candidates the group
+            does not have (pushed from other data).
     """
-    group_ids = set(group.candidate_ids())
-    if set(mapping.values()) != group_ids:
+    if set(mapping.values()) != set(group.candidate_ids()):
         raise ValueError("the Argilla record was pushed for other candidates than the run's "
                          "group (re-run `grouppref label push` after regenerating)")
     by_rank: dict[int, list[str]] = {}
     for position, item in enumerate(value, start=1):
         cid = mapping.get(item["value"])
         if cid is None:
-            continue  # an empty response slot
+            raise ValueError(f"ranks {item['value']!r}, which this record does not have")
         rank = item.get("rank")
         by_rank.setdefault(int(rank) if rank is not None else position, []).append(cid)
     tiers = [by_rank[r] for r in sorted(by_rank)]

@@ -1,12 +1,15 @@
 """``label pull`` and ``label status``: read human rankings back from Argilla.
 
-``pull`` writes the stage ``RUN/label`` (``AnnotatedGroup``): every group of the input stage
-(the one ``push`` read) with its automatic rankings plus one ``Ranking`` per *submitted*
-Argilla response (annotator id = Argilla username, kind ``human``, ``created_at`` = the
-response's last update). Drafts and discarded responses are counted, never used. Rankings
-pulled earlier stay in the output even if they were since deleted in Argilla, so the stage
-always holds every human ranking seen so far; a response changed in Argilla replaces the
-earlier version.
+``pull`` reads the run's datasets (one per group size k, ``<name>-k<k>``) and writes the
+stage ``RUN/label`` (``AnnotatedGroup``): every group of the input stage (the one ``push``
+read) with its automatic rankings plus one ``Ranking`` per *submitted* Argilla response
+(annotator id = Argilla username, kind ``human``, ``created_at`` = the response's last
+update). Drafts and discarded responses are counted, never used. Rankings pulled earlier stay
+in the output even if they were since deleted in Argilla, so the stage always holds every
+human ranking seen so far; a response changed in Argilla replaces the earlier version. A
+response that cannot become a ranking (its username cannot be an annotator id, or the record
+was pushed for other candidates) is a part reject with its reason, and the counts say what
+was kept.
 
 A pull whose input stage and set of submitted responses (ids and update times) are unchanged
 is a cache hit. ``RUN/label/responses.json`` keeps the ids and update times of the responses
@@ -23,19 +26,29 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from grouppref.errors import ConfigError
 from grouppref.labeling.client import ArgillaClient
 from grouppref.labeling.config import LABEL_STAGE, PullConfig, TargetConfig
-from grouppref.labeling.dataset import MAPPING_KEY, RANKING, RATIONALE, ranking_from_response
-from grouppref.labeling.push import load_groups
+from grouppref.labeling.dataset import (
+    MAPPING_KEY,
+    RANKING,
+    RATIONALE,
+    dataset_name,
+    ranking_from_response,
+)
+from grouppref.labeling.push import by_size, load_groups
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, Ranking, Reject
+from grouppref.schemas.records import Id
 
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"
 STATE_FILE = "responses.json"
 RATIONALES_FILE = "rationales.jsonl"
+_ANNOTATOR_ID = TypeAdapter(Id)
 
 
 @dataclass
@@ -54,40 +67,49 @@ class ArgillaResponse:
 
 @dataclass
 class DatasetState:
-    """The records of a dataset and their responses."""
+    """The records of a run's datasets and their responses."""
 
-    dataset: dict[str, Any]
+    datasets: list[dict[str, Any]]
     records: list[dict[str, Any]]
     responses: list[ArgillaResponse] = field(default_factory=list)
 
 
-def fetch_state(client: ArgillaClient, name: str, workspace: str, progress: bool = False
-                ) -> DatasetState:
-    """Read every record of the dataset with its responses (owner/admin key).
+def dataset_names(base: str, groups: list[AnnotatedGroup]) -> list[str]:
+    """The run's datasets: one per group size, ``<base>-k<k>``."""
+    return [dataset_name(base, k) for k in by_size(groups)]
+
+
+def fetch_state(client: ArgillaClient, names: list[str], workspace: str,
+                progress: bool = False) -> DatasetState:
+    """Read every record of the datasets ``names`` with its responses (owner/admin key).
 
     Raises:
-        ConfigError: the dataset does not exist (push first).
+        ConfigError: a dataset does not exist (push first).
+        ArgillaConnectionError: an annotator's key.
     """
-    ds = client.find_dataset(name, client.workspace_id(workspace))
-    if ds is None:
-        raise ConfigError(f"Argilla dataset {name!r} does not exist in workspace {workspace!r}; "
-                          "run `grouppref label push RUN` first")
-    records = []
+    client.require_manager("reading the rankings")
+    workspace_id = client.workspace_id(workspace)
+    found = {name: client.find_dataset(name, workspace_id) for name in names}
+    missing = [name for name, ds in found.items() if ds is None]
+    if missing:
+        raise ConfigError(f"Argilla dataset(s) {', '.join(map(repr, missing))} do not exist in "
+                          f"workspace {workspace!r}; run `grouppref label push RUN` first")
+    state = DatasetState(datasets=list(found.values()), records=[])
     with stage_progress(disable=not progress) as bar:
         task = bar.add_task("label fetch", total=None, unit="records")
-        for rec in client.iter_records(ds["id"], include=("responses",)):
-            records.append(rec)
-            bar.advance(task)
-    user_ids = {str(r["user_id"]) for rec in records for r in rec.get("responses") or []}
-    names = client.usernames(user_ids, ds["workspace_id"])
-    state = DatasetState(dataset=ds, records=records)
-    for rec in records:
+        for ds in state.datasets:
+            for rec in client.iter_records(ds["id"], include=("responses",)):
+                state.records.append(rec)
+                bar.advance(task)
+    user_ids = {str(r["user_id"]) for rec in state.records for r in rec.get("responses") or []}
+    names_of = client.usernames(user_ids, state.datasets[0]["workspace_id"]) if user_ids else {}
+    for rec in state.records:
         mapping = (rec.get("metadata") or {}).get(MAPPING_KEY) or {}
         for r in rec.get("responses") or []:
             values = r.get("values") or {}
             state.responses.append(ArgillaResponse(
                 response_id=str(r["id"]), group_id=rec.get("external_id") or str(rec["id"]),
-                username=names[str(r["user_id"])], status=r["status"],
+                username=names_of[str(r["user_id"])], status=r["status"],
                 updated_at=str(r["updated_at"]),
                 ranking=(values.get(RANKING) or {}).get("value"),
                 rationale=(values.get(RATIONALE) or {}).get("value"), mapping=mapping))
@@ -118,16 +140,18 @@ def summarize(name: str, state: DatasetState) -> StatusReport:
 
 
 def label_status(store: RunStore, config: TargetConfig, client: ArgillaClient) -> StatusReport:
-    """Status of the run's dataset (see :func:`summarize`)."""
+    """Status of the run's datasets together (see :func:`summarize`)."""
+    _, groups = load_groups(store, config.source_stage)
     name = config.dataset_name(store)
-    return summarize(name, fetch_state(client, name, config.workspace))
+    return summarize(name, fetch_state(client, dataset_names(name, groups), config.workspace))
 
 
 def _fingerprint(state: DatasetState) -> str:
     """The remote half of the pull's input: the dataset and its submitted responses."""
     submitted = sorted((r.response_id, r.updated_at) for r in state.responses
                        if r.status == "submitted")
-    return sha256_text(canonical_json({"dataset": state.dataset["id"], "submitted": submitted}))
+    datasets = sorted(str(ds["id"]) for ds in state.datasets)
+    return sha256_text(canonical_json({"datasets": datasets, "submitted": submitted}))
 
 
 def _earlier_human(store: RunStore) -> dict[tuple[str, str], Ranking]:
@@ -156,9 +180,13 @@ def _merge(group: AnnotatedGroup, pulled: dict[str, Ranking], earlier: dict[str,
 
 
 def _pulled_rankings(groups: dict[str, AnnotatedGroup], state: DatasetState,
-                     rejects: list[Reject]) -> tuple[dict[str, dict[str, Ranking]], Counter]:
+                     rejects: list[Reject]
+                     ) -> tuple[dict[str, dict[str, Ranking]], Counter, dict[str, str]]:
+    """The submitted rankings by group and annotator, the response counts by status, and the
+    responses kept (``response id -> update time``)."""
     pulled: dict[str, dict[str, Ranking]] = defaultdict(dict)
     counts: Counter = Counter()
+    kept: dict[str, str] = {}
     for r in state.responses:
         counts[r.status] += 1
         group = groups.get(r.group_id)
@@ -168,13 +196,25 @@ def _pulled_rankings(groups: dict[str, AnnotatedGroup], state: DatasetState,
             counts["unknown_group"] += 1
             continue
         try:
+            _ANNOTATOR_ID.validate_python(r.username)
+        except ValidationError as e:
+            counts["rejected"] += 1
+            rejects.append(Reject(
+                stage=LABEL_STAGE, group_id=r.group_id, field=RANKING, scope="part",
+                reason=f"response by {r.username!r}: the username cannot be an annotator id "
+                       f"({e.errors()[0]['msg']}); rename that user in Argilla"))
+            continue
+        try:
             when = datetime.fromisoformat(r.updated_at)
             pulled[r.group_id][r.username] = ranking_from_response(
                 r.ranking or [], r.mapping, group, r.username, when)
         except ValueError as e:
+            counts["rejected"] += 1
             rejects.append(Reject(stage=LABEL_STAGE, group_id=r.group_id, field=RANKING,
                                   scope="part", reason=f"response by {r.username!r}: {e}"))
-    return pulled, counts
+            continue
+        kept[r.response_id] = r.updated_at
+    return pulled, counts, kept
 
 
 def _read_state(path: Path) -> dict[str, str]:
@@ -203,7 +243,8 @@ def pull_run(store: RunStore, config: PullConfig, client: ArgillaClient, force: 
     """
     source, groups = load_groups(store, config.source_stage)
     name = config.dataset_name(store)
-    state = fetch_state(client, name, config.workspace, progress=progress)
+    state = fetch_state(client, dataset_names(name, groups), config.workspace,
+                        progress=progress)
     earlier = _earlier_human(store)  # read before open_stage marks the stage as running
     stage = store.open_stage(LABEL_STAGE, config, input_fingerprint=_fingerprint(state),
                              inputs=[source], record_type=AnnotatedGroup,
@@ -212,23 +253,24 @@ def pull_run(store: RunStore, config: PullConfig, client: ArgillaClient, force: 
         return PullReport(stage=stage, new=0, changed=0, stats=stage.manifest.stats)
     rejects: list[Reject] = []
     by_id = {g.group_id: g for g in groups}
-    pulled, counts = _pulled_rankings(by_id, state, rejects)
+    pulled, counts, now = _pulled_rankings(by_id, state, rejects)
     out = []
     for g in groups:
         mine = {a: r for (gid, a), r in earlier.items() if gid == g.group_id}
         out.append(_merge(g, pulled.get(g.group_id, {}), mine, rejects))
     seen = _read_state(stage.dir / STATE_FILE)
-    now = {r.response_id: r.updated_at for r in state.responses if r.status == "submitted"}
     new = sum(rid not in seen for rid in now)
     changed = sum(rid in seen and seen[rid] != t for rid, t in now.items())
     for shard in stage.pending_shards(out, shard_size=max(len(out), 1)):
         stage.write_shard(shard, list(shard.items), rejects)
     humans = Counter(r.annotator.id for g in out for r in g.rankings
                      if r.annotator.kind == "human")
-    stats = {"source_stage": source, "dataset": name, "records": len(state.records),
+    stats = {"source_stage": source, "dataset": name,
+             "datasets": [ds["name"] for ds in state.datasets], "records": len(state.records),
              "submitted": counts["submitted"], "drafts": counts["draft"],
              "discarded": counts["discarded"], "unknown_group_responses": counts["unknown_group"],
-             "new": new, "changed": changed, "human_rankings": sum(humans.values()),
+             "rejected_responses": counts["rejected"], "new": new, "changed": changed,
+             "human_rankings": sum(humans.values()),
              "human_rankings_by_annotator": dict(sorted(humans.items())),
              "groups_with_human_rankings": sum(any(r.annotator.kind == "human"
                                                    for r in g.rankings) for g in out)}

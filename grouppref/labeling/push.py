@@ -1,14 +1,15 @@
 """``label push``: send a run's groups to Argilla, one record per group, for human ranking.
 
 Reads the latest complete ``RUN/rank`` or ``RUN/generate`` (or the stage named by
-``source_stage``). Creates the dataset when it does not exist; when it does, its schema must
-match the run (a dataset with more response slots than needed is fine) or the push is refused
-with the list of differences: an existing dataset is never changed. Records are upserted in
-batches by ``external_id = group_id``, so a second push (or the rerun of an interrupted one)
-updates records instead of adding copies. A group whose record already holds responses and
-was pushed with other candidates is refused (its rankings would point at the wrong texts).
+``source_stage``). The groups go to one dataset per group size k, ``<name>-k<k>``
+(:mod:`grouppref.labeling.dataset` says why). Each dataset is created when it does not exist;
+when it does, its schema must match the run or the push is refused with the list of
+differences: an existing dataset is never changed. Records are upserted in batches by
+``external_id = group_id``, so a second push (or the rerun of an interrupted one) updates
+records instead of adding copies. A group whose record already holds responses and was
+pushed with other candidates is refused (its rankings would point at the wrong texts).
 
-Writes ``RUN/label/push.json`` (dataset, counts, refused groups); never the API key.
+Writes ``RUN/label/push.json`` (datasets, counts, refused groups); never the API key.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from grouppref.labeling.dataset import (
     MAPPING_KEY,
     DatasetSpec,
     candidate_map,
+    dataset_name,
     dataset_payload,
-    existing_k,
     expected_summary,
     fields_payload,
     metadata_payload,
@@ -48,20 +49,48 @@ class SchemaMismatchError(GroupPrefError):
 
 
 @dataclass
-class PushReport:
-    """What a push did."""
+class DatasetPush:
+    """What a push did to one dataset (the groups of one size k)."""
 
-    dataset: str
+    name: str
     dataset_id: str
-    workspace: str
-    source_stage: str
     k: int
     groups: int
     created: int = 0
     updated: int = 0
     created_dataset: bool = False
     refused: list[Reject] = field(default_factory=list)
+
+
+@dataclass
+class PushReport:
+    """What a push did: ``dataset`` is the base name, ``datasets`` one entry per size k."""
+
+    dataset: str
+    workspace: str
+    source_stage: str
+    datasets: list[DatasetPush] = field(default_factory=list)
     retried: int = 0
+
+    @property
+    def groups(self) -> int:
+        return sum(d.groups for d in self.datasets)
+
+    @property
+    def created(self) -> int:
+        return sum(d.created for d in self.datasets)
+
+    @property
+    def updated(self) -> int:
+        return sum(d.updated for d in self.datasets)
+
+    @property
+    def refused(self) -> list[Reject]:
+        return [r for d in self.datasets for r in d.refused]
+
+    def by_k(self, k: int) -> DatasetPush:
+        """The dataset of the groups of size ``k``."""
+        return next(d for d in self.datasets if d.k == k)
 
 
 def load_groups(store: RunStore, source_stage: str | None) -> tuple[str, list[AnnotatedGroup]]:
@@ -102,12 +131,21 @@ def _create_dataset(client: ArgillaClient, name: str, workspace_id: str, spec: D
     return client.request("PUT", f"/api/v1/datasets/{did}/publish")
 
 
+def by_size(groups: Sequence[AnnotatedGroup]) -> dict[int, list[AnnotatedGroup]]:
+    """The groups by their number of candidates, smallest k first (input order within)."""
+    sizes: dict[int, list[AnnotatedGroup]] = {}
+    for g in groups:
+        sizes.setdefault(g.k, []).append(g)
+    return dict(sorted(sizes.items()))
+
+
 def ensure_dataset(client: ArgillaClient, name: str, workspace: str, config: PushConfig,
-                   k_needed: int) -> tuple[dict[str, Any], int, bool]:
-    """The run's dataset, created if missing; returns ``(dataset, k, created)``.
+                   k: int, chat: bool) -> tuple[dict[str, Any], DatasetSpec, bool]:
+    """The size-``k`` dataset, created if missing; returns ``(dataset, spec, created)``.
 
     A draft (unpublished) dataset left by an interrupted create of ours holds no records and is
-    made again. A published one is checked, never changed.
+    made again. A published one is checked, never changed; its ChatField prompt is kept even
+    when this push has plain prompts only (they show as one user turn).
 
     Raises:
         SchemaMismatchError: the existing dataset's schema differs from the run's.
@@ -119,17 +157,19 @@ def ensure_dataset(client: ArgillaClient, name: str, workspace: str, config: Pus
         client.request("DELETE", f"/api/v1/datasets/{ds['id']}")
         ds = None
     if ds is None:
-        return _create_dataset(client, name, workspace_id, config.spec(k_needed)), k_needed, True
+        spec = config.spec(k, chat)
+        return _create_dataset(client, name, workspace_id, spec), spec, True
     dataset, fields, questions, metadata = dataset_schema(client, ds)
-    k = max(k_needed, existing_k(fields))
     actual = schema_summary(dataset, fields, questions, metadata)
-    diff = schema_diff(expected_summary(config.spec(k, actual)), actual)
+    spec = config.spec(k, chat, actual, fields)
+    diff = schema_diff(expected_summary(spec), actual)
     if diff:
         raise SchemaMismatchError(
             f"Argilla dataset {name!r} (workspace {workspace!r}) does not match the run, and "
-            f"grouppref never changes an existing dataset: {'; '.join(diff)}. Push to another "
-            "--dataset, or delete that dataset in Argilla first")
-    return dataset, k, False
+            f"grouppref never changes an existing dataset: {'; '.join(diff)}. Push under "
+            "another --dataset name (or delete that dataset in Argilla if none of its "
+            "responses are needed)")
+    return dataset, spec, False
 
 
 def _existing_records(client: ArgillaClient, dataset_id: str) -> dict[str, tuple[dict, bool]]:
@@ -160,7 +200,8 @@ def _refuse_changed(groups: Sequence[AnnotatedGroup], existing: dict[str, tuple[
 
 def push_run(store: RunStore, config: PushConfig, client: ArgillaClient, progress: bool = True,
              on_batch: Callable[[int, int], None] | None = None) -> PushReport:
-    """Push the run's groups to Argilla (create or check the dataset, then upsert records).
+    """Push the run's groups to Argilla (see the module docstring) and log it in
+    ``RUN/label/push.json``.
 
     Args:
         store (RunStore): the run.
@@ -171,44 +212,65 @@ def push_run(store: RunStore, config: PushConfig, client: ArgillaClient, progres
 
     Raises:
         StageError: no complete source stage. SchemaMismatchError: see :func:`ensure_dataset`.
-        ArgillaConnectionError: the server failed after the retries.
+        ArgillaConnectionError: an annotator's key, or the server failed after the retries.
     """
+    client.require_manager("push")
     source, groups = load_groups(store, config.source_stage)
-    name = config.dataset_name(store)
-    dataset, k, created = ensure_dataset(client, name, config.workspace, config,
-                                         max(g.k for g in groups))
-    did = dataset["id"]
-    questions = client.request("GET", f"/api/v1/datasets/{did}/questions")["items"]
-    question_ids = {q["name"]: q["id"] for q in questions}
-    existing = {} if created else _existing_records(client, did)
-    todo, refused = _refuse_changed(groups, existing)
-    report = PushReport(dataset=name, dataset_id=did, workspace=config.workspace,
-                        source_stage=source, k=k, groups=len(groups), created_dataset=created,
-                        refused=refused)
-    with stage_progress(disable=not progress) as bar:
-        task = bar.add_task("label push", total=len(todo), unit="groups")
-        for start in range(0, len(todo), config.batch_size):
-            batch = todo[start : start + config.batch_size]
-            items = [record_payload(g, question_ids, k, config.suggest_from) for g in batch]
-            client.request("PUT", f"/api/v1/datasets/{did}/records/bulk",
-                           json_body={"items": items})
-            updated = sum(g.group_id in existing for g in batch)  # the server does not say
-            report.updated += updated
-            report.created += len(batch) - updated
-            bar.advance(task, len(batch))
-            if on_batch is not None:
-                on_batch(start + len(batch), len(todo))
-    report.retried = client.retried
+    report = push_groups(client, config, config.dataset_name(store), groups, progress=progress,
+                         on_batch=on_batch)
+    report.source_stage = source
     _write_log(store, report, client.credentials.api_url)
+    return report
+
+
+def push_groups(client: ArgillaClient, config: PushConfig, base: str,
+                groups: Sequence[AnnotatedGroup], progress: bool = True,
+                on_batch: Callable[[int, int], None] | None = None) -> PushReport:
+    """Upsert ``groups`` into the datasets ``<base>-k<k>`` (created or checked first)."""
+    report = PushReport(dataset=base, workspace=config.workspace, source_stage="")
+    chat = any(g.prompt.messages is not None for g in groups)
+    done = 0
+    with stage_progress(disable=not progress) as bar:
+        task = bar.add_task("label push", total=len(groups), unit="groups")
+        for k, members in by_size(groups).items():
+            name = dataset_name(base, k)
+            dataset, spec, created = ensure_dataset(client, name, config.workspace, config, k,
+                                                    chat)
+            did = dataset["id"]
+            questions = client.request("GET", f"/api/v1/datasets/{did}/questions")["items"]
+            question_ids = {q["name"]: q["id"] for q in questions}
+            existing = {} if created else _existing_records(client, did)
+            todo, refused = _refuse_changed(members, existing)
+            pushed = DatasetPush(name=name, dataset_id=did, k=k, groups=len(members),
+                                 created_dataset=created, refused=refused)
+            report.datasets.append(pushed)
+            bar.advance(task, len(refused))
+            for start in range(0, len(todo), config.batch_size):
+                batch = todo[start : start + config.batch_size]
+                items = [record_payload(g, question_ids, spec.chat, config.suggest_from)
+                         for g in batch]
+                client.request("PUT", f"/api/v1/datasets/{did}/records/bulk",
+                               json_body={"items": items})
+                updated = sum(g.group_id in existing for g in batch)  # the server does not say
+                pushed.updated += updated
+                pushed.created += len(batch) - updated
+                bar.advance(task, len(batch))
+                done += len(batch)
+                if on_batch is not None:
+                    on_batch(done, len(groups))
+    report.retried = client.retried
     return report
 
 
 def _write_log(store: RunStore, report: PushReport, api_url: str) -> None:
     path = store.stage_dir(LABEL_STAGE) / PUSH_LOG
     path.parent.mkdir(parents=True, exist_ok=True)
-    log = {"api_url": api_url, "dataset": report.dataset, "dataset_id": report.dataset_id,
-           "workspace": report.workspace, "source_stage": report.source_stage, "k": report.k,
-           "groups": report.groups, "created": report.created, "updated": report.updated,
+    datasets = [{"name": d.name, "dataset_id": d.dataset_id, "k": d.k, "groups": d.groups,
+                 "created": d.created, "updated": d.updated,
+                 "created_dataset": d.created_dataset} for d in report.datasets]
+    log = {"api_url": api_url, "dataset": report.dataset, "workspace": report.workspace,
+           "source_stage": report.source_stage, "datasets": datasets, "groups": report.groups,
+           "created": report.created, "updated": report.updated,
            "refused": [r.model_dump(mode="json") for r in report.refused],
            "pushed_at": datetime.now(timezone.utc).isoformat()}
     path.write_text(json.dumps(log, indent=2) + "\n", encoding="utf-8")

@@ -35,7 +35,7 @@ from grouppref.labeling.client import (
     resolve_credentials,
 )
 from grouppref.labeling.config import LABEL_STAGE, SOURCE_STAGES, LabelRunConfig, PullConfig, PushConfig
-from grouppref.labeling.pull import DatasetState, fetch_state, pull_run
+from grouppref.labeling.pull import DatasetState, dataset_names, fetch_state, pull_run
 from grouppref.labeling.push import load_groups, push_run
 from grouppref.runs.stage import Waiting
 from grouppref.runs.store import RunStore, StageRun
@@ -117,24 +117,26 @@ def _push(store: RunStore, push: PushConfig, client: ArgillaClient, creds: Argil
     if stage.cached:
         return
     report = push_run(store, push, client, progress=False)
-    console.print(f"{'label':>9}: pushed {report.groups} groups to {creds.api_url} (dataset "
-                  f"{report.dataset!r}: {report.created} new, {report.updated} updated, "
+    names = ", ".join(repr(d.name) for d in report.datasets)
+    console.print(f"{'label':>9}: pushed {report.groups} groups to {creds.api_url} (datasets "
+                  f"{names}: {report.created} new, {report.updated} updated, "
                   f"{len(report.refused)} refused)", highlight=False)
+    where = f"argilla:{creds.api_url}#{report.workspace}/"
     stage.finish(inputs=report.groups, kept=report.groups,
-                 stats={"dataset_id": report.dataset_id, "created": report.created,
-                        "updated": report.updated, "refused": len(report.refused)},
-                 outputs={"dataset": f"argilla:{creds.api_url}#{report.workspace}/"
-                                     f"{report.dataset}"})
+                 stats={"dataset_ids": {d.name: d.dataset_id for d in report.datasets},
+                        "created": report.created, "updated": report.updated,
+                        "refused": len(report.refused)},
+                 outputs={"dataset": where + report.dataset,
+                          **{f"dataset_k{d.k}": where + d.name for d in report.datasets}})
 
 
 def _state(store: RunStore, push: PushConfig, client: ArgillaClient, creds: ArgillaCredentials,
-           console: Console) -> DatasetState:
-    name = push.dataset_name(store)
+           console: Console, names: list[str]) -> DatasetState:
     try:
-        return fetch_state(client, name, push.workspace)
-    except ConfigError:  # the dataset was deleted since the last push: push again
+        return fetch_state(client, names, push.workspace)
+    except ConfigError:  # a dataset was deleted since the last push: push again
         _push(store, push, client, creds, console, force=True)
-        return fetch_state(client, name, push.workspace)
+        return fetch_state(client, names, push.workspace)
 
 
 def run_label(store: RunStore, config: LabelRunConfig, force: bool = False, *,
@@ -153,11 +155,12 @@ def run_label(store: RunStore, config: LabelRunConfig, force: bool = False, *,
         "workspace": workspace, "min_submitted": config.push.min_submitted or config.min_rankings})
     _, groups = load_groups(store, push.source_stage)
     ids = [g.group_id for g in groups]
+    names = dataset_names(push.dataset_name(store), groups)
     with connect(creds, ClientSettings()) as client:
         _push(store, push, client, creds, console, force)
         last = ""
         while True:
-            progress = label_progress(_state(store, push, client, creds, console), ids,
+            progress = label_progress(_state(store, push, client, creds, console, names), ids,
                                       config.min_rankings, config.min_groups)
             line = describe(progress)
             if line != last:
@@ -168,7 +171,7 @@ def run_label(store: RunStore, config: LabelRunConfig, force: bool = False, *,
             message = (f"waiting for {progress.missing} more submitted ranking(s): "
                        f"{progress.ready}/{progress.groups} groups have {config.min_rankings} "
                        f"each, the run needs {progress.needed}; rank them in Argilla at "
-                       f"{creds.api_url} (dataset {push.dataset_name(store)!r}, workspace "
+                       f"{creds.api_url} (datasets {', '.join(names)}, workspace "
                        f"{workspace!r})")
             if not wait:
                 raise WaitingForLabels(message + ", then run again")

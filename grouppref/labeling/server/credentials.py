@@ -90,21 +90,25 @@ def save_credentials(path: Path, credentials: Credentials) -> None:
     os.replace(tmp, path)
 
 
-def load_or_create(path: Path, workspace: str, database_url: str | None) -> Credentials:
-    """The state directory's credentials, created on first start.
-
-    A ``database_url`` given later replaces the stored one; none given reuses it, so a
-    restart without ``--database-url`` does not silently switch to an empty SQLite file.
-    """
+def load_or_create(path: Path, workspace: str) -> Credentials:
+    """The state directory's credentials, created on first start (SQLite until a start with
+    a PostgreSQL URL succeeds and :func:`remember_start` stores it)."""
     if not path.exists():
-        credentials = new_credentials(workspace, database_url)
+        credentials = new_credentials(workspace, None)
         save_credentials(path, credentials)
         return credentials
-    credentials = load_credentials(path)
-    if database_url is not None and database_url != credentials.database_url:
-        credentials.database_url = database_url
-        save_credentials(path, credentials)
-    return credentials
+    return load_credentials(path)
+
+
+def remember_start(path: Path, workspace: str, database_url: str | None) -> None:
+    """After a successful start: keep its workspace and database, so a restart without
+    ``--database-url`` does not silently switch to an empty SQLite file (and a URL that
+    failed is never kept)."""
+    with locked(path):
+        credentials = load_credentials(path)
+        if (credentials.workspace, credentials.database_url) != (workspace, database_url):
+            credentials.workspace, credentials.database_url = workspace, database_url
+            save_credentials(path, credentials)
 
 
 @contextmanager

@@ -14,21 +14,25 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
-from typing import Literal
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from grouppref.config import validate
 from grouppref.errors import ConfigError
 from grouppref.labeling.server import credentials as creds
 from grouppref.labeling.server import processes as procs
+from grouppref.labeling.server.accounts import Role, create_user
 from grouppref.labeling.server.venv import LAUNCHER, ensure_server_env
 
-Role = Literal["annotator", "admin", "owner"]
 START_TIMEOUT_S = 180.0
+ROUNDS_ENV = "GROUPPREF_ARGILLA_BCRYPT_ROUNDS"  # read by argilla_plugin/launch.py
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Refused|Exit)\w*(: .*)?$")
 
 
 def default_state_dir() -> Path:
@@ -51,9 +55,13 @@ class ServerConfig(BaseModel):
         "~/.local/share/grouppref/argilla."))
     database_url: str | None = Field(default=None, description=(
         "PostgreSQL URL (postgresql://user:password@host:port/db); default SQLite in the "
-        "state directory. Remembered for later starts."))
+        "state directory. Remembered for later starts once a start with it succeeded."))
     workspace: str = Field(default="grouppref", description=(
         "Argilla workspace created for the owner and new annotators."))
+    password_cost: int = Field(default=10, ge=10, le=15, description=(
+        "bcrypt cost of stored passwords. Argilla's own default, 12, costs 0.3 s of CPU per "
+        "login (20 annotators signing in at once wait ~3 s on two cores); 10, OWASP's "
+        "minimum for bcrypt, costs 0.07 s. Stored hashes change cost at their next login."))
     venv_dir: Path | None = Field(default=None, description=(
         "argilla-server's virtual environment (default $GROUPPREF_ARGILLA_VENV or the cache)."))
 
@@ -82,14 +90,14 @@ class EmbeddedArgilla:
     """
 
     def __init__(self, config: ServerConfig | None = None, **overrides: object) -> None:
-        base = config or ServerConfig()
-        self.config = base.model_copy(update=overrides) if overrides else base
-        self.config = ServerConfig.model_validate(self.config.model_dump())
+        base = config.model_dump() if config is not None else {}
+        self.config = validate(ServerConfig, {**base, **overrides}, "label serve")
         self.state_dir = self.config.state_dir.expanduser().resolve()
         self.credentials_path = self.state_dir / creds.CREDENTIALS_FILE
         self.workspace = self.config.workspace
         self.owner_username = creds.OWNER_USERNAME
         self.url = ""
+        self.cleaned_up: list[str] = []  # children of a dead server that start() stopped
         self._procs: dict[str, object] = {}
         self._credentials: creds.Credentials | None = None
 
@@ -115,23 +123,18 @@ class EmbeddedArgilla:
 
     def start(self, detach: bool = False) -> EmbeddedArgilla:
         """Build the venv if needed, then start redis, migrate, start the worker and the
-        server, and wait until ``/api/v1/status`` answers.
+        server, and wait until ``/api/v1/status`` answers. A server of this state directory
+        whose process died is cleaned up first (its worker and redis are stopped; see
+        ``cleaned_up``). The database URL is remembered only once the start succeeded.
 
         Raises:
-            ConfigError: already running on this state dir, port taken, or a child failed
-                (the message carries the end of its log).
+            ConfigError: the state dir is not a directory, a server already runs on it, the
+                port is taken, or a child failed (one line: its error and the log's path).
         """
-        self._check_not_running()
+        database_url = self.prepare()
         env_paths = ensure_server_env(self.config.venv_dir)
-        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.state_dir, 0o700)
-        url_given = self.config.database_url
-        self._credentials = creds.load_or_create(
-            self.credentials_path, self.workspace,
-            _async_database_url(url_given) if url_given else None)
-        if self._credentials.workspace != self.workspace:
-            self._credentials.workspace = self.workspace
-            creds.save_credentials(self.credentials_path, self._credentials)
+        self._credentials = creds.load_or_create(self.credentials_path, self.workspace)
+        database_url = database_url or self._credentials.database_url
         host = self.config.host
         port = self.config.port or procs.free_port(host)
         if not procs.port_is_free(host, port):
@@ -141,26 +144,60 @@ class EmbeddedArgilla:
             host, f"[{host}]" if ":" in host else host)
         self.url = f"http://{client_host}:{port}"
         try:
-            self._start_children(env_paths, host, port, detach)
-            self._wait_ready()
+            self._start_children(env_paths, host, port, detach, database_url)
+            self._wait_ready(database_url)
         except BaseException:
             self.stop()
             raise
+        creds.remember_start(self.credentials_path, self.workspace, database_url)
         procs.write_run_file(self.state_dir, {
             "url": self.url, "host": host, "port": port, "detached": detach,
-            "pids": {name: p.pid for name, p in self._procs.items()}})
+            "pids": self.pids()})
         return self
 
+    def prepare(self) -> str | None:
+        """The checks a start makes before spending time: the database URL's form, the state
+        directory (created), no live server on it (what is left of a dead one is stopped).
+        Returns the given database URL in argilla-server's async form (None: not given).
+
+        Raises:
+            ConfigError: see :meth:`start`.
+        """
+        given = self.config.database_url
+        database_url = _async_database_url(given) if given else None
+        self._prepare_state_dir()
+        self._check_not_running()
+        return database_url
+
+    def _prepare_state_dir(self) -> None:
+        where = f"--state-dir {self.state_dir}"
+        if self.state_dir.exists() and not self.state_dir.is_dir():
+            raise ConfigError(f"{where} is a file; give a directory (it is created when "
+                              "missing)")
+        try:
+            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.state_dir, 0o700)
+        except OSError as e:
+            raise ConfigError(f"{where}: cannot create or use it ({e.strerror}); give a "
+                              "directory you can write") from e
+
     def _check_not_running(self) -> None:
+        """Refuse a state dir whose server runs; stop what is left of one that died."""
         info = procs.read_run_file(self.state_dir)
-        if info and any(procs.pid_alive(pid, marker) for pid, marker in _markers(info)):
+        if not info:
+            return
+        alive = live_children(info, self.state_dir)
+        if "server" in alive:
             raise ConfigError(f"an Argilla server already runs on {self.state_dir} at "
                               f"{info.get('url')}; stop it with `grouppref label stop "
                               f"--state-dir {self.state_dir}`")
+        procs.terminate(list(alive.values()))
+        (self.state_dir / procs.RUN_FILE).unlink(missing_ok=True)
+        self.cleaned_up = sorted(alive)
 
-    def _child_env(self, redis_url: str) -> dict[str, str]:
+    def _child_env(self, redis_url: str, database_url: str | None) -> dict[str, str]:
         c = self._creds()
-        database_url = c.database_url or (
+        database_url = database_url or (
             f"sqlite+aiosqlite:///{self.state_dir / 'argilla.db'}?check_same_thread=False")
         env = {k: v for k, v in os.environ.items()
                if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
@@ -173,6 +210,7 @@ class EmbeddedArgilla:
             "ARGILLA_DATABASE_SQLITE_TIMEOUT": "60",
             "ARGILLA_REDIS_URL": redis_url,
             "ARGILLA_SEARCH_ENGINE": "sql",
+            ROUNDS_ENV: str(self.config.password_cost),
             "ARGILLA_AUTH_SECRET_KEY": c.auth_secret_key,
             "ARGILLA_CORS_ORIGINS": f'["{self.url}"]',
             "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -182,7 +220,8 @@ class EmbeddedArgilla:
         })
         return env
 
-    def _start_children(self, env_paths: object, host: str, port: int, detach: bool) -> None:
+    def _start_children(self, env_paths: object, host: str, port: int, detach: bool,
+                        database_url: str | None) -> None:
         logs = self.state_dir / "logs"
         redis_port = procs.free_port()
         redis_password = creds.new_password()
@@ -200,7 +239,8 @@ class EmbeddedArgilla:
                                            self.state_dir, detach)
         if not procs.wait_for_port("127.0.0.1", redis_port, self._procs["redis"], 30):
             self._fail("redis", logs / "redis.log")
-        env = self._child_env(f"redis://:{redis_password}@127.0.0.1:{redis_port}/0")
+        env = self._child_env(f"redis://:{redis_password}@127.0.0.1:{redis_port}/0",
+                              database_url)
         python = str(env_paths.python)
         self._procs["worker"] = procs.spawn([python, str(LAUNCHER), "worker"], env,
                                             logs / "worker.log", self.state_dir, detach)
@@ -212,25 +252,26 @@ class EmbeddedArgilla:
             [python, str(LAUNCHER), "server", "--host", host, "--port", str(port)], server_env,
             logs / "server.log", self.state_dir, detach)
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, database_url: str | None = None) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         headers = {"X-Argilla-Api-Key": self.api_key}
+        secret = urlsplit(database_url).password if database_url else None
         while time.monotonic() < deadline:
             for name, proc in self._procs.items():
                 if proc.poll() is not None:
-                    self._fail(name, self.state_dir / "logs" / f"{name}.log")
+                    self._fail(name, self.state_dir / "logs" / f"{name}.log", secret)
             try:
                 if httpx.get(f"{self.url}/api/v1/status", headers=headers, timeout=5).is_success:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.25)
-        self._fail("server (not ready after "f"{START_TIMEOUT_S:.0f} s)",
-                   self.state_dir / "logs" / "server.log")
+        self._fail(f"server (not ready after {START_TIMEOUT_S:.0f} s)",
+                   self.state_dir / "logs" / "server.log", secret)
 
-    def _fail(self, what: str, log: Path) -> None:
-        raise ConfigError(f"embedded Argilla: {what} failed; end of {log}:\n"
-                          f"{procs.log_tail(log)}")
+    def _fail(self, what: str, log: Path, secret: str | None = None) -> None:
+        raise ConfigError(f"embedded Argilla: the {what} failed: {error_line(log, secret)} "
+                          f"(full log: {log})")
 
     def stop(self) -> None:
         """Stop every child (server, worker, redis) and remove the run file."""
@@ -241,6 +282,10 @@ class EmbeddedArgilla:
         self._procs.clear()
         if (self.state_dir / procs.RUN_FILE).exists():
             (self.state_dir / procs.RUN_FILE).unlink()
+
+    def pids(self) -> dict[str, int]:
+        """The children's pids by name (``server``, ``worker``, ``redis``) while running."""
+        return {name: proc.pid for name, proc in self._procs.items()}
 
     def wait(self) -> int:
         """Block until a child exits (foreground mode); return its exit code."""
@@ -253,7 +298,8 @@ class EmbeddedArgilla:
 
     def create_user(self, username: str, role: Role = "annotator",
                     password: str | None = None) -> tuple[str, str, str]:
-        """Create an account in the workspace and record it in the credentials file.
+        """Create an account in the workspace and record it in the credentials file
+        (:func:`grouppref.labeling.server.accounts.create_user`).
 
         Returns:
             tuple[str, str, str]: ``(username, password, api_key)``.
@@ -261,9 +307,22 @@ class EmbeddedArgilla:
         return create_user(self.url, self.credentials_path, username, role, password)
 
 
-def _markers(info: dict) -> list[tuple[int, str]]:
+def error_line(log: Path, secret: str | None = None, limit: int = 300) -> str:
+    """The last error line of a child's log (a traceback ends with it), else its last line;
+    ``secret`` (a database password) is masked."""
+    lines = [ln.strip() for ln in procs.log_tail(log, 80).splitlines() if ln.strip()]
+    found = next((ln for ln in reversed(lines) if _ERROR_LINE.match(ln)),
+                 lines[-1] if lines else "no output")
+    if secret:
+        found = found.replace(secret, "***")
+    return found[:limit]
+
+
+def live_children(info: dict, state_dir: Path) -> dict[str, int]:
+    """The children recorded in a run file that still run (``name -> pid``)."""
     marks = {"server": str(LAUNCHER), "worker": str(LAUNCHER), "redis": "redis-server"}
-    return [(pid, marks.get(name, "")) for name, pid in info.get("pids", {}).items()]
+    return {name: pid for name, pid in info.get("pids", {}).items()
+            if procs.pid_alive(pid, marks.get(name, ""), under=state_dir)}
 
 
 def stop_state_dir(state_dir: Path) -> bool:
@@ -276,8 +335,8 @@ def stop_state_dir(state_dir: Path) -> bool:
     info = procs.read_run_file(state_dir)
     if not info:
         return False
-    alive = [pid for pid, marker in _markers(info) if procs.pid_alive(pid, marker)]
-    procs.terminate(alive)
+    alive = live_children(info, state_dir)
+    procs.terminate(list(alive.values()))
     (state_dir / procs.RUN_FILE).unlink(missing_ok=True)
     return bool(alive)
 
@@ -286,42 +345,14 @@ def running_url(state_dir: Path) -> str:
     """URL of the server running on ``state_dir``.
 
     Raises:
-        ConfigError: none runs there.
+        ConfigError: none runs there (or its server process died).
     """
-    info = procs.read_run_file(state_dir.expanduser().resolve())
-    if not info or not any(procs.pid_alive(p, m) for p, m in _markers(info)):
-        raise ConfigError(f"no Argilla server runs on {state_dir}; start one with "
+    state_dir = state_dir.expanduser().resolve()
+    info = procs.read_run_file(state_dir)
+    alive = live_children(info, state_dir) if info else {}
+    if "server" not in alive:
+        died = " (its server process died; `label serve` cleans up and starts it)" if info \
+            else ""
+        raise ConfigError(f"no Argilla server runs on {state_dir}{died}; start one with "
                           "`grouppref label serve` (or pass the right --state-dir)")
     return info["url"]
-
-
-def create_user(url: str, credentials_path: Path, username: str, role: Role = "annotator",
-                password: str | None = None) -> tuple[str, str, str]:
-    """Create ``username`` through the REST API as the owner, add it to the workspace and
-    store its secrets in the credentials file. Returns ``(username, password, api_key)``.
-
-    Raises:
-        ConfigError: the name is taken or invalid (the server's message is included).
-    """
-    c = creds.load_credentials(credentials_path)
-    password = password or creds.new_password()
-    with httpx.Client(base_url=url, headers={"X-Argilla-Api-Key": c.owner.api_key},
-                      timeout=30) as http:
-        r = http.post("/api/v1/users", json={"first_name": username, "username": username,
-                                              "role": role, "password": password})
-        if not r.is_success:
-            raise ConfigError(f"cannot create Argilla user {username!r} at {url}: HTTP "
-                              f"{r.status_code} {r.text[:300]}; pick another name")
-        user = r.json()
-        workspaces = http.get("/api/v1/me/workspaces").raise_for_status().json()["items"]
-        ws = next((w for w in workspaces if w["name"] == c.workspace), None)
-        if ws is None:
-            raise ConfigError(f"workspace {c.workspace!r} not found at {url}; restart the "
-                              "server with `grouppref label serve` to recreate it")
-        http.post(f"/api/v1/workspaces/{ws['id']}/users",
-                  json={"user_id": user["id"]}).raise_for_status()
-    with creds.locked(credentials_path):
-        c = creds.load_credentials(credentials_path)
-        c.users[username] = creds.Account(role=role, password=password, api_key=user["api_key"])
-        creds.save_credentials(credentials_path, c)
-    return username, password, user["api_key"]

@@ -87,12 +87,16 @@ def log_tail(path: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
-def pid_alive(pid: int, marker: str) -> bool:
-    """Whether ``pid`` runs (not a zombie) and its command line contains ``marker`` (guards
-    against a pid the OS reused for another program)."""
+def pid_alive(pid: int, marker: str, under: Path | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie), its command line contains ``marker`` and, when
+    given, its working directory is ``under`` or below it (the children of a state directory
+    run there; redis in its ``redis/``): guards against a pid the OS reused for another
+    program or for another server's child."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        if under is not None and not Path(os.readlink(f"/proc/{pid}/cwd")).is_relative_to(under):
+            return False
     except (OSError, IndexError):
         return False
     return state != "Z" and marker in cmdline

@@ -11,7 +11,7 @@ Settings come from the environment that ``grouppref.labeling.server.embedded`` p
 ``ARGILLA_DATABASE_URL``, ``ARGILLA_REDIS_URL``, ``ARGILLA_AUTH_SECRET_KEY``, ... and, for
 the setup step, ``GROUPPREF_OWNER_USERNAME``, ``GROUPPREF_OWNER_PASSWORD``,
 ``GROUPPREF_OWNER_API_KEY`` and ``GROUPPREF_WORKSPACE`` (removed from the environment once
-used).
+used), and ``GROUPPREF_ARGILLA_BCRYPT_ROUNDS`` (see :func:`_patch_password_checks`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ import asyncio
 import logging
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
+
+ROUNDS_ENV = "GROUPPREF_ARGILLA_BCRYPT_ROUNDS"
+STOCK_LOGIN_ENV = "GROUPPREF_ARGILLA_STOCK_LOGIN"  # benchmarks only: argilla-server's own login
 
 
 def _setup() -> None:
@@ -82,6 +86,62 @@ def _server(host: str, port: int) -> None:
                 log_level=os.environ.get("GROUPPREF_ARGILLA_LOG_LEVEL", "warning"))
 
 
+def _patch_password_checks() -> None:
+    """Logins that never stall the server.
+
+    argilla-server 2.8 checks a password with bcrypt inside its async login handler, on the
+    event loop of its single uvicorn worker: 0.3 s of CPU each at bcrypt's default cost 12,
+    during which no other request is served (20 annotators signing in at once: every request
+    waits ~6 s). Here, in the pinned server's own module:
+
+    - ``authenticate_user`` hands its database connection back after reading the user and
+      runs bcrypt in a pool of ``os.cpu_count()`` threads (bcrypt releases the GIL), so the
+      event loop goes on serving, and checks run in parallel on every core;
+    - ``hash_password`` uses cost ``$GROUPPREF_ARGILLA_BCRYPT_ROUNDS`` (default 10, OWASP's
+      minimum for bcrypt: 0.07 s per check), and a successful login whose stored hash has
+      another cost rehashes it, so older accounts converge to the configured cost;
+    - an unknown username is checked against a dummy hash of the same cost (as Argilla does),
+      so the answer time does not tell which usernames exist.
+
+    ``$GROUPPREF_ARGILLA_STOCK_LOGIN=1`` leaves argilla-server's code as it is (for the
+    benchmark that compares both).
+    """
+    if os.environ.get(STOCK_LOGIN_ENV) == "1":
+        return
+    import bcrypt
+    from argilla_server.contexts import accounts
+
+    rounds = int(os.environ.get(ROUNDS_ENV, "10"))
+    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="bcrypt")
+
+    def hash_password(password: str) -> str:
+        return bcrypt.hashpw(password.encode("utf-8"), bcrypt.gensalt(rounds)).decode("utf-8")
+
+    dummy_hash = hash_password("no such user")
+
+    async def authenticate_user(db, username: str, password: str):  # noqa: ANN001, ANN202
+        user = await accounts.get_user_by_username(db, username)
+        stored = user.password_hash if user is not None else dummy_hash
+        await db.commit()  # end the read: the pooled connection goes back during bcrypt
+        loop = asyncio.get_running_loop()
+        ok = await loop.run_in_executor(pool, accounts.verify_password, password, stored)
+        if user is None or not ok:
+            return None
+        if bcrypt_cost(stored) != rounds:
+            new_hash = await loop.run_in_executor(pool, hash_password, password)
+            await user.update(db, password_hash=new_hash)
+        return user
+
+    accounts.hash_password = hash_password  # create_user / update_user look it up here
+    accounts.authenticate_user = authenticate_user  # the /api/v1/token handler calls this
+
+
+def bcrypt_cost(password_hash: str) -> int | None:
+    """The cost of a ``$2b$12$...`` hash (None when it is not bcrypt's format)."""
+    parts = password_hash.split("$")
+    return int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else None
+
+
 def _worker() -> None:
     from argilla_server.jobs.queues import DEFAULT_QUEUE, HIGH_QUEUE, REDIS_CONNECTION
     from rq import Worker
@@ -116,6 +176,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
 
     _widen_sqlite_pool()
+    _patch_password_checks()
     import sql_search_engine  # noqa: F401  (registers ARGILLA_SEARCH_ENGINE=sql)
 
     if args.command == "server":
