@@ -1,0 +1,255 @@
+"""Summaries, tables and plots of :mod:`benchmarks.evidence.curves`.
+
+Every interval is a paired Student-t 95% CI over seeds (same task, candidates and panel per
+seed). *Equal steps* compares each method with ``dpo_consensus`` after the same number of
+updates; *equal tokens* compares it with ``dpo_consensus`` after as many forwarded tokens
+(DPO evaluated at ``round(step · tokens ratio)``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.evidence import common as c
+
+BASE = "dpo_consensus"
+METRICS = ("pair_accuracy", "reward_gain", "kl")
+Row = dict[str, Any]
+
+
+def training_seconds(rows: list[Row]) -> float:
+    """Sum of the measured training wall time of every (job, method) run."""
+    seen = {(r["experiment"], r["setting"], r["k"], r["prompts"], r["condition"], r["seed"],
+             r["method"]): r["wall_s"] for r in rows}
+    return float(sum(seen.values()))
+
+
+def _select(rows: list[Row], **keys: Any) -> list[Row]:
+    return [r for r in rows if all(r[k] == v for k, v in keys.items())]
+
+
+def _by_seed(rows: list[Row], method: str, step: int) -> dict[int, Row]:
+    return {r["seed"]: r for r in rows if r["method"] == method and r["step"] == step}
+
+
+def _paired(a: dict[int, Row], b: dict[int, Row], metric: str) -> dict[str, float]:
+    seeds = sorted(set(a) & set(b))
+    return c.paired_ci([a[s][metric] for s in seeds], [b[s][metric] for s in seeds])
+
+
+def base_step(rows: list[Row], step: int, k: int) -> int:
+    """The DPO step with the tokens of ``step`` group-loss steps (the closest evaluated one)."""
+    steps = sorted({r["step"] for r in rows if r["method"] == BASE})
+    tok = next(r["tokens"] / r["step"] for r in rows if r["method"] != BASE
+               and not r["method"].startswith("dpo"))
+    per = next(r["tokens"] / r["step"] for r in rows if r["method"] == BASE)
+    target = step * tok / per
+    return min(steps, key=lambda s: abs(s - target)) if k > 2 else step
+
+
+def summarise_cell(rows: list[Row], steps: list[int], k: int) -> dict[str, Any]:
+    """One (setting, K, condition): per step and method mean ± std, Δ vs DPO at equal steps and
+    at equal tokens, and each method minus the prompt-independent ceiling."""
+    methods = sorted({r["method"] for r in rows}, key=lambda m: list(_order()).index(m))
+    first = [r for r in rows if r["method"] == methods[0] and r["step"] == steps[0]]
+    out: dict[str, Any] = {
+        "seeds": sorted(r["seed"] for r in first), "prompts": first[0]["prompts"],
+        "ceiling": c.mean_std([r["independent_ceiling"] for r in first]),
+        "noise_estimate": c.mean_std([r["noise_estimate"] for r in first
+                                      if r["noise_estimate"] is not None]),
+        "realised_flip_rate": c.mean_std([sum(r["realised_flip_rates"]) / len(r["realised_flip_rates"])
+                                          for r in first]),
+        "targets": {name: {x: c.mean_std([r["targets"][name][x] for r in first])
+                           for x in first[0]["targets"][name]} for name in first[0]["targets"]},
+        "tokens_per_step": {m: next(r["tokens"] // r["step"] for r in rows if r["method"] == m)
+                            for m in methods},
+        "steps": {}}
+    ceiling = {r["seed"]: {"pair_accuracy": r["independent_ceiling"]} for r in first}
+    for step in steps:
+        block: dict[str, Any] = {"methods": {}, "equal_steps": {}, "equal_tokens": {},
+                                 "minus_ceiling": {}}
+        base_eq = _by_seed(rows, BASE, step)
+        base_tok = _by_seed(rows, BASE, base_step(rows, step, k)) if BASE in methods else {}
+        block["dpo_step_at_equal_tokens"] = base_step(rows, step, k) if BASE in methods else None
+        for m in methods:
+            at = _by_seed(rows, m, step)
+            if not at:
+                continue
+            block["methods"][m] = {x: c.mean_std([r[x] for r in at.values()]) for x in METRICS}
+            block["minus_ceiling"][m] = _paired(at, ceiling, "pair_accuracy")
+            if m != BASE and base_eq:
+                block["equal_steps"][m] = {x: _paired(at, base_eq, x) for x in METRICS}
+                if not m.startswith("dpo"):
+                    block["equal_tokens"][m] = {x: _paired(at, base_tok, x) for x in METRICS}
+        out["steps"][str(step)] = block
+    if BASE in methods:  # the extended DPO curve, for plots against tokens
+        out["dpo_curve"] = {str(s): {x: c.mean_std([r[x] for r in _by_seed(rows, BASE, s).values()])
+                                     for x in METRICS} | {"tokens": _by_seed(rows, BASE, s)[
+                                         min(_by_seed(rows, BASE, s))]["tokens"]}
+                            for s in sorted({r["step"] for r in rows if r["method"] == BASE})}
+    return out
+
+
+def _order() -> tuple[str, ...]:
+    from benchmarks.evidence.curves import METHODS
+
+    return METHODS
+
+
+def summarise(result: dict[str, Any]) -> dict[str, Any]:
+    """Experiment 1 per K and condition; experiment 2 per setting and K (noise 0.1)."""
+    rows, cfg = result["runs"], result["settings"]
+    steps = cfg["steps"]
+    out: dict[str, Any] = {"noise": {}, "group_size": {"equal_prompts": {}, "equal_budget": {}}}
+    for k, spec in cfg["noise"].items():
+        out["noise"][k] = {cond: summarise_cell(_select(rows, experiment="noise", k=int(k),
+                                                        condition=cond), steps, int(k))
+                           for cond in spec["conditions"]
+                           if _select(rows, experiment="noise", k=int(k), condition=cond)}
+    seeds = cfg["group_size"]["seeds"]
+    for setting in ("equal_prompts", "equal_budget"):
+        for k in sorted({*cfg["group_size"][setting], *(int(x) for x in cfg["noise"])}):
+            sel = _select(rows, experiment="group_size", setting=setting, k=k)
+            if not sel:  # K = 4 and 8 at 2,000 prompts come from experiment 1 (noise 0.1)
+                n_ok = cfg["prompts"] if setting == "equal_prompts" else cfg["budget"] // k
+                sel = [r for r in _select(rows, experiment="noise", k=k, condition="noise=0.1")
+                       if r["prompts"] == n_ok and r["seed"] in seeds
+                       and r["method"] in ("dpo_consensus", "gspo_soft", "gspo_cal")]
+            if sel:
+                out["group_size"][setting][str(k)] = summarise_cell(sel, steps, k)
+    return out
+
+
+def _ci(d: dict[str, float], digits: int = 3) -> str:
+    return f"{d['mean']:+.{digits}f} [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]"
+
+
+def _ms(d: dict[str, float]) -> str:
+    return f"{d['mean']:.3f} ± {d['std']:.3f}"
+
+
+def noise_table(summary: dict[str, Any], k: str, metric: str, steps: list[int]) -> str:
+    """Rows condition x method; per step: mean ± std, Δ vs DPO at equal steps, at equal tokens."""
+    cols = [f"{h} @ {s}" for s in steps for h in (metric, "Δ equal steps", "Δ equal tokens")]
+    lines = ["| condition | method | " + " | ".join(cols) + " |", "|" + "---|" * (2 + len(cols))]
+    for cond, cell in summary["noise"][k].items():
+        for m in _order():
+            if m not in cell["steps"][str(steps[0])]["methods"]:
+                continue
+            cells = []
+            for s in steps:
+                b = cell["steps"][str(s)]
+                cells.append(_ms(b["methods"][m][metric]))
+                cells.append(_ci(b["equal_steps"][m][metric]) if m in b["equal_steps"] else "—")
+                cells.append(_ci(b["equal_tokens"][m][metric]) if m in b["equal_tokens"]
+                             else (f"(DPO @ {b['dpo_step_at_equal_tokens']} steps: "
+                                   f"{_ms(cell['dpo_curve'][str(b['dpo_step_at_equal_tokens'])][metric])})"
+                                   if m == BASE else "—"))
+            lines.append(f"| {cond} | {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def ceiling_table(summary: dict[str, Any], step: int) -> str:
+    """Per K and condition: the ceiling and each method's pair accuracy minus it."""
+    lines = ["| K | condition | ceiling | " + " | ".join(f"{m} − ceiling" for m in _order()) + " |",
+             "|" + "---|" * (3 + len(_order()))]
+    for k, per in summary["noise"].items():
+        for cond, cell in per.items():
+            mc = cell["steps"][str(step)]["minus_ceiling"]
+            lines.append(f"| {k} | {cond} | {_ms(cell['ceiling'])} | " + " | ".join(
+                _ci(mc[m]) if m in mc else "—" for m in _order()) + " |")
+    return "\n".join(lines)
+
+
+def targets_table(summary: dict[str, Any]) -> str:
+    """Per K and condition: noise, and how well each kind of target matches the truth."""
+    lines = ["| K | condition | realised flip | estimated noise | p(best≻worst) soft / cal | "
+             "log loss soft / cal / hard | Brier soft / cal / hard |", "|---|---|---|---|---|---|---|"]
+    for k, per in summary["noise"].items():
+        for cond, cell in per.items():
+            t = cell["targets"]
+            lines.append(
+                f"| {k} | {cond} | {cell['realised_flip_rate']['mean']:.3f} | "
+                f"{cell['noise_estimate']['mean']:.3f} | {t['soft']['p_best_worst']['mean']:.3f} / "
+                f"{t['cal']['p_best_worst']['mean']:.3f} | "
+                + " / ".join(f"{t[n]['log_loss']['mean']:.3f}" for n in ("soft", "cal", "hard"))
+                + " | " + " / ".join(f"{t[n]['brier']['mean']:.3f}" for n in ("soft", "cal", "hard"))
+                + " |")
+    return "\n".join(lines)
+
+
+def targets_effect_table(summary: dict[str, Any], step: int, metric: str) -> str:
+    """Finding 1: calibrated and hard targets minus the soft (BT) targets, paired by seed."""
+    lines = [f"| K | condition | gspo_soft {metric} | gspo_cal − gspo_soft | gspo_hard − gspo_soft |"
+             " gspo_soft − DPO | gspo_cal − DPO |", "|---|---|---|---|---|---|---|"]
+    for k, per in summary["noise"].items():
+        for cond, cell in per.items():
+            b = cell["steps"][str(step)]
+            es = b["equal_steps"]
+            lines.append(f"| {k} | {cond} | {_ms(b['methods']['gspo_soft'][metric])} | "
+                         f"{_ci(b['cal_minus_soft'][metric])} | "
+                         f"{_ci(b['hard_minus_soft'][metric])} | {_ci(es['gspo_soft'][metric])} | "
+                         f"{_ci(es['gspo_cal'][metric])} |")
+    return "\n".join(lines)
+
+
+def add_target_contrasts(result: dict[str, Any], summary: dict[str, Any]) -> None:
+    """Paired ``gspo_cal − gspo_soft`` and ``gspo_hard − gspo_soft`` per K, condition, step."""
+    rows = result["runs"]
+    for k, per in summary["noise"].items():
+        for cond, cell in per.items():
+            sel = _select(rows, experiment="noise", k=int(k), condition=cond)
+            for step, b in cell["steps"].items():
+                soft = _by_seed(sel, "gspo_soft", int(step))
+                b["cal_minus_soft"] = {x: _paired(_by_seed(sel, "gspo_cal", int(step)), soft, x)
+                                       for x in METRICS}
+                b["hard_minus_soft"] = {x: _paired(_by_seed(sel, "gspo_hard", int(step)), soft, x)
+                                        for x in METRICS}
+
+
+def group_size_table(summary: dict[str, Any], metric: str, step: int) -> str:
+    lines = ["| setting | K | prompts | dpo_consensus | gspo_soft | gspo_cal | soft − DPO (steps) | "
+             "cal − DPO (steps) | soft − DPO (tokens) | cal − DPO (tokens) |",
+             "|" + "---|" * 10]
+    for setting, per_k in summary["group_size"].items():
+        for k, cell in sorted(per_k.items(), key=lambda kv: int(kv[0])):
+            b = cell["steps"][str(step)]
+            tok = [(_ci(b["equal_tokens"][m][metric]) if setting == "equal_prompts"
+                    and m in b["equal_tokens"] else "—") for m in ("gspo_soft", "gspo_cal")]
+            lines.append(f"| {setting} | {k} | {cell['prompts']} | "
+                         + " | ".join(_ms(b["methods"][m][metric]) for m in
+                                      ("dpo_consensus", "gspo_soft", "gspo_cal"))
+                         + f" | {_ci(b['equal_steps']['gspo_soft'][metric])} | "
+                         f"{_ci(b['equal_steps']['gspo_cal'][metric])} | " + " | ".join(tok) + " |")
+    return "\n".join(lines)
+
+
+def write_outputs(result: dict[str, Any], out: Path, name: str) -> str:
+    """JSON (with the summary), markdown tables and plots; returns the tables."""
+    from benchmarks.evidence import curves_plots as plots
+
+    cfg = result["settings"]
+    summary = summarise(result)
+    add_target_contrasts(result, summary)
+    result["summary"] = summary
+    c.write_json(out / f"{name}.json", result)
+    last = cfg["steps"][-1]
+    early = cfg["steps"][1] if len(cfg["steps"]) > 2 else cfg["steps"][0]
+    parts = ["## Prompt-independent ceiling: pair accuracy minus ceiling @ "
+             f"{last} steps\n\n" + ceiling_table(summary, last),
+             "## Targets against the truth (training groups)\n\n" + targets_table(summary)]
+    for k in summary["noise"]:
+        for metric in METRICS[:2]:
+            parts.append(f"## K = {k}: {metric}\n\n" + noise_table(summary, k, metric, [early, last]))
+    for metric in METRICS[:2]:
+        parts.append(f"## Targets: calibrated / hard minus soft, {metric} @ {last} steps\n\n"
+                     + targets_effect_table(summary, last, metric))
+    if any(summary["group_size"].values()):
+        for metric in METRICS[:2]:
+            parts.append(f"## Group size (noise 0.1): {metric} @ {last} steps\n\n"
+                         + group_size_table(summary, metric, last))
+    tables = "\n\n".join(parts)
+    (out / f"{name}_tables.md").write_text(tables + "\n", encoding="utf-8")
+    plots.plot_all(result, out, name)
+    return tables
