@@ -6,6 +6,8 @@ variant's prompt-independent ceiling. A variant *separates* when some method's h
 accuracy clearly exceeds that ceiling.
 
     .venv/bin/python -m benchmarks.evidence.testbed_check --workers 2
+
+Default plan: every variant on seed 0, the two rank-2 variants at lr 3e-4 also on seeds 1, 2.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--more-seeds", type=int, nargs="*", default=[1, 2],
+                    help="extra seeds for the rank-2 variants")
     ap.add_argument("--prompts", type=int, default=2000)
     ap.add_argument("--steps", type=int, nargs="+", default=[100, 250, 500, 1000])
     ap.add_argument("--workers", type=int, default=2)
@@ -59,7 +63,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = ap.parse_args(argv)
     jobs = [{"variant": v, "seed": s, "prompts": args.prompts, "k": 4, "batch": 32,
              "steps": args.steps, "eval_prompts": 200, "eval_samples": 4,
-             "methods": ["gspo_hard", "dpo_consensus"]} for v in args.variants for s in args.seeds]
+             "methods": ["gspo_hard", "dpo_consensus"]}
+            for v in args.variants
+            for s in [*args.seeds, *(args.more_seeds if v.startswith("rank2_") and "1e-3" not in v else [])]]
     t0 = time.perf_counter()
     cache = Path(tempfile.gettempdir()) / "grouppref-evidence" / "testbed_check"
     rows = [r for part in c.run_pool(run_job, jobs, args.workers, cache) for r in part]
