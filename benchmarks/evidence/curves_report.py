@@ -83,12 +83,53 @@ def summarise_cell(rows: list[Row], steps: list[int], k: int) -> dict[str, Any]:
                 if not m.startswith("dpo"):
                     block["equal_tokens"][m] = {x: _paired(at, base_tok, x) for x in METRICS}
         out["steps"][str(step)] = block
+    out["best"] = best_along_curve(rows, methods)
     if BASE in methods:  # the extended DPO curve, for plots against tokens
         out["dpo_curve"] = {str(s): {x: c.mean_std([r[x] for r in _by_seed(rows, BASE, s).values()])
                                      for x in METRICS} | {"tokens": _by_seed(rows, BASE, s)[
                                          min(_by_seed(rows, BASE, s))]["tokens"]}
                             for s in sorted({r["step"] for r in rows if r["method"] == BASE})}
     return out
+
+
+def best_along_curve(rows: list[Row], methods: list[str]) -> dict[str, Any]:
+    """Each method's best value over all its evaluations (DPO's extended steps included),
+    per seed; mean ± std and the paired difference against DPO's best. The same held-out set
+    picks and scores the best point, so these are optimistic for every method alike (an
+    oracle early stop), not estimates of what a user would get."""
+    out: dict[str, Any] = {}
+    best = {m: {x: {} for x in METRICS[:2]} for m in methods}
+    for r in rows:
+        for x in METRICS[:2]:
+            cur = best[r["method"]][x].get(r["seed"])
+            if cur is None or r[x] > cur[x]:
+                best[r["method"]][x][r["seed"]] = r
+    for m in methods:
+        out[m] = {x: {**c.mean_std([r[x] for r in best[m][x].values()]),
+                      "step": c.mean_std([r["step"] for r in best[m][x].values()])}
+                  for x in METRICS[:2]}
+        if m != BASE and BASE in methods:
+            for x in METRICS[:2]:
+                out[m][x]["vs_dpo"] = _paired(best[m][x], best[BASE][x], x)
+    return out
+
+
+def best_table(summary: dict[str, Any], metric: str) -> str:
+    """Per K and condition: each method's best along its curve, Δ vs DPO's best."""
+    lines = ["| K | condition | " + " | ".join(_order()) + " |", "|" + "---|" * (2 + len(_order()))]
+    for k, per in summary["noise"].items():
+        for cond, cell in per.items():
+            cells = []
+            for m in _order():
+                b = cell["best"].get(m)
+                if b is None:
+                    cells.append("—")
+                    continue
+                d = b[metric]
+                txt = f"{d['mean']:.3f} (step {d['step']['mean']:.0f})"
+                cells.append(txt + (f"<br>Δ {_ci(d['vs_dpo'])}" if "vs_dpo" in d else ""))
+            lines.append(f"| {k} | {cond} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _order() -> tuple[str, ...]:
@@ -242,6 +283,9 @@ def write_outputs(result: dict[str, Any], out: Path, name: str) -> str:
     for k in summary["noise"]:
         for metric in METRICS[:2]:
             parts.append(f"## K = {k}: {metric}\n\n" + noise_table(summary, k, metric, [early, last]))
+    for metric in METRICS[:2]:
+        parts.append(f"## Best along the curve (oracle early stop): {metric}\n\n"
+                     + best_table(summary, metric))
     for metric in METRICS[:2]:
         parts.append(f"## Targets: calibrated / hard minus soft, {metric} @ {last} steps\n\n"
                      + targets_effect_table(summary, last, metric))
