@@ -167,6 +167,7 @@ def _annotators(parsed: ParsedInput, rel: Reliability) -> list[AnnotatorReliabil
     return [AnnotatorReliability(
         id=aid, kind=parsed.kinds[i], groups=int(rel.groups[i]), votes=int(rel.votes[i]),
         tau=num(rel.tau, i), tau_se=num(rel.tau_se, i), flip_rate=num(rel.flip_rate, i),
+        tie_rate=num(rel.tie_rate, i),
         loo_disagreement=num(rel.loo_disagreement, i),
         annotator_weight=float(rel.annotator_weight[i]), unreliable=bool(rel.unreliable[i]),
         dropped=bool(rel.dropped[i])) for i, aid in enumerate(parsed.annotators)]
@@ -210,7 +211,8 @@ def build_report(parsed: ParsedInput, rel: Reliability, fit: BTFit,
     all_unreliable = bool(annotators) and all(a.unreliable for a in annotators)
     rec = recommendation(noise, config.dpo_fallback_threshold, all_unreliable)
     summary = AggregateSummary(
-        input_stage=source, noise_rate=noise, noise_observed=observed, recommendation=rec.loss,
+        input_stage=source, noise_rate=noise, noise_observed=observed,
+        tied_pair_share=rel.tied_share, recommendation=rec.loss,
         dpo_fallback_threshold=config.dpo_fallback_threshold, annotators=len(annotators),
         unreliable_annotators=[a.id for a in annotators if a.unreliable],
         dropped_annotators=[a.id for a in annotators if a.dropped],
@@ -221,8 +223,9 @@ def build_report(parsed: ParsedInput, rel: Reliability, fit: BTFit,
     return AggregateReport(
         summary=summary, annotators=annotators, agreement={"kendall_w": _distribution(kw)},
         noise=NoiseEstimate(estimated=noise, observed_against_consensus=observed,
+                            tied_pair_share=rel.tied_share,
                             method="vote-weighted mean of per-annotator flip rates from pairwise "
-                            "agreement (moment estimator); observed = share of used votes "
-                            "against the final consensus (biased low: each vote pulls the "
-                            "consensus)"),
+                            "agreement (moment estimator) on pairs that no used ranking ties; "
+                            "observed = share of used votes against the final consensus (biased "
+                            "low: each vote pulls the consensus)"),
         rules=rules, recommendation=rec)
