@@ -16,13 +16,14 @@ from typer.testing import CliRunner
 from grouppref.commands import aggregate as aggregate_cmd
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.aggregate.config import AggregateConfig
+from grouppref.pipeline.aggregate.fit import resolve_targets
 from grouppref.pipeline.aggregate.outcome import recommendation
 from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
 from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import order_flips, simulate_order
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
-from grouppref.stats import bt
+from grouppref.stats import bt, rankstats
 from grouppref.stats.reliability import estimate_reliability, noise_rate
 from tests.factories import make_group, make_ranking
 from tests.test_simulate import rank_run, scored_group, write_stage
@@ -218,6 +219,50 @@ def test_output_rows_match_a_direct_weighted_fit(tmp_path: Path) -> None:
         assert [c for tier in row.consensus for c in tier] == order
     again = run_aggregate(store, AggregateConfig(min_groups_for_reliability=5))
     assert again.cached
+
+
+def test_consensus_targets_are_hard_and_skip_ties_and_padding() -> None:
+    p, w = rankstats.consensus_targets(torch.tensor([[1, 0, 1, -1]]))
+    assert p[0].tolist() == [[0.5, 0.0, 0.5, 0.5], [1.0, 0.5, 1.0, 0.5],
+                             [0.5, 0.0, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]]
+    assert w[0].tolist() == [[0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0]]
+
+
+def test_auto_targets_follow_the_noise_estimate() -> None:
+    cfg = AggregateConfig()
+    assert (cfg.pair_targets, cfg.hard_targets_above) == ("auto", 0.25)  # docs/evidence.md
+    assert resolve_targets(cfg, 0.19) == "soft" and resolve_targets(cfg, None) == "soft"
+    assert resolve_targets(cfg, 0.29) == "hard"
+    assert resolve_targets(AggregateConfig(pair_targets="soft"), 0.4) == "soft"
+    assert resolve_targets(AggregateConfig(pair_targets="hard"), 0.0) == "hard"
+    # with hard targets the DPO fallback is not recommended (gspo held its own at 30-40%)
+    assert recommendation(0.35, 0.25, targets="hard").loss == "gspo"
+    assert recommendation(0.35, 0.25, targets="soft").loss == "dpo"
+
+
+@pytest.mark.parametrize("targets", ["auto", "soft"])
+def test_noisy_panel_gets_hard_targets_by_default(tmp_path: Path, targets: str) -> None:
+    store = rank_run(tmp_path, n=60)
+    from grouppref.pipeline.simulate.config import SimulateConfig
+    from grouppref.pipeline.simulate.stage import run_simulate
+
+    run_simulate(store, SimulateConfig(annotators=[
+        AnnotatorSpec(id=f"s{i}", flip_rate=0.35) for i in range(3)]))
+    stage = run_aggregate(store, AggregateConfig(pair_targets=targets, kind_weights={"reward_model": 0}))
+    report = read_report(store)
+    assert report.noise.estimated > 0.25
+    want = "hard" if targets == "auto" else "soft"
+    assert report.summary.pair_targets == report.recommendation.pair_targets == want
+    assert report.recommendation.loss == ("gspo" if want == "hard" else "dpo")
+    for row in stage.records():
+        tier = {c: t for t, ids in enumerate(row.consensus) for c in ids}
+        for pair in row.pairs:
+            split = tier[pair.winner] != tier[pair.loser]
+            if want == "hard":
+                assert (pair.p, pair.weight) == ((1.0, 1.0) if split else (0.5, 0.0))
+                assert not split or tier[pair.winner] < tier[pair.loser]
+            else:
+                assert pair.p < 1.0 and pair.weight < 1.0
 
 
 def test_rules_flag_or_drop(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.fit import fit_groups
 from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import simulate_order
+from grouppref.stats import rankstats
 from grouppref.stats.reliability import estimate_reliability, noise_rate
 from grouppref.train.data import GroupBatch
 from grouppref.train.logps import group_logps
@@ -228,11 +229,9 @@ def aggregate(ranks: Tensor, config: AggregateConfig | None = None) -> dict[str,
     cal_p = posterior_targets(ranks, (slot_w > 0) & ~torch.isnan(flips[ann]), flips.nan_to_num(0.5)[ann])
     tiers = fit.tiers
     order = torch.argsort(tiers.double() * 1e6 - fit.theta, dim=1, stable=True)
-    above = tiers[:, :, None] < tiers[:, None, :]  # i in a better tier than j
-    hard_p = torch.where(above, 1.0, torch.where(above.transpose(1, 2), 0.0, 0.5))
-    hard_w = (tiers[:, :, None] != tiers[:, None, :]).float()
+    hard_p, hard_w = rankstats.consensus_targets(tiers)  # the aggregate stage's hard targets
     return {"p": fit.p.float(), "w": fit.w.float(), "order": order, "hard_p": hard_p.float(),
-            "hard_w": hard_w, "cal_p": cal_p.float(), "noise": noise_rate(rel),
+            "hard_w": hard_w.float(), "cal_p": cal_p.float(), "noise": noise_rate(rel),
             "weights": rel.annotator_weight.tolist(), "flip_rates": rel.flip_rate.tolist()}
 
 

@@ -89,6 +89,8 @@ def print_aggregate_report(report: AggregateReport) -> None:
               f"pairs some ranking ties: {_num(noise.tied_pair_share, '{:.1%}')})")
     rec = report.recommendation
     colour = "yellow" if rec.loss == "dpo" else "green"
+    out.print(f"pair targets: {rec.pair_targets} (soft: the BT fit's p and confidence; hard: "
+              "the consensus order, p = 1)")
     out.print(f"recommendation: [{colour}]{rec.loss}[/] ({rec.reason}); {rec.note}")
 
 

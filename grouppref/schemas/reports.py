@@ -90,6 +90,8 @@ class Recommendation(_Report):
     loss: Literal["gspo", "dpo"] | None
     noise: float | None
     threshold: float
+    pair_targets: Literal["soft", "hard"] = Field(default="soft", description="The pair targets "
+                                                  "written to the rows (AggregateConfig.pair_targets).")
     automatic: bool = False
     reason: str
     note: str
@@ -102,6 +104,7 @@ class AggregateSummary(_Report):
     noise_rate: float | None
     noise_observed: float | None
     tied_pair_share: float | None = None
+    pair_targets: Literal["soft", "hard"] = "soft"
     recommendation: Literal["gspo", "dpo"] | None
     dpo_fallback_threshold: float
     annotators: int

@@ -181,3 +181,31 @@ def tied_pairs_slots(ranks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     both = real[..., :, None] & real[..., None, :] & upper
     same = ranks[..., :, None] == ranks[..., None, :]
     return (both & same).sum((-1, -2)).to(DTYPE), both.sum((-1, -2)).to(DTYPE)
+
+
+def consensus_targets(tiers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hard pair targets from consensus tiers (the ``hard`` targets of the aggregate stage).
+
+    ``p_ij = 1`` when ``i`` is in a better tier than ``j``, ``0`` when in a worse one, ``1/2``
+    within a tier; ``w_ij = 1`` across tiers, ``0`` within a tier and for padding. With these
+    the gspo loss is the all-pairs DPO loss of the consensus order.
+
+    Args:
+        tiers (torch.Tensor): ``(B, K)`` tier index per candidate (0 = best), ``-1`` for padding.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``p`` and ``w``, ``(B, K, K)`` float64.
+
+    Example:
+        >>> p, w = consensus_targets(torch.tensor([[1, 0, 1]]))
+        >>> p[0].tolist()
+        [[0.5, 0.0, 0.5], [1.0, 0.5, 1.0], [0.5, 0.0, 0.5]]
+        >>> w[0].tolist()
+        [[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
+    """
+    valid = tiers >= 0
+    both = valid[:, :, None] & valid[:, None, :]
+    above = both & (tiers[:, :, None] < tiers[:, None, :])
+    below = above.transpose(1, 2)
+    p = torch.where(above, 1.0, torch.where(below, 0.0, 0.5)).to(DTYPE)
+    return p, (above | below).to(DTYPE)
