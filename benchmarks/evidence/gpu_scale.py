@@ -167,7 +167,7 @@ def annotate(reward: Tensor, condition: str, rng: np.random.Generator) -> Tensor
 
 def aggregate(ranks: Tensor) -> dict[str, Any]:
     """The aggregate stage's defaults on (N, A, K) ranks (see ``common.aggregate``)."""
-    from grouppref.stats import bt
+    from grouppref.stats import bt, rankstats
     from grouppref.stats.reliability import estimate_reliability, noise_rate
 
     n, a, k = ranks.shape
@@ -175,14 +175,13 @@ def aggregate(ranks: Tensor) -> dict[str, Any]:
     rel = estimate_reliability(ranks, ann, torch.ones(a, dtype=torch.float64), alpha=0.1,
                                iterations=3, min_groups=5, unreliable_tau=0.0, z=2.0, drop=True,
                                batch_size=4096, max_iter=100, tie_tol=1e-6)
-    slot_w = rel.weight[ann]
+    slot_w = rel.annotator_weight[ann]
     wins = bt.wins_rankings(ranks, slot_w)
     theta = torch.cat([bt.map_pairwise(wins[s:s + 4096], 0.1, max_iter=100) for s in range(0, n, 4096)])
     w = bt.confidence_pairwise(bt.covariance_pairwise(theta, wins, 0.1), 0.1)
-    tiers = bt.tiers_strengths(theta, torch.ones(n, k, dtype=torch.bool), 1e-6)
+    tiers = rankstats.tiers_strengths(theta, torch.ones(n, k, dtype=torch.bool), 1e-6)
     order = torch.argsort(tiers.double() * 1e6 - theta, dim=1, stable=True)
-    above = tiers[:, :, None] < tiers[:, None, :]
-    hard_p = torch.where(above, 1.0, torch.where(above.transpose(1, 2), 0.0, 0.5))
+    hard_p, hard_w = rankstats.consensus_targets(tiers)
     flips = torch.where(torch.isnan(rel.flip_rate), rel.loo_disagreement, rel.flip_rate)
     used = (slot_w > 0) & ~torch.isnan(flips[ann])
     f = flips.nan_to_num(0.5)[ann].clamp(0.01, 0.5)
@@ -190,8 +189,8 @@ def aggregate(ranks: Tensor) -> dict[str, Any]:
     r = ranks.double()
     cal_p = torch.sigmoid(torch.einsum("ba,baij->bij", lam, torch.sign(r[:, :, None, :] - r[:, :, :, None])))
     return {"p": bt.probabilities_pairwise(theta).float(), "w": w.float(), "order": order,
-            "hard_p": hard_p.float(), "hard_w": (tiers[:, :, None] != tiers[:, None, :]).float(),
-            "cal_p": cal_p.float(), "noise": noise_rate(rel), "weights": rel.weight.tolist()}
+            "hard_p": hard_p.float(), "hard_w": hard_w.float(),
+            "cal_p": cal_p.float(), "noise": noise_rate(rel), "weights": rel.annotator_weight.tolist()}
 
 
 # -- one condition: every (seed, method) member trained together -----------------------------
@@ -309,6 +308,40 @@ def run_condition(condition: str, args: argparse.Namespace, device: str, rows: l
                   flush=True)
 
 
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    """Per condition and method at the last evaluated step: pair accuracy and reward gain
+    (mean over seeds), and the paired difference against dpo_consensus with a t 95% CI."""
+    from scipy import stats
+
+    def ci(d: list[float]) -> str:
+        m = float(np.mean(d))
+        if len(d) < 2:
+            return f"{m:+.3f}"
+        h = float(stats.t.ppf(0.975, len(d) - 1) * np.std(d, ddof=1) / math.sqrt(len(d)))
+        return f"{m:+.3f} [{m - h:+.3f}, {m + h:+.3f}]"
+
+    lines = ["| condition | step | ceiling | method | pair acc | Δ vs DPO | reward gain | Δ vs DPO | KL |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for cond in dict.fromkeys(r["condition"] for r in rows):
+        sel = [r for r in rows if r["condition"] == cond]
+        step = max(r["step"] for r in sel)
+        at = {(r["method"], r["seed"]): r for r in sel if r["step"] == step}
+        seeds = sorted({s for _, s in at})
+        ceil = np.mean([at[("dpo_consensus", s)]["independent_ceiling"] for s in seeds])
+        for m in METHODS:
+            if not all((m, s) in at for s in seeds):
+                continue
+            d = {x: [at[(m, s)][x] - at[("dpo_consensus", s)][x] for s in seeds]
+                 for x in ("pair_accuracy", "reward_gain")}
+            mean = {x: np.mean([at[(m, s)][x] for s in seeds])
+                    for x in ("pair_accuracy", "reward_gain", "kl")}
+            lines.append(f"| {cond} | {step} | {ceil:.3f} | {m} | {mean['pair_accuracy']:.3f} | "
+                         f"{ci(d['pair_accuracy']) if m != 'dpo_consensus' else '—'} | "
+                         f"{mean['reward_gain']:.2f} | "
+                         f"{ci(d['reward_gain']) if m != 'dpo_consensus' else '—'} | {mean['kl']:.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="CPU smoke test at toy sizes")
@@ -328,7 +361,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--eval-samples", type=int, default=4)
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    ap.add_argument("--summarise", type=Path, help="print the table of a finished gpu_scale.json")
     args = ap.parse_args(argv)
+    if args.summarise:
+        rows = json.loads(args.summarise.read_text())["runs"]
+        print(summary_table(rows))
+        return rows
     if args.quick:
         args.hidden, args.layers, args.heads, args.prompts, args.batch = 32, 1, 2, 64, 8
         args.steps, args.seeds, args.conditions, args.eval_prompts = 6, [0, 1], ["noise=0.2"], 16
@@ -353,6 +391,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         run_condition(cond, args, device, rows, save)
         last = time.perf_counter() - c0
         print(f"{cond} done in {last:.0f} s", flush=True)
+    if rows:
+        print(summary_table(rows))
     return rows
 
 
