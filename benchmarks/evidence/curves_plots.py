@@ -39,13 +39,15 @@ def _curve(cell: dict[str, Any], method: str, metric: str, x: str) -> tuple[list
 
 
 def plot_curves(cells: dict[str, dict[str, Any]], x: str, title: str, path: Path) -> None:
-    """Rows pair accuracy / reward gain, one column per cell (condition)."""
+    """Rows pair accuracy / reward gain (against steps also: pair accuracy minus DPO's, paired
+    by seed), one column per cell (condition)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(cells), figsize=(3.4 * len(cells), 6.4), squeeze=False,
+    rows = 3 if x == "steps" else 2
+    fig, axes = plt.subplots(rows, len(cells), figsize=(3.4 * len(cells), 3.2 * rows), squeeze=False,
                              sharex=True)
     for col, (name, cell) in enumerate(cells.items()):
         for row, metric in enumerate(("pair_accuracy", "reward_gain")):
@@ -65,14 +67,34 @@ def plot_curves(cells: dict[str, dict[str, Any]], x: str, title: str, path: Path
             ax.tick_params(labelsize=7)
             if col == 0:
                 ax.set_ylabel(LABELS[metric], fontsize=8)
-            if row == 1:
-                ax.set_xlabel("training steps" if x == "steps" else "tokens forwarded", fontsize=8)
+        if rows == 3:
+            _delta_row(axes[2][col], cell, col == 0)
+        axes[rows - 1][col].set_xlabel("training steps" if x == "steps" else "tokens forwarded",
+                                       fontsize=8)
     axes[0][0].legend(fontsize=6)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _delta_row(ax: Any, cell: dict[str, Any], first: bool) -> None:
+    """Pair accuracy minus dpo_consensus's at equal steps, paired by seed, 95% CI band."""
+    for m in _order():
+        pts = [(int(s), b["equal_steps"][m]["pair_accuracy"]) for s, b in cell["steps"].items()
+               if m in b["equal_steps"]]
+        if not pts or m == BASE:
+            continue
+        xs = [s for s, _ in pts]
+        ax.plot(xs, [d["mean"] for _, d in pts], marker="o", ms=3, color=COLORS[m])
+        ax.fill_between(xs, [d["lo"] for _, d in pts], [d["hi"] for _, d in pts], color=COLORS[m],
+                        alpha=0.12)
+    ax.axhline(0, color=COLORS[BASE], lw=1)
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=7)
+    if first:
+        ax.set_ylabel("pair accuracy − dpo_consensus\n(paired, 95% CI)", fontsize=8)
 
 
 def plot_group_size(summary: dict[str, Any], step: int, path: Path) -> None:
