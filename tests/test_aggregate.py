@@ -240,20 +240,23 @@ def test_auto_targets_follow_the_noise_estimate() -> None:
     assert recommendation(0.35, 0.25, targets="soft").loss == "dpo"
 
 
-@pytest.mark.parametrize("targets", ["auto", "soft"])
-def test_noisy_panel_gets_hard_targets_by_default(tmp_path: Path, targets: str) -> None:
+@pytest.mark.parametrize(("flip", "targets", "want"), [
+    (0.35, "auto", "hard"), (0.35, "soft", "soft"), (0.05, "auto", "soft"), (0.05, "hard", "hard")])
+def test_pair_targets_follow_the_noise_estimate_through_the_stage(
+        tmp_path: Path, flip: float, targets: str, want: str) -> None:
+    # auto: soft below hard_targets_above (0.25) estimated noise, hard above; soft / hard: fixed
     store = rank_run(tmp_path, n=60)
     from grouppref.pipeline.simulate.config import SimulateConfig
     from grouppref.pipeline.simulate.stage import run_simulate
 
     run_simulate(store, SimulateConfig(annotators=[
-        AnnotatorSpec(id=f"s{i}", flip_rate=0.35) for i in range(3)]))
+        AnnotatorSpec(id=f"s{i}", flip_rate=flip) for i in range(3)]))
     stage = run_aggregate(store, AggregateConfig(pair_targets=targets, kind_weights={"reward_model": 0}))
     report = read_report(store)
-    assert report.noise.estimated > 0.25
-    want = "hard" if targets == "auto" else "soft"
+    assert (report.noise.estimated > 0.25) == (flip > 0.25)
     assert report.summary.pair_targets == report.recommendation.pair_targets == want
-    assert report.recommendation.loss == ("gspo" if want == "hard" else "dpo")
+    noisy_soft = flip > 0.25 and want == "soft"  # the only case where DPO is recommended
+    assert report.recommendation.loss == ("dpo" if noisy_soft else "gspo")
     for row in stage.records():
         tier = {c: t for t, ids in enumerate(row.consensus) for c in ids}
         for pair in row.pairs:
@@ -381,10 +384,20 @@ def test_cli_aggregate_and_simulate_with_report(tmp_path: Path) -> None:
     assert out.exit_code == 0, out.output
     assert "annotator reliability" in out.output and "recommendation: dpo" in out.output
     report = json.loads((store.root / "aggregate" / "report.json").read_text())
+    assert f"pair targets: {report['summary']['pair_targets']} " in out.output
+    assert report["summary"]["pair_targets"] == resolve_targets(
+        AggregateConfig(), report["noise"]["estimated"])  # auto by default
     assert report["recommendation"]["loss"] == "dpo" and report["recommendation"]["automatic"] is False
     assert report["counts"]["inputs"] == 20
     assert store.manifest("aggregate").config["kind_weights"]["reward_model"] == 0.25
     assert store.manifest("aggregate").stats["recommendation"] == "dpo"
+    hard = runner.invoke(app, ["aggregate", str(store.root), "--pair-targets", "hard"])
+    assert hard.exit_code == 0, hard.output
+    assert "pair targets: hard " in hard.output and "recommendation: gspo" in hard.output
+    assert json.loads((store.root / "aggregate" / "report.json").read_text())["summary"][
+        "pair_targets"] == "hard"
+    bad = runner.invoke(app, ["aggregate", str(store.root), "--pair-targets", "sharp"])
+    assert isinstance(bad.exception, ConfigError) and "'auto', 'soft' or 'hard'" in str(bad.exception)
     bad = runner.invoke(app, ["aggregate", str(store.root), "--kind-weight", "human"])
     assert isinstance(bad.exception, ConfigError)
     bad = runner.invoke(app, ["aggregate", str(store.root), "--prior-strength", "0"])

@@ -266,6 +266,60 @@ def group_size_table(summary: dict[str, Any], metric: str, step: int) -> str:
     return "\n".join(lines)
 
 
+def robustness(rows: list[Row], k: int, step: int, clean: str = "noise=0.0") -> dict[str, Any]:
+    """Per noisy condition and method: the paired change against the method's own noise-free
+    run (same seed: same task and candidates, only the panel differs), in % of the clean mean."""
+    sel = _select(rows, experiment="noise", k=k, step=step)
+    at = {(r["condition"], r["seed"], r["method"]): r for r in sel}
+    out: dict[str, Any] = {}
+    for cond in dict.fromkeys(r["condition"] for r in sel):
+        if cond == clean:
+            continue
+        for m in dict.fromkeys(r["method"] for r in sel):
+            seeds = sorted(s for (cc, s, mm) in at if cc == cond and mm == m and (clean, s, m) in at)
+            for x in METRICS[:2]:
+                a = [at[(cond, s, m)][x] for s in seeds]
+                b = [at[(clean, s, m)][x] for s in seeds]
+                ci, base = c.paired_ci(a, b), sum(b) / len(b)
+                out.setdefault(cond, {}).setdefault(m, {})[x] = {
+                    key: 100 * ci[key] / base for key in ("mean", "lo", "hi")}
+    return out
+
+
+def robustness_table(result: dict[str, Any], step: int) -> str:
+    lines = ["| K | condition | method | pair accuracy change | reward gain change |",
+             "|---|---|---|---|---|"]
+    for k in result["settings"]["noise"]:
+        rob = robustness(result["runs"], int(k), step)
+        for cond, per in rob.items():
+            for m in _order():
+                if m in per:
+                    cells = [f"{per[m][x]['mean']:+.1f}% [{per[m][x]['lo']:+.1f}, {per[m][x]['hi']:+.1f}]"
+                             for x in METRICS[:2]]
+                    lines.append(f"| {k} | {cond} | {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def relative_table(summary: dict[str, Any], step: int, metric: str) -> str:
+    """Verdict (a): each group loss minus DPO, in points and in % of DPO's mean: at equal
+    steps, at equal tokens, and best along the curve."""
+    lines = ["| K | condition | method | equal steps | equal tokens | best along the curve |",
+             "|---|---|---|---|---|---|"]
+    for k, per in summary["noise"].items():
+        for cond, cell in per.items():
+            b = cell["steps"][str(step)]
+            base = b["methods"][BASE][metric]["mean"]
+            tok = cell["dpo_curve"][str(b["dpo_step_at_equal_tokens"])][metric]["mean"]
+            best = cell["best"][BASE][metric]["mean"]
+            for m in ("gspo_hard", "gspo_soft", "plackett_luce"):
+                d = (b["equal_steps"][m][metric], b["equal_tokens"][m][metric],
+                     cell["best"][m][metric]["vs_dpo"])
+                cells = [f"{_ci(x)} ({100 * x['mean'] / ref:+.1f}%)"
+                         for x, ref in zip(d, (base, tok, best), strict=True)]
+                lines.append(f"| {k} | {cond} | {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write_outputs(result: dict[str, Any], out: Path, name: str) -> str:
     """JSON (with the summary), markdown tables and plots; returns the tables."""
     from benchmarks.evidence import curves_plots as plots
@@ -286,6 +340,14 @@ def write_outputs(result: dict[str, Any], out: Path, name: str) -> str:
     for metric in METRICS[:2]:
         parts.append(f"## Best along the curve (oracle early stop): {metric}\n\n"
                      + best_table(summary, metric))
+    for metric in METRICS[:2]:
+        parts.append(f"## Group losses minus DPO, points and % of DPO, @ {last} steps: {metric}\n\n"
+                     + relative_table(summary, last, metric))
+    if all("noise=0.0" in spec["conditions"] for spec in cfg["noise"].values()):
+        for step in (early, last):
+            parts.append(f"## Change against the method's own noise-free run @ {step} steps "
+                         "(paired by seed, % of the clean mean, 95% CI)\n\n"
+                         + robustness_table(result, step))
     for metric in METRICS[:2]:
         parts.append(f"## Targets: calibrated / hard minus soft, {metric} @ {last} steps\n\n"
                      + targets_effect_table(summary, last, metric))
