@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from benchmarks.evidence import common, curves, group_size, synthetic
+from benchmarks.evidence import curves_report as report
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +119,33 @@ def test_curves_structure(curves_result: tuple[dict, Path]) -> None:
     gs = result["summary"]["group_size"]
     assert gs["equal_budget"]["2"]["prompts"] == cfg["budget"] // 2
     assert gs["equal_prompts"]["2"]["prompts"] == cfg["prompts"]
+
+
+def test_curves_collect_from_a_partial_cache(curves_result: tuple[dict, Path], tmp_path: Path) -> None:
+    # two of the quick run's jobs finish into a cache; --collect reports on those, names the rest
+    cfg = curves.settings(quick=True)
+    jobs = curves.jobs_of(cfg)
+    done = [j for j in jobs if j["experiment"] == "noise" and j["condition"] == "noise=0.2"]
+    common.run_pool(curves.run_job, done, 1, tmp_path / "cache")
+    part = curves.collect(cfg, jobs, tmp_path / "cache")
+    assert part["settings"]["noise"] == {"4": {"seeds": [0, 1], "conditions": ["noise=0.2"]}}
+    assert part["settings"]["group_size"]["equal_prompts"] == []
+    assert len(part["missing_jobs"]) == len(jobs) - len(done)
+    assert {(j["condition"], j["seed"]) for j in part["missing_jobs"]
+            if j["experiment"] == "noise"} == {("adversarial", 0), ("adversarial", 1)}
+    # same training as the full quick run: the collected rows carry its numbers
+    full = {(r["seed"], r["method"], r["step"]): r["pair_accuracy"] for r in curves_result[0]["runs"]
+            if r["condition"] == "noise=0.2"}
+    assert {(r["seed"], r["method"], r["step"]): r["pair_accuracy"]
+            for r in part["runs"]} == pytest.approx(full, rel=1e-4)
+    # the written JSON is packed and rounded; --replot from it gives the same tables
+    out = tmp_path / "out"
+    tables = report.write_outputs(part, out, "curves")
+    written = json.loads((out / "curves.json").read_text(encoding="utf-8"))
+    assert len(written["jobs"]) == len(done) and "targets" not in written["runs"][0]
+    assert curves.main(["--replot", "--out", str(out)])["summary"]["noise"]["4"]["noise=0.2"]
+    assert (out / "curves_tables.md").read_text(encoding="utf-8") == tables + "\n"
+    assert (out / "curves_k4_steps.png").stat().st_size > 500
 
 
 def test_posterior_targets_against_a_hand_computed_case() -> None:

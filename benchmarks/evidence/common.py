@@ -420,21 +420,21 @@ def _cached(arg: tuple[Any, Any, Path | None]) -> Any:
     return out
 
 
+def cache_path(cache: Path, job: dict[str, Any]) -> Path:
+    """Where :func:`run_pool` keeps the result of ``job``: ``cache/<hash of the job>.json``."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
+    return cache / f"{digest}.json"
+
+
 def run_pool(fn: Any, jobs: list[dict[str, Any]], workers: int, cache: Path | None = None) -> list[Any]:
     """``fn`` over ``jobs`` in ``workers`` spawned processes of one torch thread each.
 
     With ``cache``, each job's result is kept as ``cache/<hash of the job>.json`` and reused,
     so an interrupted run resumes where it stopped.
     """
-    import hashlib
-
-    def key(job: dict[str, Any]) -> Path | None:
-        if cache is None:
-            return None
-        digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
-        return cache / f"{digest}.json"
-
-    args = [(fn, job, key(job)) for job in jobs]
+    args = [(fn, job, None if cache is None else cache_path(cache, job)) for job in jobs]
     if workers <= 1:  # in-process (tests): one thread, restored afterwards
         threads = torch.get_num_threads()
         torch.set_num_threads(1)

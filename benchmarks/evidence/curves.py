@@ -30,6 +30,8 @@ Jobs (one per K, condition, seed, cached under ``$TMPDIR/grouppref-evidence/curv
     .venv/bin/python -m benchmarks.evidence.curves --workers 2      # full (hours of CPU)
     .venv/bin/python -m benchmarks.evidence.curves --quick          # smoke test (seconds)
     .venv/bin/python -m benchmarks.evidence.curves --replot         # tables/plots from the JSON
+    .venv/bin/python -m benchmarks.evidence.curves --collect        # the same from the finished
+                                                                    # cached jobs (a partial run)
 """
 
 from __future__ import annotations
@@ -155,6 +157,28 @@ def run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def collect(cfg: dict[str, Any], jobs: list[dict[str, Any]], cache: Path) -> dict[str, Any]:
+    """The result from the jobs already in ``cache`` (nothing is trained): ``settings`` keeps
+    only the K, conditions and seeds that finished, ``missing_jobs`` names the others."""
+    done = [j for j in jobs if c.cache_path(cache, j).exists()]
+    rows = [r for j in done for r in json.loads(c.cache_path(cache, j).read_text(encoding="utf-8"))]
+    cfg = json.loads(json.dumps(cfg))
+    noise = [j for j in done if j["experiment"] == "noise"]
+    cfg["noise"] = {k: {"seeds": sorted({j["seed"] for j in noise if j["k"] == int(k)}),
+                        "conditions": [cond for cond in spec["conditions"]
+                                       if any(j["k"] == int(k) and j["condition"] == cond for j in noise)]}
+                    for k, spec in cfg["noise"].items() if any(j["k"] == int(k) for j in noise)}
+    gs = [j for j in done if j["experiment"] == "group_size"]
+    for setting in ("equal_prompts", "equal_budget"):
+        cfg["group_size"][setting] = sorted({j["k"] for j in gs if j["setting"] == setting})
+    missing = [{key: j[key] for key in ("experiment", "setting", "k", "condition", "seed")}
+               for j in jobs if j not in done]
+    return {"experiment": "curves", "settings": cfg, "methods": list(METHODS),
+            "testbed": {**vars(c.Testbed()), **cfg["testbed"]}, "environment": c.environment(),
+            "collected_from_cache": True, "missing_jobs": missing,
+            "training_s": report.training_seconds(rows), "runs": rows}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes for the CI smoke test")
@@ -162,6 +186,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--workers", type=int, default=2, help="processes (one torch thread each)")
     ap.add_argument("--replot", action="store_true", help="redo tables and plots from the JSON")
     ap.add_argument("--only", choices=("noise", "group_size"), help="run one experiment's jobs")
+    ap.add_argument("--collect", action="store_true",
+                    help="tables and plots from the finished jobs in the cache (trains nothing)")
     args = ap.parse_args(argv)
     cfg = settings(args.quick)
     name = "curves_quick" if args.quick else "curves"
@@ -171,6 +197,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return result
     jobs = [j for j in jobs_of(cfg) if args.only in (None, j["experiment"])]
     cache = None if args.quick else Path(tempfile.gettempdir()) / "grouppref-evidence" / "curves"
+    if args.collect and cache is not None:
+        result = collect(cfg, jobs, cache)
+        print(report.write_outputs(result, args.out, name))
+        c.log(f"collected {len(result['runs'])} rows; {len(result['missing_jobs'])} jobs not run")
+        return result
     load0, t0 = os.getloadavg(), time.perf_counter()
     rows = [r for part in c.run_pool(run_job, jobs, args.workers, cache) for r in part]
     result = {"experiment": "curves", "settings": cfg, "methods": list(METHODS),

@@ -16,6 +16,20 @@ COLORS = {"dpo_one": "tab:gray", "dpo_consensus": "tab:blue", "gspo_hard": "tab:
 LABELS = {"pair_accuracy": "held-out pair accuracy", "reward_gain": "true-reward gain (ref. std)"}
 
 
+def save(fig: Any, path: Path) -> None:
+    """Write ``fig`` as a small PNG (a 128-colour palette: the committed plots stay ~100 kB)."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=90, format="png")
+    plt.close(fig)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.open(buf).convert("RGB").quantize(colors=128).save(path, optimize=True)
+
+
 def _half(d: dict[str, float]) -> float:
     n = d.get("n", 1)
     return float(stats.t.ppf(0.975, n - 1) * d["std"] / math.sqrt(n)) if n > 1 else 0.0
@@ -74,9 +88,7 @@ def plot_curves(cells: dict[str, dict[str, Any]], x: str, title: str, path: Path
     axes[0][0].legend(fontsize=6)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
 def _delta_row(ax: Any, cell: dict[str, Any], first: bool) -> None:
@@ -119,8 +131,7 @@ def plot_group_size(summary: dict[str, Any], step: int, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_all(result: dict[str, Any], out: Path, name: str) -> None:

@@ -8,6 +8,7 @@ updates; *equal tokens* compares it with ``dpo_consensus`` after as many forward
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -320,15 +321,60 @@ def relative_table(summary: dict[str, Any], step: int, metric: str) -> str:
     return "\n".join(lines)
 
 
+JOB_FIELDS = ("experiment", "setting", "k", "prompts", "condition", "seed", "noise_estimate",
+              "annotator_weights", "realised_flip_rates", "independent_ceiling", "targets")
+
+
+def _rounded(obj: Any) -> Any:
+    """Floats to 5 significant digits (the JSON is committed; the tables show 3)."""
+    if isinstance(obj, float):
+        return float(f"{obj:.5g}")
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rounded(v) for v in obj]
+    return obj
+
+
+def pack(result: dict[str, Any]) -> dict[str, Any]:
+    """The result as written: the fields shared by one job's rows once per job (``jobs``),
+    each row keeping its method, step and metrics plus the index of its job."""
+    jobs: list[dict[str, Any]] = []
+    index: dict[str, int] = {}
+    runs = []
+    for row in result["runs"]:
+        job = {f: row[f] for f in JOB_FIELDS}
+        key = repr([job[f] for f in JOB_FIELDS[:6]])
+        if key not in index:
+            index[key] = len(jobs)
+            jobs.append(job)
+        runs.append({"job": index[key], **{f: v for f, v in row.items() if f not in JOB_FIELDS}})
+    return _rounded({**result, "jobs": jobs, "runs": runs})
+
+
+def unpack(result: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`pack` (a result written before packing is returned as it is)."""
+    if "jobs" not in result:
+        return result
+    jobs = result.pop("jobs")
+    result["runs"] = [{**jobs[r["job"]], **{f: v for f, v in r.items() if f != "job"}}
+                      for r in result["runs"]]
+    return result
+
+
 def write_outputs(result: dict[str, Any], out: Path, name: str) -> str:
-    """JSON (with the summary), markdown tables and plots; returns the tables."""
+    """JSON (with the summary, packed), markdown tables and plots; returns the tables."""
     from benchmarks.evidence import curves_plots as plots
 
+    result = unpack(result)
+    result["runs"] = _rounded(result["runs"])  # as written, so --replot gives the same tables
     cfg = result["settings"]
     summary = summarise(result)
     add_target_contrasts(result, summary)
     result["summary"] = summary
-    c.write_json(out / f"{name}.json", result)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(pack(result), separators=(",", ":")) + "\n",
+                                      encoding="utf-8")
     last = cfg["steps"][-1]
     early = cfg["steps"][1] if len(cfg["steps"]) > 2 else cfg["steps"][0]
     parts = ["## Prompt-independent ceiling: pair accuracy minus ceiling @ "
