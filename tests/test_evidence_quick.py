@@ -146,6 +146,8 @@ def test_curves_collect_from_a_partial_cache(curves_result: tuple[dict, Path], t
     assert curves.main(["--replot", "--out", str(out)])["summary"]["noise"]["4"]["noise=0.2"]
     assert (out / "curves_tables.md").read_text(encoding="utf-8") == tables + "\n"
     assert (out / "curves_k4_steps.png").stat().st_size > 500
+    # no group-size job finished: no group-size table or plot made of borrowed cells
+    assert "Group size" not in tables and not (out / "curves_group_size.png").exists()
 
 
 def test_posterior_targets_against_a_hand_computed_case() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from scipy import stats
 
-from benchmarks.evidence.curves_report import BASE, _order
+from benchmarks.evidence.curves_report import BASE, _order, has_group_size_runs
 
 COLORS = {"dpo_one": "tab:gray", "dpo_consensus": "tab:blue", "gspo_hard": "tab:orange",
           "gspo_soft": "tab:green", "gspo_cal": "tab:red", "plackett_luce": "tab:purple"}
@@ -141,5 +141,5 @@ def plot_all(result: dict[str, Any], out: Path, name: str) -> None:
             plot_curves(cells, x, f"K = {k}: learning curves against {x} (mean over seeds "
                         f"{cells[next(iter(cells))]['seeds']}, 95% CI)", out / f"{name}_k{k}_{x}.png")
     gs = summary["group_size"]
-    if gs["equal_prompts"] and gs["equal_budget"]:
+    if has_group_size_runs(result) and gs["equal_prompts"] and gs["equal_budget"]:
         plot_group_size(summary, cfg["steps"][-1], out / f"{name}_group_size.png")

@@ -362,6 +362,12 @@ def unpack(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def has_group_size_runs(result: dict[str, Any]) -> bool:
+    """Whether experiment 2's own jobs ran (without them its tables would hold only the K = 4
+    and 8 cells borrowed from experiment 1)."""
+    return any(r["experiment"] == "group_size" for r in result["runs"])
+
+
 def write_outputs(result: dict[str, Any], out: Path, name: str) -> str:
     """JSON (with the summary, packed), markdown tables and plots; returns the tables."""
     from benchmarks.evidence import curves_plots as plots
@@ -397,7 +403,7 @@ def write_outputs(result: dict[str, Any], out: Path, name: str) -> str:
     for metric in METRICS[:2]:
         parts.append(f"## Targets: calibrated / hard minus soft, {metric} @ {last} steps\n\n"
                      + targets_effect_table(summary, last, metric))
-    if any(summary["group_size"].values()):
+    if has_group_size_runs(result):
         for metric in METRICS[:2]:
             parts.append(f"## Group size (noise 0.1): {metric} @ {last} steps\n\n"
                          + group_size_table(summary, metric, last))
