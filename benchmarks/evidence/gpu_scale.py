@@ -1,7 +1,7 @@
 """Experiment 1 at a larger scale, for one GPU: an ensemble of policies trained side by side.
 
-Self-contained on purpose (the GPU machine has torch, numpy and scipy, no transformers or
-pydantic): a small pre-LN causal transformer written with an explicit *ensemble* dimension,
+Self-contained on purpose (the GPU machine may have only torch and numpy: no transformers,
+pydantic or scipy): a small pre-LN causal transformer written with an explicit *ensemble* dimension,
 so every (seed, method) policy of one condition trains in the same batched forward pass
 (Adam is element-wise, so the members stay independent: each has its own parameters, data
 and loss). Only three package modules are imported, all pure torch: the losses
@@ -308,16 +308,25 @@ def run_condition(condition: str, args: argparse.Namespace, device: str, rows: l
                   flush=True)
 
 
+def t975(df: int) -> float:
+    """Student-t 97.5% quantile: scipy's where installed, else a table (the GPU machine may
+    have torch and numpy only; df > 10 uses 1.96 + 2.4/df, within 1% of the exact value)."""
+    try:
+        from scipy import stats
+    except ImportError:
+        table = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+        return table[df - 1] if df <= 10 else 1.96 + 2.4 / df
+    return float(stats.t.ppf(0.975, df))
+
+
 def summary_table(rows: list[dict[str, Any]]) -> str:
     """Per condition and method at the last evaluated step: pair accuracy and reward gain
     (mean over seeds), and the paired difference against dpo_consensus with a t 95% CI."""
-    from scipy import stats
-
     def ci(d: list[float]) -> str:
         m = float(np.mean(d))
         if len(d) < 2:
             return f"{m:+.3f}"
-        h = float(stats.t.ppf(0.975, len(d) - 1) * np.std(d, ddof=1) / math.sqrt(len(d)))
+        h = float(t975(len(d) - 1) * np.std(d, ddof=1) / math.sqrt(len(d)))
         return f"{m:+.3f} [{m - h:+.3f}, {m + h:+.3f}]"
 
     lines = ["| condition | step | ceiling | method | pair acc | Δ vs DPO | reward gain | Δ vs DPO | KL |",
