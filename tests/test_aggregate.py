@@ -4,6 +4,7 @@ with known flip rates, noise rules, bad input, report and CLI."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -15,13 +16,14 @@ from typer.testing import CliRunner
 from grouppref.commands import aggregate as aggregate_cmd
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.aggregate.config import AggregateConfig
+from grouppref.pipeline.aggregate.fit import resolve_targets
 from grouppref.pipeline.aggregate.outcome import recommendation
 from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
 from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import order_flips, simulate_order
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
-from grouppref.stats import bt
+from grouppref.stats import bt, rankstats
 from grouppref.stats.reliability import estimate_reliability, noise_rate
 from tests.factories import make_group, make_ranking
 from tests.test_simulate import rank_run, scored_group, write_stage
@@ -90,6 +92,94 @@ def test_noise_rate_on_equal_panels(flip: float) -> None:
     assert abs(noise_rate(rel) - flips.sum() / pairs.sum()) < NOISE_TOL
 
 
+def tied_panel(groups: int, flip: float, levels: int, declared: bool, seed: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, float]:
+    """A constructed tied panel: K = 4 true scores drawn from ``levels`` values (3 levels: a
+    third of the pairs tie), three annotators at ``flip`` that must order tied candidates (at
+    random), and, with ``declared``, a rule-like ranking of the true tiers as a 4th slot.
+
+    Returns ranks (B, A, K), ann (B, A), each annotator's (flips, votes) on decided pairs,
+    and the true share of tied pairs."""
+    rng = np.random.default_rng(seed)
+    k, a = 4, 3 + int(declared)
+    ranks = torch.empty(groups, a, k, dtype=torch.long)
+    flips, votes, tied = np.zeros(a), np.zeros(a), 0
+    for g in range(groups):
+        scores = rng.integers(0, levels, size=k).astype(float).tolist()
+        tied += sum(scores[i] == scores[j] for i in range(k) for j in range(i + 1, k))
+        for m in range(3):
+            order = simulate_order(scores, AnnotatorSpec(id="s", flip_rate=flip), rng)
+            f, n = order_flips(order, scores)
+            flips[m], votes[m] = flips[m] + f, votes[m] + n
+            ranks[g, m, torch.tensor(order)] = torch.arange(k)
+        if declared:  # tier index of each candidate: equal scores share a tier
+            levels_seen = sorted(set(scores), reverse=True)
+            ranks[g, 3] = torch.tensor([levels_seen.index(x) for x in scores])
+            votes[3] += sum(scores[i] != scores[j] for i in range(k) for j in range(i + 1, k))
+    return ranks, torch.arange(a).expand(groups, a).clone(), flips, votes, tied / (groups * 6)
+
+
+@pytest.mark.parametrize("flip", [0.0, 0.1, 0.3])
+def test_noise_rate_on_a_tied_panel_with_declared_ties(flip: float) -> None:
+    # a rule ranking declares the true ties: pairs it ties are left out, so the estimate is
+    # the flip rate on decided pairs (the rule itself votes with the truth there)
+    ranks, ann, flips, votes, tie_share = tied_panel(1500, flip, levels=3, declared=True)
+    rel = reliability(ranks, ann, 4)
+    true_noise = flips.sum() / votes.sum()
+    assert abs(noise_rate(rel) - true_noise) < NOISE_TOL
+    np.testing.assert_allclose(rel.flip_rate.numpy(), flips / votes, atol=FLIP_TOL, rtol=0)
+    np.testing.assert_allclose(rel.votes.numpy(), votes)  # strict votes on decided pairs only
+    assert rel.tied_share == pytest.approx(tie_share)  # ~1/3, reported on its own
+    assert rel.tie_rate.numpy() == pytest.approx([0, 0, 0, tie_share])
+
+
+def test_noise_rate_on_a_tied_panel_without_declared_ties_reads_the_ties_as_noise() -> None:
+    # no ranking declares the ties: with three forced orders per group the ties cannot be told
+    # from noise; the estimate then follows f' = (1 - sqrt(1 - t) (1 - 2 f)) / 2 (docs)
+    flip = 0.1
+    ranks, ann, flips, votes, tie_share = tied_panel(1500, flip, levels=3, declared=False)
+    rel = reliability(ranks, ann, 3)
+    f = flips.sum() / votes.sum()  # ~0.08 on decided pairs
+    expected = (1 - math.sqrt(1 - tie_share) * (1 - 2 * f)) / 2  # ~0.16
+    assert abs(noise_rate(rel) - expected) < NOISE_TOL
+    assert noise_rate(rel) > f + 0.05
+    assert rel.tied_share == 0.0
+
+
+def test_stage_reports_ties_of_a_rule_ranker_separately(tmp_path: Path) -> None:
+    # the pipeline case of issue 16: a rule ranker with many tied scores is the truth, a
+    # simulated panel orders tied candidates at random; the simulate stage keeps the rule's
+    # ranking, so the aggregate stage sees the ties and leaves those pairs out of the noise
+    from grouppref.pipeline.simulate.config import SimulateConfig
+    from grouppref.pipeline.simulate.stage import run_simulate
+
+    rng = np.random.default_rng(5)
+    groups = []
+    for i in range(400):
+        g = scored_group(i, rng.integers(0, 3, size=4).astype(float).tolist(), kind="rule")
+        r = g.rankings[0]
+        by_score: dict[float, list[str]] = {}
+        for cid, sc in r.scores.items():
+            by_score.setdefault(sc, []).append(cid)
+        tiers = [by_score[sc] for sc in sorted(by_score, reverse=True)]
+        groups.append(g.model_copy(update={"rankings": [r.model_copy(update={"tiers": tiers})]}))
+    store = RunStore(tmp_path / "run")
+    write_stage(store, "rank", groups)
+    sim = run_simulate(store, SimulateConfig(annotators=[
+        AnnotatorSpec(id=f"s{i}", flip_rate=0.1) for i in range(3)], seed=1))
+    run_aggregate(store, AggregateConfig())
+    report = read_report(store)
+    realised = sim.manifest.stats["annotators"]
+    by_id = {a.id: a for a in report.annotators}
+    true_noise = (sum(realised[a]["realised_flip_rate"] * by_id[a].votes for a in realised)
+                  / sum(a.votes for a in report.annotators))  # the rule ranking votes with the truth
+    tie_share = sum(len(t) * (len(t) - 1) / 2 for g in groups for t in g.rankings[0].tiers) / (400 * 6)
+    assert report.noise.tied_pair_share == pytest.approx(tie_share)
+    assert report.summary.tied_pair_share == pytest.approx(tie_share)
+    assert abs(report.noise.estimated - true_noise) < 0.04
+    assert by_id["rm-1"].tie_rate == pytest.approx(tie_share) and by_id["s0"].tie_rate == 0.0
+
+
 def _panel_run(tmp_path: Path, n: int, orders: list[list[list[int]]] | None = None) -> RunStore:
     """A 'label' stage of K=3 groups with human rankings given as orders (indices, best first)."""
     store = RunStore(tmp_path / "run")
@@ -129,6 +219,53 @@ def test_output_rows_match_a_direct_weighted_fit(tmp_path: Path) -> None:
         assert [c for tier in row.consensus for c in tier] == order
     again = run_aggregate(store, AggregateConfig(min_groups_for_reliability=5))
     assert again.cached
+
+
+def test_consensus_targets_are_hard_and_skip_ties_and_padding() -> None:
+    p, w = rankstats.consensus_targets(torch.tensor([[1, 0, 1, -1]]))
+    assert p[0].tolist() == [[0.5, 0.0, 0.5, 0.5], [1.0, 0.5, 1.0, 0.5],
+                             [0.5, 0.0, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]]
+    assert w[0].tolist() == [[0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0]]
+
+
+def test_auto_targets_follow_the_noise_estimate() -> None:
+    cfg = AggregateConfig()
+    assert (cfg.pair_targets, cfg.hard_targets_above) == ("auto", 0.25)  # docs/evidence.md
+    assert resolve_targets(cfg, 0.19) == "soft" and resolve_targets(cfg, None) == "soft"
+    assert resolve_targets(cfg, 0.29) == "hard"
+    assert resolve_targets(AggregateConfig(pair_targets="soft"), 0.4) == "soft"
+    assert resolve_targets(AggregateConfig(pair_targets="hard"), 0.0) == "hard"
+    # with hard targets the DPO fallback is not recommended (gspo held its own at 30-40%)
+    assert recommendation(0.35, 0.25, targets="hard").loss == "gspo"
+    assert recommendation(0.35, 0.25, targets="soft").loss == "dpo"
+
+
+@pytest.mark.parametrize(("flip", "targets", "want"), [
+    (0.35, "auto", "hard"), (0.35, "soft", "soft"), (0.05, "auto", "soft"), (0.05, "hard", "hard")])
+def test_pair_targets_follow_the_noise_estimate_through_the_stage(
+        tmp_path: Path, flip: float, targets: str, want: str) -> None:
+    # auto: soft below hard_targets_above (0.25) estimated noise, hard above; soft / hard: fixed
+    store = rank_run(tmp_path, n=60)
+    from grouppref.pipeline.simulate.config import SimulateConfig
+    from grouppref.pipeline.simulate.stage import run_simulate
+
+    run_simulate(store, SimulateConfig(annotators=[
+        AnnotatorSpec(id=f"s{i}", flip_rate=flip) for i in range(3)]))
+    stage = run_aggregate(store, AggregateConfig(pair_targets=targets, kind_weights={"reward_model": 0}))
+    report = read_report(store)
+    assert (report.noise.estimated > 0.25) == (flip > 0.25)
+    assert report.summary.pair_targets == report.recommendation.pair_targets == want
+    noisy_soft = flip > 0.25 and want == "soft"  # the only case where DPO is recommended
+    assert report.recommendation.loss == ("dpo" if noisy_soft else "gspo")
+    for row in stage.records():
+        tier = {c: t for t, ids in enumerate(row.consensus) for c in ids}
+        for pair in row.pairs:
+            split = tier[pair.winner] != tier[pair.loser]
+            if want == "hard":
+                assert (pair.p, pair.weight) == ((1.0, 1.0) if split else (0.5, 0.0))
+                assert not split or tier[pair.winner] < tier[pair.loser]
+            else:
+                assert pair.p < 1.0 and pair.weight < 1.0
 
 
 def test_rules_flag_or_drop(tmp_path: Path) -> None:
@@ -247,10 +384,20 @@ def test_cli_aggregate_and_simulate_with_report(tmp_path: Path) -> None:
     assert out.exit_code == 0, out.output
     assert "annotator reliability" in out.output and "recommendation: dpo" in out.output
     report = json.loads((store.root / "aggregate" / "report.json").read_text())
+    assert f"pair targets: {report['summary']['pair_targets']} " in out.output
+    assert report["summary"]["pair_targets"] == resolve_targets(
+        AggregateConfig(), report["noise"]["estimated"])  # auto by default
     assert report["recommendation"]["loss"] == "dpo" and report["recommendation"]["automatic"] is False
     assert report["counts"]["inputs"] == 20
     assert store.manifest("aggregate").config["kind_weights"]["reward_model"] == 0.25
     assert store.manifest("aggregate").stats["recommendation"] == "dpo"
+    hard = runner.invoke(app, ["aggregate", str(store.root), "--pair-targets", "hard"])
+    assert hard.exit_code == 0, hard.output
+    assert "pair targets: hard " in hard.output and "recommendation: gspo" in hard.output
+    assert json.loads((store.root / "aggregate" / "report.json").read_text())["summary"][
+        "pair_targets"] == "hard"
+    bad = runner.invoke(app, ["aggregate", str(store.root), "--pair-targets", "sharp"])
+    assert isinstance(bad.exception, ConfigError) and "'auto', 'soft' or 'hard'" in str(bad.exception)
     bad = runner.invoke(app, ["aggregate", str(store.root), "--kind-weight", "human"])
     assert isinstance(bad.exception, ConfigError)
     bad = runner.invoke(app, ["aggregate", str(store.root), "--prior-strength", "0"])

@@ -12,8 +12,10 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
-from benchmarks.evidence import common, group_size, synthetic
+from benchmarks.evidence import common, curves, group_size, synthetic
+from benchmarks.evidence import curves_report as report
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +87,77 @@ def test_group_size_structure(group_size_result: tuple[dict, Path]) -> None:
                 for m in group_size.METHODS:
                     assert 0.0 <= block["methods"][m]["pair_accuracy"]["mean"] <= 1.0
                 _ok_ci(block["gspo_soft_minus_dpo"]["pair_accuracy"])
+
+
+@pytest.fixture(scope="module")
+def curves_result(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("curves")
+    return curves.main(["--quick", "--workers", "1", "--out", str(out)]), out
+
+
+def test_curves_structure(curves_result: tuple[dict, Path]) -> None:
+    result, out = curves_result
+    cfg = result["settings"]
+    for name in ("curves_quick.json", "curves_quick_tables.md", "curves_quick_k4_steps.png",
+                 "curves_quick_k4_tokens.png", "curves_quick_group_size.png"):
+        assert (out / name).stat().st_size > 500, name
+    cell = result["summary"]["noise"]["4"]["noise=0.2"]
+    last = str(cfg["steps"][-1])
+    assert set(cell["steps"][last]["methods"]) == set(curves.METHODS)
+    # equal tokens: DPO ran on to the group losses' token count at the last step
+    tok = cell["tokens_per_step"]
+    dpo_step = cell["steps"][last]["dpo_step_at_equal_tokens"]
+    assert dpo_step == round(int(last) * tok["gspo_soft"] / tok["dpo_consensus"])
+    assert cell["dpo_curve"][str(dpo_step)]["tokens"] == pytest.approx(
+        int(last) * tok["gspo_soft"], rel=0.1)
+    for m in set(curves.METHODS) - {"dpo_consensus"}:
+        _ok_ci(cell["steps"][last]["equal_steps"][m]["pair_accuracy"])
+    assert set(cell["steps"][last]["equal_tokens"]) == set(curves.METHODS) - set(curves.DPO)
+    # calibrated targets fit the truth at least as well as the soft BT targets (log loss)
+    assert cell["targets"]["cal"]["log_loss"]["mean"] <= cell["targets"]["soft"]["log_loss"]["mean"]
+    assert cell["targets"]["hard"]["log_loss"]["mean"] > cell["targets"]["cal"]["log_loss"]["mean"]
+    gs = result["summary"]["group_size"]
+    assert gs["equal_budget"]["2"]["prompts"] == cfg["budget"] // 2
+    assert gs["equal_prompts"]["2"]["prompts"] == cfg["prompts"]
+
+
+def test_curves_collect_from_a_partial_cache(curves_result: tuple[dict, Path], tmp_path: Path) -> None:
+    # two of the quick run's jobs finish into a cache; --collect reports on those, names the rest
+    cfg = curves.settings(quick=True)
+    jobs = curves.jobs_of(cfg)
+    done = [j for j in jobs if j["experiment"] == "noise" and j["condition"] == "noise=0.2"]
+    common.run_pool(curves.run_job, done, 1, tmp_path / "cache")
+    part = curves.collect(cfg, jobs, tmp_path / "cache")
+    assert part["settings"]["noise"] == {"4": {"seeds": [0, 1], "conditions": ["noise=0.2"]}}
+    assert part["settings"]["group_size"]["equal_prompts"] == []
+    assert len(part["missing_jobs"]) == len(jobs) - len(done)
+    assert {(j["condition"], j["seed"]) for j in part["missing_jobs"]
+            if j["experiment"] == "noise"} == {("adversarial", 0), ("adversarial", 1)}
+    # same training as the full quick run: the collected rows carry its numbers
+    full = {(r["seed"], r["method"], r["step"]): r["pair_accuracy"] for r in curves_result[0]["runs"]
+            if r["condition"] == "noise=0.2"}
+    assert {(r["seed"], r["method"], r["step"]): r["pair_accuracy"]
+            for r in part["runs"]} == pytest.approx(full, rel=1e-4)
+    # the written JSON is packed and rounded; --replot from it gives the same tables
+    out = tmp_path / "out"
+    tables = report.write_outputs(part, out, "curves")
+    written = json.loads((out / "curves.json").read_text(encoding="utf-8"))
+    assert len(written["jobs"]) == len(done) and "targets" not in written["runs"][0]
+    assert curves.main(["--replot", "--out", str(out)])["summary"]["noise"]["4"]["noise=0.2"]
+    assert (out / "curves_tables.md").read_text(encoding="utf-8") == tables + "\n"
+    assert (out / "curves_k4_steps.png").stat().st_size > 500
+    # no group-size job finished: no group-size table or plot made of borrowed cells
+    assert "Group size" not in tables and not (out / "curves_group_size.png").exists()
+
+
+def test_posterior_targets_against_a_hand_computed_case() -> None:
+    # one group, K = 3, two annotators with flip rates 0.1 and 0.2; a third slot unused
+    ranks = torch.tensor([[[0, 1, 2], [1, 0, 2], [2, 1, 0]]])
+    used = torch.tensor([[True, True, False]])
+    flip = torch.tensor([[0.1, 0.2, 0.3]])
+    p = common.posterior_targets(ranks, used, flip)
+    l1, l2 = math.log(0.9 / 0.1), math.log(0.8 / 0.2)
+    assert p[0, 0, 1].item() == pytest.approx(1 / (1 + math.exp(-(l1 - l2))))  # split vote
+    assert p[0, 0, 2].item() == pytest.approx(1 / (1 + math.exp(-(l1 + l2))))  # both agree
+    assert p[0, 2, 0].item() == pytest.approx(1 - p[0, 0, 2].item())
+    assert p[0, 1, 1].item() == 0.5

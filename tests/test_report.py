@@ -21,6 +21,7 @@ import typer
 from typer.testing import CliRunner
 
 from grouppref.commands import run as run_commands
+from grouppref.pipeline.aggregate.stage import read_report as read_aggregate_report
 from grouppref.pipeline.report.config import ReportConfig
 from grouppref.pipeline.report.stage import reject_kind, render_report, run_report
 from grouppref.runner import load_run_config, run_pipeline
@@ -72,6 +73,8 @@ def test_report_has_every_section_with_the_run_numbers(trained_run: RunStore) ->
     assert (f"<td>{acc}</td><td class=num>{before[acc]:.3f}</td><td class=num>"
             f"{after[acc]:.3f}</td><td class=num>{after[acc] - before[acc]:.3f}</td>") in page
     assert "Recommended loss: <b>" in page and "Estimated label noise" in page
+    targets = read_aggregate_report(trained_run).recommendation.pair_targets  # auto: by the noise
+    assert f"Pair targets: <b>{targets}</b>" in page
     # self-contained: plots are data URIs, nothing refers to another file or host
     assert len(re.findall(r"<img src=\"data:image/png;base64,", page)) == 3
     assert not re.search(r"(src|href)=[\"'](?!data:|#)", page)

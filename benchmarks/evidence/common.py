@@ -39,6 +39,7 @@ from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.fit import fit_groups
 from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import simulate_order
+from grouppref.stats import rankstats
 from grouppref.stats.reliability import estimate_reliability, noise_rate
 from grouppref.train.data import GroupBatch
 from grouppref.train.logps import group_logps
@@ -64,6 +65,10 @@ class Testbed:
     eval_prompts: int = 64
     eval_k: int = 4  # candidates per held-out group (pair accuracy)
     eval_samples: int = 8  # policy samples per held-out prompt (true-reward gain)
+    heads: int = 4
+    inter_rank: int = 0  # rank of the prompt x response interaction M (0: full rank V)
+    indep_weight: float = 1.0  # weight a of the prompt-independent part u
+    inter_weight: float = 1.0  # weight b of the prompt-dependent part M
 
 
 @dataclass
@@ -86,7 +91,8 @@ def tiny_lm(bed: Testbed, seed: int) -> Any:
     """A randomly initialised Llama-architecture causal LM over the synthetic vocabulary."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=bed.vocab, hidden_size=bed.hidden, intermediate_size=2 * bed.hidden,
-                      num_hidden_layers=bed.layers, num_attention_heads=4, num_key_value_heads=4,
+                      num_hidden_layers=bed.layers, num_attention_heads=bed.heads,
+                      num_key_value_heads=bed.heads,
                       max_position_embeddings=64, bos_token_id=0, eos_token_id=1, pad_token_id=0,
                       tie_word_embeddings=True)
     model = LlamaForCausalLM(cfg)
@@ -96,8 +102,19 @@ def tiny_lm(bed: Testbed, seed: int) -> Any:
 
 def true_reward(task: Task, prompts: Tensor, resp: Tensor) -> Tensor:
     """``r(x, y)`` for prompts (..., P) and responses (..., L) -> (...)."""
-    inter = task.m[prompts[..., :, None], resp[..., None, :]].sum(-2) / math.sqrt(task.bed.prompt_len)
-    return (task.u[resp] + inter).mean(-1)
+    bed = task.bed
+    inter = task.m[prompts[..., :, None], resp[..., None, :]].sum(-2) / math.sqrt(bed.prompt_len)
+    return (bed.indep_weight * task.u[resp] + bed.inter_weight * inter).mean(-1)
+
+
+def interaction(bed: Testbed, gen: torch.Generator) -> Tensor:
+    """The (V, V) interaction ``M``: i.i.d. N(0, 1) entries (``inter_rank`` 0), or a rank-r
+    product ``A Bᵀ / √r`` of N(0, 1) factors, whose entries also have variance 1."""
+    if bed.inter_rank <= 0:
+        return torch.randn(bed.vocab, bed.vocab, generator=gen)
+    a = torch.randn(bed.vocab, bed.inter_rank, generator=gen)
+    b = torch.randn(bed.vocab, bed.inter_rank, generator=gen)
+    return a @ b.T / math.sqrt(bed.inter_rank)
 
 
 @torch.no_grad()
@@ -139,7 +156,7 @@ def make_task(bed: Testbed, seed: int) -> Task:
     """The hidden reward, reference model and held-out set of one seed."""
     gen = torch.Generator().manual_seed(10_000 + seed)
     u = torch.randn(bed.vocab, generator=gen)
-    m = torch.randn(bed.vocab, bed.vocab, generator=gen)
+    m = interaction(bed, gen)
     ref = tiny_lm(bed, seed)
     for prm in ref.parameters():
         prm.requires_grad_(False)
@@ -208,13 +225,38 @@ def aggregate(ranks: Tensor, config: AggregateConfig | None = None) -> dict[str,
         batch_size=cfg.batch_size, max_iter=cfg.max_iter, tie_tol=cfg.tie_tolerance)
     slot_w = rel.annotator_weight[ann]
     fit = fit_groups(ranks, slot_w, torch.ones(n, k, dtype=torch.bool), cfg)
+    flips = torch.where(torch.isnan(rel.flip_rate), rel.loo_disagreement, rel.flip_rate)
+    cal_p = posterior_targets(ranks, (slot_w > 0) & ~torch.isnan(flips[ann]), flips.nan_to_num(0.5)[ann])
     tiers = fit.tiers
     order = torch.argsort(tiers.double() * 1e6 - fit.theta, dim=1, stable=True)
-    above = tiers[:, :, None] < tiers[:, None, :]  # i in a better tier than j
-    hard_p = torch.where(above, 1.0, torch.where(above.transpose(1, 2), 0.0, 0.5))
-    hard_w = (tiers[:, :, None] != tiers[:, None, :]).float()
+    hard_p, hard_w = rankstats.consensus_targets(tiers)  # the aggregate stage's hard targets
     return {"p": fit.p.float(), "w": fit.w.float(), "order": order, "hard_p": hard_p.float(),
-            "hard_w": hard_w, "noise": noise_rate(rel), "weights": rel.annotator_weight.tolist()}
+            "hard_w": hard_w.float(), "cal_p": cal_p.float(), "noise": noise_rate(rel),
+            "weights": rel.annotator_weight.tolist(), "flip_rates": rel.flip_rate.tolist()}
+
+
+def posterior_targets(ranks: Tensor, used: Tensor, flip: Tensor, floor: float = 0.01) -> Tensor:
+    """Calibrated pair targets: ``P(i truly beats j | votes)`` if annotators flip votes
+    independently with their estimated rates ``f_a`` (a naive-Bayes / Dawid-Skene posterior
+    with a flat prior): ``logit p_ij = Σ_a λ_a v_aij``, ``λ_a = log((1 − f_a) / f_a)`` with
+    ``f_a`` clipped to ``[floor, 0.5]``, ``v_aij`` = +1 if ranking ``a`` puts ``i`` above
+    ``j``, −1 below, 0 tied or not used.
+
+    Args:
+        ranks (Tensor): ``(B, A, K)`` tier indices (0 = best), ``-1`` for padding.
+        used (Tensor): ``(B, A)`` bool, rankings that count.
+        flip (Tensor): ``(B, A)`` estimated flip rate of each ranking's annotator.
+        floor (float): smallest flip rate believed (caps one vote's log-odds at logit(1 − floor)).
+
+    Returns:
+        Tensor: ``(B, K, K)`` float64 ``p_ij`` (``p_ii`` = 0.5).
+    """
+    f = flip.double().clamp(floor, 0.5)
+    lam = torch.where(used, torch.log((1 - f) / f), 0.0)  # (B, A)
+    r = ranks.double()
+    real = (ranks >= 0)[:, :, :, None] & (ranks >= 0)[:, :, None, :]
+    v = torch.where(real, torch.sign(r[:, :, None, :] - r[:, :, :, None]), 0.0)  # (B, A, K, K)
+    return torch.sigmoid(torch.einsum("ba,baij->bij", lam, v))
 
 
 def method_data(method: str, groups: dict[str, Tensor], agg: dict[str, Any],
@@ -238,6 +280,8 @@ def method_data(method: str, groups: dict[str, Tensor], agg: dict[str, Any],
         out |= {"p": agg["hard_p"], "w": agg["hard_w"]}
     elif method == "gspo_soft":
         out |= {"p": agg["p"], "w": agg["w"]}
+    elif method == "gspo_cal":  # calibrated targets, the BT fit's pair weights
+        out |= {"p": agg["cal_p"], "w": agg["w"]}
     return out
 
 
@@ -348,7 +392,8 @@ def independent_ceiling(task: Task) -> float:
     """Held-out pair accuracy of the best prompt-independent scorer: the true reward with the
     prompt part replaced by its mean over prompts, ``q(y) = (1/L) Σ_t [u + √P·mean_x M[x, ·]][y_t]``."""
     bed = task.bed
-    per_token = task.u + math.sqrt(bed.prompt_len) * task.m[2:].mean(0)  # prompts use tokens >= 2
+    per_token = (bed.indep_weight * task.u  # prompts use tokens >= 2
+                 + bed.inter_weight * math.sqrt(bed.prompt_len) * task.m[2:].mean(0))
     q = per_token[task.eval_cands].mean(-1)  # (E, K)
     r = true_reward(task, task.eval_prompts[:, None].expand(-1, bed.eval_k, -1), task.eval_cands)
     dq, dr = q[:, :, None] - q[:, None, :], r[:, :, None] - r[:, None, :]
@@ -375,21 +420,21 @@ def _cached(arg: tuple[Any, Any, Path | None]) -> Any:
     return out
 
 
+def cache_path(cache: Path, job: dict[str, Any]) -> Path:
+    """Where :func:`run_pool` keeps the result of ``job``: ``cache/<hash of the job>.json``."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
+    return cache / f"{digest}.json"
+
+
 def run_pool(fn: Any, jobs: list[dict[str, Any]], workers: int, cache: Path | None = None) -> list[Any]:
     """``fn`` over ``jobs`` in ``workers`` spawned processes of one torch thread each.
 
     With ``cache``, each job's result is kept as ``cache/<hash of the job>.json`` and reused,
     so an interrupted run resumes where it stopped.
     """
-    import hashlib
-
-    def key(job: dict[str, Any]) -> Path | None:
-        if cache is None:
-            return None
-        digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
-        return cache / f"{digest}.json"
-
-    args = [(fn, job, key(job)) for job in jobs]
+    args = [(fn, job, None if cache is None else cache_path(cache, job)) for job in jobs]
     if workers <= 1:  # in-process (tests): one thread, restored afterwards
         threads = torch.get_num_threads()
         torch.set_num_threads(1)

@@ -84,10 +84,13 @@ def print_aggregate_report(report: AggregateReport) -> None:
         out.print(f"Kendall's W over {kw.count} groups: mean {kw.mean:.3f}, p10 {q['p10']:.3f}, "
                   f"median {q['p50']:.3f}, p90 {q['p90']:.3f}")
     noise = report.noise
-    out.print(f"estimated noise rate: {_num(noise.estimated, '{:.1%}')} (votes against the "
-              f"consensus: {_num(noise.observed_against_consensus, '{:.1%}')})")
+    out.print(f"estimated noise rate: {_num(noise.estimated, '{:.1%}')} on pairs no ranking ties "
+              f"(votes against the consensus: {_num(noise.observed_against_consensus, '{:.1%}')}; "
+              f"pairs some ranking ties: {_num(noise.tied_pair_share, '{:.1%}')})")
     rec = report.recommendation
     colour = "yellow" if rec.loss == "dpo" else "green"
+    out.print(f"pair targets: {rec.pair_targets} (soft: the BT fit's p and confidence; hard: "
+              "the consensus order, p = 1)")
     out.print(f"recommendation: [{colour}]{rec.loss}[/] ({rec.reason}); {rec.note}")
 
 

@@ -41,7 +41,10 @@ class AnnotatorReliability(_Report):
     votes: int = Field(description="Strict pairwise votes cast.")
     tau: float | None = Field(description="Mean Kendall tau-b against the leave-one-out consensus.")
     tau_se: float | None
-    flip_rate: float | None = Field(description="Moment estimate of its share of flipped votes.")
+    flip_rate: float | None = Field(description="Moment estimate of its share of flipped votes "
+                                    "(on pairs no used ranking ties).")
+    tie_rate: float | None = Field(default=None, description="Share of the pairs it ranked that "
+                                   "it put in one tier.")
     loo_disagreement: float | None
     annotator_weight: float = Field(description="Weight of its rankings in the final fit "
                                     "(kind weight x reliability; 0: left out).")
@@ -68,6 +71,9 @@ class NoiseEstimate(_Report):
                                     "estimator over pairwise agreement).")
     observed_against_consensus: float | None = Field(description="Share of used votes against "
                                                      "the final consensus (biased low).")
+    tied_pair_share: float | None = Field(default=None, description="Share of group pairs that "
+                                          "some used ranking puts in one tier; they are left out "
+                                          "of the estimate (None: no pairs).")
     method: str
 
 
@@ -84,6 +90,8 @@ class Recommendation(_Report):
     loss: Literal["gspo", "dpo"] | None
     noise: float | None
     threshold: float
+    pair_targets: Literal["soft", "hard"] = Field(default="soft", description="The pair targets "
+                                                  "written to the rows (AggregateConfig.pair_targets).")
     automatic: bool = False
     reason: str
     note: str
@@ -95,6 +103,8 @@ class AggregateSummary(_Report):
     input_stage: str
     noise_rate: float | None
     noise_observed: float | None
+    tied_pair_share: float | None = None
+    pair_targets: Literal["soft", "hard"] = "soft"
     recommendation: Literal["gspo", "dpo"] | None
     dpo_fallback_threshold: float
     annotators: int

@@ -124,7 +124,8 @@ def tiers_strengths(theta: torch.Tensor, valid: torch.Tensor, tol: float = 1e-6)
     return torch.where(valid, tiers, -1)
 
 
-def concordance_slots(ranks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def concordance_slots(ranks: torch.Tensor, decided: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Concordant / discordant pair counts between every two rankings of each group.
 
     Uses ``#conc = (sum |s_a||s_c| + sum s_a s_c) / 2`` and ``#disc = (sum |s_a||s_c| -
@@ -132,11 +133,79 @@ def concordance_slots(ranks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     Args:
         ranks (torch.Tensor): ``(B, A, K)`` tier indices, ``-1`` for padding.
+        decided (torch.Tensor | None): ``(B, K, K)`` bool, the pairs to count (e.g. those no
+            ranking ties, :func:`declared_ties`); all pairs when None.
 
     Returns:
         tuple[torch.Tensor, torch.Tensor]: two ``(B, A, A)`` float64 tensors.
     """
     s = _signs(ranks)  # (B, A, K, K)
+    if decided is not None:
+        s = s * decided[:, None].to(s.dtype)
     dot = torch.einsum("baij,bcij->bac", s, s)
     both = torch.einsum("baij,bcij->bac", s.abs(), s.abs())
     return (both + dot) / 2, (both - dot) / 2
+
+
+def declared_ties(ranks: torch.Tensor, used: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pairs that some used ranking of their group puts in one tier, and pairs it covers.
+
+    Args:
+        ranks (torch.Tensor): ``(B, A, K)`` tier indices, ``-1`` for padding.
+        used (torch.Tensor): ``(B, A)`` bool, rankings that count.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``tied`` and ``covered``, ``(B, K, K)`` bool over
+        pairs ``i < j``: tied by at least one used ranking / ranked by at least one.
+    """
+    real = (ranks >= 0) & used[..., None]  # (B, A, K)
+    both = real[..., :, None] & real[..., None, :]  # (B, A, K, K)
+    upper = torch.triu(torch.ones(ranks.shape[-1], ranks.shape[-1], dtype=torch.bool,
+                                  device=ranks.device), diagonal=1)
+    same = ranks[..., :, None] == ranks[..., None, :]
+    return (both & same).any(1) & upper, both.any(1) & upper
+
+
+def tied_pairs_slots(ranks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per ranking: pairs ``i < j`` it puts in one tier, and pairs it ranks at all.
+
+    Args:
+        ranks (torch.Tensor): ``(..., K)`` tier indices, ``-1`` for padding.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: two ``(...)`` float64 tensors.
+    """
+    real = ranks >= 0
+    upper = torch.triu(torch.ones(ranks.shape[-1], ranks.shape[-1], dtype=torch.bool,
+                                  device=ranks.device), diagonal=1)
+    both = real[..., :, None] & real[..., None, :] & upper
+    same = ranks[..., :, None] == ranks[..., None, :]
+    return (both & same).sum((-1, -2)).to(DTYPE), both.sum((-1, -2)).to(DTYPE)
+
+
+def consensus_targets(tiers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hard pair targets from consensus tiers (the ``hard`` targets of the aggregate stage).
+
+    ``p_ij = 1`` when ``i`` is in a better tier than ``j``, ``0`` when in a worse one, ``1/2``
+    within a tier; ``w_ij = 1`` across tiers, ``0`` within a tier and for padding. With these
+    the gspo loss is the all-pairs DPO loss of the consensus order.
+
+    Args:
+        tiers (torch.Tensor): ``(B, K)`` tier index per candidate (0 = best), ``-1`` for padding.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``p`` and ``w``, ``(B, K, K)`` float64.
+
+    Example:
+        >>> p, w = consensus_targets(torch.tensor([[1, 0, 1]]))
+        >>> p[0].tolist()
+        [[0.5, 0.0, 0.5], [1.0, 0.5, 1.0], [0.5, 0.0, 0.5]]
+        >>> w[0].tolist()
+        [[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
+    """
+    valid = tiers >= 0
+    both = valid[:, :, None] & valid[:, None, :]
+    above = both & (tiers[:, :, None] < tiers[:, None, :])
+    below = above.transpose(1, 2)
+    p = torch.where(above, 1.0, torch.where(below, 0.0, 0.5)).to(DTYPE)
+    return p, (above | below).to(DTYPE)

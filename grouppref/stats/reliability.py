@@ -16,6 +16,12 @@ Two measures per annotator, both over tensors of all groups (chunked by ``batch_
   true 0.40. The dataset's noise estimate is the vote-weighted mean of ``flip_rate`` over the
   annotators used (falling back to the leave-one-out disagreement for an annotator with fewer
   than two overlap partners).
+* Ties. Pairs that some used ranking of a group puts in one tier are *undecided*: the flip
+  rates and the noise estimate are over decided pairs only, and the share of undecided pairs
+  is reported on its own (``tied_share``), with each annotator's own ``tie_rate``. Ties that
+  no ranking declares (every annotator forced to order two equal candidates) cannot be told
+  from noise by agreement statistics with three annotators per group; they read as noise
+  (docs/aggregate.md).
 """
 
 from __future__ import annotations
@@ -36,11 +42,13 @@ class Reliability:
     tau: torch.Tensor  # mean tau-b against the leave-one-out consensus (NaN: no comparable group)
     tau_se: torch.Tensor  # its standard error over groups
     groups: torch.Tensor  # groups with a comparable leave-one-out consensus
-    votes: torch.Tensor  # strict pairwise votes cast
+    votes: torch.Tensor  # strict pairwise votes cast on decided pairs (no used ranking ties them)
     loo_disagreement: torch.Tensor  # share of its votes against the leave-one-out consensus
     flip_rate: torch.Tensor  # moment estimate (NaN: not identified)
     unreliable: torch.Tensor  # bool: not significantly better than chance
     dropped: torch.Tensor  # bool: left out of the fit
+    tie_rate: torch.Tensor  # share of the pairs it ranked that it put in one tier (NaN: none)
+    tied_share: float | None  # dataset: share of group pairs some used ranking ties (None: no pairs)
 
 
 def fit_batches(wins: torch.Tensor, alpha: float, batch_size: int, max_iter: int) -> torch.Tensor:
@@ -101,25 +109,66 @@ def _tau_stats(ranks: torch.Tensor, ann: torch.Tensor, annotator_w: torch.Tensor
                                             acc["d"] / (acc["c"] + acc["d"]).clamp(min=1), math.nan)}
 
 
-def pairwise_agreement(ranks: torch.Tensor, ann: torch.Tensor, n: int, batch_size: int
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(agree (N, N), total (N, N), votes (N,))`` pooled over groups: agreeing strict pairs of
-    two annotators, pairs both ranked strictly, and each annotator's strict votes."""
+@dataclass
+class Agreement:
+    """Pairwise agreement between annotators, pooled over groups (N annotators)."""
+
+    agree: torch.Tensor  # (N, N) agreeing strict votes of a and b on decided pairs
+    total: torch.Tensor  # (N, N) decided pairs both ranked strictly
+    votes: torch.Tensor  # (N,) strict votes on decided pairs
+    ties: torch.Tensor  # (N,) pairs the annotator put in one tier
+    ranked: torch.Tensor  # (N,) pairs the annotator ranked (tied or not)
+    tied_pairs: float  # group pairs that some used ranking ties (left out of the counts above)
+    covered_pairs: float  # group pairs ranked by at least one used ranking
+
+
+def pairwise_agreement(ranks: torch.Tensor, ann: torch.Tensor, n: int, batch_size: int,
+                       annotator_w: torch.Tensor | None = None) -> Agreement:
+    """Agreement counts for the moment estimator, on *decided* pairs only.
+
+    A pair that some used ranking of its group puts in one tier (a rule ranker scoring two
+    candidates alike, an annotator marking a tie) is left out of every annotator's counts:
+    when the truth ties a pair, annotators forced to order it agree only by chance, and the
+    moment estimator would read that as noise (``2A - 1`` shrinks by the share of such
+    pairs). Used rankings: annotator weight > 0 (all, when ``annotator_w`` is None).
+
+    Args:
+        ranks (torch.Tensor): ``(B, A, K)`` tier indices, ``-1`` for padding.
+        ann (torch.Tensor): ``(B, A)`` annotator index of each slot, ``-1`` for padding.
+        n (int): number of annotators.
+        batch_size (int): groups per chunk.
+        annotator_w (torch.Tensor | None): ``(N,)`` annotator weights.
+
+    Returns:
+        Agreement: pooled counts.
+    """
     agree = torch.zeros(n, n, dtype=bt.DTYPE)
     total = torch.zeros(n, n, dtype=bt.DTYPE)
-    votes = torch.zeros(n, dtype=bt.DTYPE)
+    votes, ties, ranked = (torch.zeros(n, dtype=bt.DTYPE) for _ in range(3))
+    tied_pairs = covered_pairs = 0.0
     for s in range(0, ranks.shape[0], batch_size):
         r, idx = ranks[s : s + batch_size], ann[s : s + batch_size]
-        c, d = rankstats.concordance_slots(r)  # (B, A, A)
+        used = idx >= 0
+        if annotator_w is not None:
+            used = used & (annotator_w[idx.clamp(min=0)] > 0)
+        tied, covered = rankstats.declared_ties(r, used)
+        tied_pairs += float(tied.sum())
+        covered_pairs += float(covered.sum())
+        c, d = rankstats.concordance_slots(r, decided=~tied)  # (B, A, A)
         a = idx.shape[1]
         pair = (idx[:, :, None] >= 0) & (idx[:, None, :] >= 0) & ~torch.eye(a, dtype=torch.bool)
         ia = idx[:, :, None].expand(-1, a, a)[pair]
         ib = idx[:, None, :].expand(-1, a, a)[pair]
         agree.index_put_((ia, ib), c[pair], accumulate=True)
         total.index_put_((ia, ib), (c + d)[pair], accumulate=True)
-        diag = torch.diagonal(c + d, dim1=-2, dim2=-1)  # strict pairs of each ranking
-        votes.index_add_(0, idx[idx >= 0], diag[idx >= 0])
-    return agree, total, votes
+        diag = torch.diagonal(c + d, dim1=-2, dim2=-1)  # strict decided pairs of each ranking
+        own_tied, own_ranked = rankstats.tied_pairs_slots(r)  # (B, A) each
+        slot = idx >= 0
+        votes.index_add_(0, idx[slot], diag[slot])
+        ties.index_add_(0, idx[slot], own_tied[slot])
+        ranked.index_add_(0, idx[slot], own_ranked[slot])
+    return Agreement(agree=agree, total=total, votes=votes, ties=ties, ranked=ranked,
+                     tied_pairs=tied_pairs, covered_pairs=covered_pairs)
 
 
 def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.Tensor, *,
@@ -150,11 +199,13 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
                                                1.0)
         if drop:
             annotator_w = torch.where(unreliable, 0.0, annotator_w)
-    agree, total, votes = pairwise_agreement(ranks, ann, n, batch_size)
-    return Reliability(annotator_weight=annotator_w, tau=st["tau"], tau_se=st["tau_se"], groups=st["groups"],
-                       votes=votes, loo_disagreement=st["loo_disagreement"],
-                       flip_rate=noise.flip_rates_moment(agree, total), unreliable=unreliable,
-                       dropped=unreliable & drop & (kind_w > 0))
+    agr = pairwise_agreement(ranks, ann, n, batch_size, annotator_w)
+    return Reliability(annotator_weight=annotator_w, tau=st["tau"], tau_se=st["tau_se"],
+                       groups=st["groups"], votes=agr.votes, loo_disagreement=st["loo_disagreement"],
+                       flip_rate=noise.flip_rates_moment(agr.agree, agr.total),
+                       unreliable=unreliable, dropped=unreliable & drop & (kind_w > 0),
+                       tie_rate=torch.where(agr.ranked > 0, agr.ties / agr.ranked.clamp(min=1), math.nan),
+                       tied_share=agr.tied_pairs / agr.covered_pairs if agr.covered_pairs else None)
 
 
 def noise_rate(rel: Reliability) -> float | None:

@@ -63,9 +63,17 @@ class AggregateConfig(BaseModel):
                                                    "no usable ranking: reject the row or flag it.")
     tie_tolerance: float = Field(default=1e-6, ge=0, description="Strength gap under which the "
                                  "consensus puts two candidates in one tier.")
+    pair_targets: Literal["auto", "soft", "hard"] = Field(
+        default="auto", description="Pair targets written to the rows: soft (the BT fit's p_ij "
+        "and confidence w_ij), hard (p = 1 for the consensus winner, weight 1), or auto: soft "
+        "up to hard_targets_above estimated noise, hard above it (docs/evidence.md, issue-16 "
+        "runs: soft targets best up to 20% noise, hard ones at 30-40%).")
+    hard_targets_above: float = Field(default=0.25, ge=0, le=1, description="With pair_targets "
+                                      "auto: the estimated noise rate above which the targets "
+                                      "are hard.")
     dpo_fallback_threshold: float = Field(default=0.25, ge=0, le=1, description="Recommend the "
                                           "dpo loss when the estimated noise rate is above this "
-                                          "(0.25: docs/evidence.md, experiment 5).")
+                                          "and the pair targets are soft (docs/evidence.md).")
     batch_size: int = Field(default=4096, ge=1, description="Groups fitted together per batch.")
     max_iter: int = Field(default=100, ge=1, description="Newton iterations per fit.")
     shard_size: int = Field(default=5000, ge=1, description="Groups per resumable shard.")

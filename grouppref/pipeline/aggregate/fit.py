@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
 
 import torch
 
@@ -18,8 +18,8 @@ class BTFit:
     ranking slots and K candidates."""
 
     theta: Any  # (B, K) log-strengths
-    p: Any  # (B, K, K) p_ij = P(i > j)
-    w: Any  # (B, K, K) confidence w_ij
+    p: Any  # (B, K, K) pair targets: the BT p_ij = P(i > j), or hard (see with_targets)
+    w: Any  # (B, K, K) pair weights: the BT confidence w_ij, or hard
     wins: Any  # (B, K, K) weighted votes
     tiers: Any  # (B, K) consensus tier index, -1 for padding
     kendall_w: Any  # (B,) Kendall's W of the rankings used (NaN: not defined)
@@ -60,3 +60,20 @@ def fit_groups(ranks: torch.Tensor, slot_w: torch.Tensor, valid: torch.Tensor,
         cycle=rankstats.majority_cycles(wins),
         tau=torch.where(used, rankstats.kendall_tau(ranks, tiers[:, None, :]), float("nan")),
         conc=torch.where(used, conc, 0), disc=torch.where(used, disc, 0))
+
+
+def resolve_targets(config: AggregateConfig, noise: float | None) -> Literal["soft", "hard"]:
+    """The pair targets to write: ``config.pair_targets``, with ``auto`` soft up to
+    ``hard_targets_above`` estimated noise (and when there is no estimate), hard above it."""
+    if config.pair_targets != "auto":
+        return config.pair_targets
+    return "hard" if noise is not None and noise > config.hard_targets_above else "soft"
+
+
+def with_targets(fit: BTFit, targets: Literal["soft", "hard"]) -> BTFit:
+    """``fit`` with hard consensus targets (:func:`rankstats.consensus_targets`) in place of
+    the BT ``p``/``w`` when ``targets`` is ``hard``; unchanged for ``soft``."""
+    if targets == "soft":
+        return fit
+    p, w = rankstats.consensus_targets(fit.tiers)
+    return replace(fit, p=p, w=w)

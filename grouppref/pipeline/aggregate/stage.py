@@ -5,7 +5,10 @@ weighted pairwise votes of its rankings (ties count half a win each way); all gr
 batch are fitted together. Annotator weights come from reliability across the whole dataset
 (:mod:`grouppref.stats.reliability`); noise rules flag or drop groups; the report
 (``RUN/aggregate/report.json``) gives reliability, agreement, the estimated noise rate and a
-loss *recommendation* (DPO fallback above ``dpo_fallback_threshold``), never an automatic switch.
+loss *recommendation* (DPO fallback above ``dpo_fallback_threshold`` with soft targets), never
+an automatic switch. The pair targets written to the rows are the BT ``p_ij``/``w_ij`` (soft) or
+the consensus order's hard targets; ``pair_targets="auto"`` (the default) picks hard ones above
+``hard_targets_above`` estimated noise (docs/evidence.md, issue 16).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch
 
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.aggregate.config import INPUT_STAGES, STAGE, STAGE_VERSION, AggregateConfig
-from grouppref.pipeline.aggregate.fit import fit_groups
+from grouppref.pipeline.aggregate.fit import fit_groups, resolve_targets, with_targets
 from grouppref.pipeline.aggregate.outcome import build_report, decide, group_outcome
 from grouppref.pipeline.aggregate.parse import ParsedInput, encode_rankings, parse_rows
 from grouppref.runs.progress import stage_progress
@@ -22,7 +25,7 @@ from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import AggregateReport
 from grouppref.stats import bt
-from grouppref.stats.reliability import estimate_reliability
+from grouppref.stats.reliability import estimate_reliability, noise_rate
 
 REPORT = "report.json"
 
@@ -82,7 +85,8 @@ def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
             drop=config.drop_unreliable, batch_size=config.batch_size, max_iter=config.max_iter,
             tie_tol=config.tie_tolerance)
         slot_w = torch.where(ann >= 0, rel.annotator_weight[ann.clamp(min=0)], 0)
-        fit = fit_groups(ranks, slot_w, valid, config)
+        targets = resolve_targets(config, noise_rate(rel))
+        fit = with_targets(fit_groups(ranks, slot_w, valid, config), targets)
     fit_np = fit.numpy()
     dec = decide(ann, rel, fit_np, config)
     indices = list(range(len(parsed.groups)))
@@ -94,7 +98,7 @@ def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
             stage.write_shard(shard, [o for o in outcomes if isinstance(o, ValidatedGroup)],
                               [o for o in outcomes if isinstance(o, Reject)])
             bar.advance(task, len(shard.items))
-    report = build_report(parsed, rel, fit_np, dec, config, source)
+    report = build_report(parsed, rel, fit_np, dec, config, source, targets)
     done = stage.finish(inputs=parsed.inputs, stats=report.summary.model_dump(mode="json"))
     report.counts = done.counts.model_dump()
     (done.dir / REPORT).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")

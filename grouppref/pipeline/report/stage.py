@@ -179,7 +179,9 @@ def section_noise(store: RunStore) -> str:
         loss = str(rec.loss or "none: do not train on these labels")
         out += (f"<div class='box{warn}'>Estimated label noise (all annotators in the fit): "
                 f"<b>{noise.estimated:.1%}</b>; share of votes against the consensus: "
-                f"{_fmt(noise.observed_against_consensus)}.{extra}<br>Recommended loss: "
+                f"{_fmt(noise.observed_against_consensus)}; pairs some ranking ties (left out of "
+                f"the estimate): {_fmt(noise.tied_pair_share)}.{extra}<br>Pair targets: "
+                f"<b>{html.escape(rec.pair_targets)}</b>. Recommended loss: "
                 f"<b>{html.escape(loss)}</b> ({html.escape(rec.reason)})."
                 f"<br><span class='muted'>{html.escape(rec.note)}</span></div>")
     if report.rules:
