@@ -1,15 +1,22 @@
 """Rows from a user's file: JSONL, JSON, CSV, Parquet, a dataset saved with ``save_to_disk``, or
 a Hub dataset id.
 
-A file that cannot be used at all (missing, unknown format, empty) raises ``InputFileError``.
-A bad row never stops the read: it becomes a ``RowError`` (then a
+A file that cannot be used at all (missing, unknown format, empty, not UTF-8 text: binary,
+UTF-16, or not one line that decodes) raises ``InputFileError``: one line, exit code 2. A bad
+row never stops the read: it becomes a ``RowError`` (then a
 :class:`~grouppref.schemas.Reject` naming the file, the 1-based row number, the field and the
-reason), and reading goes on.
+reason), and reading goes on. That includes a line whose bytes are not valid UTF-8 and a blank
+line (counted, with the reason "blank line"). A UTF-8 byte-order mark is dropped in every text
+format, so a BOM-prefixed CSV header is recognised.
+
+Row numbers: the line number in JSONL (blank lines count), the data row in CSV (the header is
+row 0, blank lines count), the list index + 1 in JSON, the row index + 1 in Parquet and datasets.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from collections.abc import Iterator
@@ -19,6 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
+from grouppref.config import SAVE_AS_UTF8, UTF8_BOM, text_problem
 from grouppref.errors import InputFileError, RowError
 from grouppref.runs.hashing import fingerprint_file, sha256_text
 from grouppref.schemas.records import Reject
@@ -26,6 +34,12 @@ from grouppref.schemas.records import Reject
 T = TypeVar("T")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 FORMATS = (".jsonl", ".ndjson", ".json", ".csv", ".parquet")
+BLANK = "blank line (skipped)"
+Row = dict[str, Any] | RowError
+
+
+class BlankLine(RowError):
+    """A blank line of a JSONL or CSV file: counted as a row and rejected with its reason."""
 
 
 @dataclass
@@ -36,32 +50,110 @@ class ReadResult(Generic[T]):
     items: list[T]
     rejects: list[Reject] = field(default_factory=list)
     rows: int = 0
+    blank: int = 0
     fingerprint: str = ""
+    item_rows: list[int] = field(default_factory=list)  # the row each item came from
+
+    def require_rows(self) -> None:
+        """Raise ``InputFileError`` when the source held no row but blank lines."""
+        if self.rows - self.blank == 0:
+            extra = f" (only {self.blank} blank line{'s' if self.blank != 1 else ''})" \
+                if self.blank else ""
+            raise InputFileError(f"{self.source}: no rows{extra}")
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any] | RowError]]:
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield number, RowError(f"invalid JSON: {e.msg} at column {e.colno}",
-                                       source=str(path), row=number)
-                continue
-            if not isinstance(value, dict):
-                yield number, RowError(f"expected a JSON object, got {type(value).__name__}",
-                                       source=str(path), row=number)
-                continue
-            yield number, value
+class _Decoding:
+    """Counts the rows of a text file that decode and those that do not: a file none of whose
+    rows decodes is not UTF-8 text, and is refused whole."""
+
+    def __init__(self, path: Path):
+        self.path, self.good, self.bad, self.first = path, 0, 0, ""
+
+    def failed(self, reason: str) -> RowError:
+        self.bad += 1
+        self.first = self.first or reason
+        return RowError(f"{reason}; {SAVE_AS_UTF8}", source=str(self.path))
+
+    def check(self) -> None:
+        if self.bad and not self.good:
+            raise InputFileError(f"{self.path}: not UTF-8 text: none of its {self.bad} rows "
+                                 f"decodes ({self.first}); {SAVE_AS_UTF8}")
+
+
+def _open_text(path: Path) -> bytes:
+    """The file's bytes without a UTF-8 BOM, after refusing binary and UTF-16/32 files."""
+    data = path.read_bytes()
+    problem = text_problem(data[:65536])
+    if problem is not None:
+        raise InputFileError(f"{path}: cannot read: {problem}; {SAVE_AS_UTF8}")
+    return data.removeprefix(UTF8_BOM)
+
+
+def _json_error(e: json.JSONDecodeError) -> str:
+    # json's messages may end in "at" ("Unterminated string starting at"): no doubled word
+    return f"invalid JSON: {e.msg.removesuffix(' at')} at column {e.colno}"
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """The lines of ``data`` (``\\n`` or ``\\r\\n``); a final newline ends the last line, it
+    does not start an empty one."""
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [line.removesuffix(b"\r") for line in lines]
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, Row]]:
+    decoding = _Decoding(path)
+    for number, raw in enumerate(_lines(_open_text(path)), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            err = decoding.failed(f"line is not valid UTF-8: byte 0x{raw[e.start]:02X} at "
+                                  f"column {e.start + 1}")
+            err.row = number
+            yield number, err
+            continue
+        if not line.strip():
+            yield number, BlankLine(BLANK, source=str(path), row=number)
+            continue
+        decoding.good += 1
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            yield number, RowError(_json_error(e), source=str(path), row=number)
+            continue
+        if not isinstance(value, dict):
+            yield number, RowError(f"expected a JSON object, got {type(value).__name__}",
+                                   source=str(path), row=number)
+            continue
+        yield number, value
+    decoding.check()
+
+
+def _escaped(data: bytes) -> str:
+    """Text in which each byte that is not valid UTF-8 is kept as a lone surrogate, so that the
+    rows holding one can be rejected one by one (:func:`_bad_bytes`)."""
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def _bad_bytes(value: Any) -> str | None:
+    """The first undecodable byte inside a parsed row, as a reason, or ``None``."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = e.object[e.start]
+        return f"holds bytes that are not valid UTF-8 (byte 0x{ord(char) - 0xDC00:02X})"
+    return None
 
 
 def _rows_json(path: Path) -> list[Any]:
+    data = _open_text(path)
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(_escaped(data))
     except json.JSONDecodeError as e:
-        raise InputFileError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from e
+        raise InputFileError(f"{path}: not valid JSON ({e.msg.removesuffix(' at')} at line "
+                             f"{e.lineno}, column {e.colno})") from e
     if isinstance(value, dict):
         lists = [v for v in value.values() if isinstance(v, list)]
         if len(lists) != 1:
@@ -71,6 +163,42 @@ def _rows_json(path: Path) -> list[Any]:
     if not isinstance(value, list):
         raise InputFileError(f"{path}: expected a JSON list of rows")
     return value
+
+
+def _iter_csv(path: Path) -> Iterator[tuple[int, Row]]:
+    data = _open_text(path)
+    try:
+        reader = csv.reader(io.StringIO(_escaped(data), newline=""))
+        header = next(reader, None)
+        if header is None:
+            return
+        header = [h.strip() for h in header]
+        for number, cells in enumerate(reader, start=1):
+            if not any(c.strip() for c in cells):
+                yield number, BlankLine(BLANK, source=str(path), row=number)
+            elif len(cells) != len(header):
+                yield number, RowError(f"has {len(cells)} fields, the header has {len(header)}",
+                                       source=str(path), row=number)
+            else:
+                yield number, dict(zip(header, cells, strict=True))
+    except csv.Error as e:
+        raise InputFileError(f"{path}: cannot read as CSV ({e})") from e
+
+
+def _with_decoding(path: Path, rows: Iterator[tuple[int, Row]]) -> Iterator[tuple[int, Row]]:
+    """Rows of a file decoded with :func:`_escaped`: a row holding an undecodable byte is a
+    RowError; a file none of whose rows decodes is refused."""
+    decoding = _Decoding(path)
+    for number, row in rows:
+        reason = _bad_bytes(row) if isinstance(row, dict) else None
+        if reason is not None:
+            err = decoding.failed(reason)
+            err.row = number
+            yield number, err
+            continue
+        decoding.good += not isinstance(row, BlankLine)
+        yield number, row
+    decoding.check()
 
 
 def _rows_dataset(source: str, split: str) -> list[dict[str, Any]]:
@@ -90,32 +218,37 @@ def _rows_dataset(source: str, split: str) -> list[dict[str, Any]]:
     return list(loaded)
 
 
-def iter_rows(source: str | Path, split: str = "train") -> Iterator[tuple[int, dict[str, Any] | RowError]]:
+def _numbered(rows: list[Any], source: str) -> Iterator[tuple[int, Row]]:
+    for number, row in enumerate(rows, start=1):
+        if isinstance(row, dict):
+            yield number, row
+        else:
+            yield number, RowError(f"expected an object, got {type(row).__name__}",
+                                   source=source, row=number)
+
+
+def iter_rows(source: str | Path, split: str = "train") -> Iterator[tuple[int, Row]]:
     """Yield ``(row_number, row)`` or ``(row_number, RowError)`` for every row of ``source``.
 
     Raises:
-        InputFileError: the source is missing, of an unknown format, or unreadable.
+        InputFileError: the source is missing, of an unknown format, not UTF-8 text or
+            unreadable.
     """
     text = str(source)
     path = Path(text)
     if path.is_dir():
-        rows: list[Any] = _rows_dataset(text, split)
+        yield from _numbered(_rows_dataset(text, split), text)
     elif not path.exists():
         if HUB_ID.match(text) and not text.endswith(FORMATS):
-            rows = _rows_dataset(text, split)
+            yield from _numbered(_rows_dataset(text, split), text)
         else:
             raise InputFileError(f"{path}: file not found")
     elif path.suffix in (".jsonl", ".ndjson"):
         yield from _iter_jsonl(path)
-        return
     elif path.suffix == ".json":
-        rows = _rows_json(path)
+        yield from _with_decoding(path, _numbered(_rows_json(path), text))
     elif path.suffix == ".csv":
-        try:
-            with path.open(encoding="utf-8", newline="") as fh:
-                rows = list(csv.DictReader(fh))
-        except (UnicodeDecodeError, csv.Error) as e:
-            raise InputFileError(f"{path}: cannot read as CSV ({e})") from e
+        yield from _with_decoding(path, _iter_csv(path))
     elif path.suffix == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -124,15 +257,10 @@ def iter_rows(source: str | Path, split: str = "train") -> Iterator[tuple[int, d
             rows = pq.read_table(path).to_pylist()
         except (pa.ArrowInvalid, OSError) as e:
             raise InputFileError(f"{path}: cannot read as Parquet ({e})") from e
+        yield from _numbered(rows, text)
     else:
         raise InputFileError(f"{path}: unknown format {path.suffix!r}; use one of "
                              f"{', '.join(FORMATS)} or a saved dataset directory")
-    for number, row in enumerate(rows, start=1):
-        if isinstance(row, dict):
-            yield number, row
-        else:
-            yield number, RowError(f"expected an object, got {type(row).__name__}",
-                                   source=text, row=number)
 
 
 def source_fingerprint(source: str) -> str:

@@ -125,8 +125,8 @@ def _encode(codec: Codec, value: Any) -> Any:
 def _decode(codec: Codec, value: Any) -> Any:
     if value is None or codec is None:
         return value
-    if codec == _JSON:
-        return json.loads(value)
+    if codec == _JSON:  # stored as JSON text; a row read from a JSON file holds the dict
+        return json.loads(value) if isinstance(value, str) else value
     kind, inner = codec
     if kind == "list":
         return [_decode(inner, v) for v in value]

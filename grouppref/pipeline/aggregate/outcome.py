@@ -22,9 +22,10 @@ from grouppref.schemas.reports import (
     Recommendation,
     RuleOutcome,
 )
+from grouppref.stats import rankstats
 from grouppref.stats.reliability import Reliability, noise_rate
 
-RULES = ("too_few_rankings", "low_agreement", "cycle", "coin_flip")
+RULES = ("too_few_rankings", "low_agreement", "cycle", "coin_flip", "disconnected")
 NOTE = ("a recommendation only: the trainer's loss is never switched automatically "
         "(docs/evidence.md, experiment 5: no difference at an estimated 19% noise; DPO ahead of "
         "the soft gspo loss on reward gain from an estimated 29%)")
@@ -37,12 +38,14 @@ def rule_matches(used_n: np.ndarray, fit: BTFit, config: AggregateConfig
     spread = (np.where(valid, theta, -np.inf).max(-1) - np.where(valid, theta, np.inf).min(-1))
     p_extreme = 1 / (1 + np.exp(-spread))  # p(best > worst)
     kw = fit.kendall_w
+    parts = rankstats.components(torch.from_numpy(fit.wins), torch.from_numpy(valid)).numpy()
     return {
         "no_rankings": used_n == 0,
         "too_few_rankings": used_n < config.min_rankings,
         "low_agreement": ~np.isnan(kw) & (kw < config.min_kendall_w),
         "cycle": fit.cycle.astype(bool),
         "coin_flip": p_extreme < 0.5 + config.coin_flip_margin,
+        "disconnected": (used_n > 0) & (parts > 1),
     }
 
 
@@ -54,6 +57,11 @@ def _detail(rule: str, b: int, used_n: np.ndarray, fit: BTFit,
         return f"low_agreement (Kendall's W {fit.kendall_w[b]:.3f} < {config.min_kendall_w})"
     if rule == "cycle":
         return "cycle (intransitive pairwise majority)"
+    if rule == "disconnected":
+        parts = rankstats.components(torch.from_numpy(fit.wins[b : b + 1]),
+                                     torch.from_numpy(fit.tiers[b : b + 1] >= 0))
+        return (f"disconnected (the comparisons split the candidates into {int(parts[0])} "
+                "unlinked sets; their order across sets comes from the prior, not the data)")
     return f"coin_flip (p(best > worst) < {0.5 + config.coin_flip_margin:.2f})"
 
 

@@ -28,7 +28,8 @@ REPORT = "report.json"
 
 
 def resolve_input(store: RunStore, config: AggregateConfig) -> str:
-    """The input stage: ``config.input_stage`` or the first complete of label, simulate, rank.
+    """The input stage: ``config.input_stage`` or the first complete of label, simulate, rank,
+    import.
 
     Raises:
         StageError: the stage is missing / incomplete, or none of the defaults completed.
@@ -40,7 +41,8 @@ def resolve_input(store: RunStore, config: AggregateConfig) -> str:
         if store.is_complete(name):
             return name
     raise StageError(f"{store.root}: none of {list(INPUT_STAGES)} has completed; run "
-                     "`grouppref rank`, `grouppref simulate` or `grouppref label pull` first")
+                     "`grouppref rank`, `grouppref simulate`, `grouppref label pull` or "
+                     "`grouppref import` first")
 
 
 def _kind_weights(parsed: ParsedInput, config: AggregateConfig) -> torch.Tensor:

@@ -1,0 +1,77 @@
+"""Layout ``ultrafeedback``: openbmb/UltraFeedback rows, one per prompt.
+
+The published schema: ``instruction`` (the prompt), ``source``, ``models``, and
+``completions``, a list of ``{model, principle, custom_system_prompt, response, annotations,
+critique, overall_score, fine-grained_score}`` whose ``annotations`` map each aspect
+(``helpfulness``, ``honesty``, ``instruction_following``, ``truthfulness``) to ``{Rating,
+Rationale, ...}`` with ``Rating`` a string, ``"1"``..``"5"`` or ``"N/A"``.
+
+One ranking per score field named in ``scores`` (default: the four aspects), the field name
+as annotator id, kind ``llm_judge`` (GPT-4 rated them): an aspect's ``Rating``, or a
+completion-level number (``overall_score``, ``fine-grained_score``). An ``"N/A"`` rating leaves
+that completion out of that aspect's ranking; equal ratings are ties.
+
+Example row (shortened)::
+
+    {"source": "evol_instruct", "instruction": "Name a prime number.",
+     "completions": [{"model": "gpt-4", "response": "7", "overall_score": 8.0,
+                      "annotations": {"helpfulness": {"Rating": "5", "Rationale": "..."}, ...}},
+                     ...]}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from grouppref.pipeline.imports.layouts.common import (
+    Context,
+    Grouper,
+    Imported,
+    Response,
+    collect_rows,
+    finish,
+)
+from grouppref.readers.rows import Row, maybe_json
+from grouppref.schemas import Reject
+
+ASPECTS = ["helpfulness", "honesty", "instruction_following", "truthfulness"]
+DEFAULTS: dict[str, Any] = {"mapping": {"text": "instruction", "responses": "completions"},
+                            "text_key": "response", "scores": ASPECTS, "kind": "llm_judge"}
+
+
+def _rating(completion: dict[str, Any], name: str) -> tuple[Any, str]:
+    """The value of score field ``name`` of one completion and where it is."""
+    if name in completion and not isinstance(completion[name], dict):
+        return completion[name], name
+    annotation = (completion.get("annotations") or {}).get(name)
+    if isinstance(annotation, dict):
+        return annotation.get("Rating"), f"annotations.{name}.Rating"
+    return None, f"annotations.{name}"
+
+
+def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
+         rejects: list[Reject]) -> None:
+    column = ctx.mapping.responses
+    completions = maybe_json(row.get(column))
+    if not isinstance(completions, list):
+        raise ctx.fail(f"expected a list of completions in {column!r}, got "
+                       f"{type(completions).__name__} (its columns: {sorted(row)})", number, column)
+    group = grouper.group(ctx.prompt(row, number, extra=("source",)), number)
+    for i, completion in enumerate(completions):
+        where = f"{column}[{i}]"
+        if not isinstance(completion, dict):
+            rejects.append(ctx.reject(f"a completion must be an object, got "
+                                      f"{type(completion).__name__}; left out", number, where))
+            continue
+        text, model = ctx.response(completion, number, where)
+        group.responses.append(Response(text, model, number, where))
+        for name in ctx.scores:
+            value, at = _rating(completion, name)
+            ctx.add_score(group, name, len(group.responses) - 1, value, number, f"{where}.{at}",
+                          rejects)
+
+
+def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
+    """Rows -> groups with one (partial where "N/A") ranking per score field, and rejects."""
+    return finish(collect_rows(rows, ctx, _row, merge=False), ctx)
