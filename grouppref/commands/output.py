@@ -23,15 +23,16 @@ from grouppref.schemas.records import Reject
 out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
+_ASIDE = re.compile(r"\s*\([^()]*\)")  # "(its columns: [...])" and other particulars
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])|0x[0-9A-Fa-f]+")
 
 
 def reason_kind(reason: str) -> str:
-    """A reject reason with its particulars (quoted names, numbers) blanked, so that rejects
-    for the same cause count together: ``duplicate prompt_id 'a' ... row 3`` and ``duplicate
-    prompt_id 'b' ... row 9`` are one kind."""
-    return _NUMBER.sub("N", _QUOTED.sub("'…'", reason))
+    """A reject reason with its particulars (asides in parentheses, quoted names, numbers)
+    blanked, so that rejects for the same cause count together: ``duplicate prompt_id 'a' ...
+    row 3`` and ``duplicate prompt_id 'b' ... row 9`` are one kind."""
+    return _NUMBER.sub("N", _QUOTED.sub("'…'", _ASIDE.sub("", reason)))
 
 
 def reject_summary(rejects: list[Reject], scope: str = "row", top: int = 3

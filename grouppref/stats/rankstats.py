@@ -214,9 +214,10 @@ def concordance_slots(ranks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (both + dot) / 2, (both - dot) / 2
 
 
-def components(wins: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def component_labels(wins: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Connected components of each group's comparison graph (an edge joins two candidates
-    that some used vote compared), counting only real candidates.
+    that some used vote compared): each real candidate's label is the smallest index in its
+    component.
 
     One component means every candidate is linked to every other through comparisons; with
     more, the fit orders the components against each other by the prior alone, not the data.
@@ -226,7 +227,7 @@ def components(wins: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         valid (torch.Tensor): ``(B, K)`` bool, real (not padded) candidates.
 
     Returns:
-        torch.Tensor: ``(B,)`` long, the number of components (0 for a group of no candidates).
+        torch.Tensor: ``(B, K)`` long labels, -1 for padding.
     """
     k = wins.shape[-1]
     eye = torch.eye(k, dtype=torch.bool, device=wins.device)
@@ -234,7 +235,14 @@ def components(wins: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     reach = (((wins + wins.transpose(-1, -2)) > 0) & pair | (eye & pair)).to(DTYPE)
     for _ in range(max(1, math.ceil(math.log2(max(k, 2))))):
         reach = ((reach + reach @ reach) > 0).to(DTYPE)
-    # a candidate heads its component when no lower-indexed candidate reaches it
-    lower = torch.tril(torch.ones(k, k, dtype=torch.bool, device=wins.device), diagonal=-1)
-    reached_from_lower = ((reach > 0) & lower.T[None]).any(1)  # (B, K): some j < i reaches i
-    return (valid & ~reached_from_lower).sum(-1)
+    index = torch.arange(k, device=wins.device)
+    # reach[b, j, i]: j reaches i; the label of i is the smallest such j
+    first = torch.where(reach > 0, index[None, :, None], k).amin(1)  # (B, K)
+    return torch.where(valid, first, -1)
+
+
+def components(wins: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The number of connected components of each group's comparison graph (see
+    :func:`component_labels`); ``(B,)`` long, 0 for a group of no candidates."""
+    labels = component_labels(wins, valid)
+    return (labels == torch.arange(wins.shape[-1], device=wins.device)).sum(-1)

@@ -58,17 +58,24 @@ def _detail(rule: str, b: int, used_n: np.ndarray, fit: BTFit,
     if rule == "cycle":
         return "cycle (intransitive pairwise majority)"
     if rule == "disconnected":
-        parts = rankstats.components(torch.from_numpy(fit.wins[b : b + 1]),
-                                     torch.from_numpy(fit.tiers[b : b + 1] >= 0))
-        return (f"disconnected (the comparisons split the candidates into {int(parts[0])} "
-                "unlinked sets; their order across sets comes from the prior, not the data)")
+        labels = _labels(fit, b)
+        return (f"disconnected (the comparisons split the candidates into "
+                f"{len(set(labels[labels >= 0].tolist()))} unlinked sets; their order across "
+                "sets comes from the prior, not the data)")
     return f"coin_flip (p(best > worst) < {0.5 + config.coin_flip_margin:.2f})"
 
 
-def _pairs(ids: list[str], p: np.ndarray, w: np.ndarray, wins: np.ndarray) -> list[PairPreference]:
+def _pairs(ids: list[str], p: np.ndarray, w: np.ndarray, wins: np.ndarray,
+           labels: np.ndarray) -> list[PairPreference]:
+    """Every pair of the group; a pair no chain of comparisons links (different components
+    of the comparison graph) has ``p = 0.5`` and weight 0: the fit's order across components
+    comes from the prior, and its confidence there from the prior's centring, not from data."""
     out = []
     for i in range(len(ids)):
         for j in range(i + 1, len(ids)):
+            if labels[i] != labels[j]:
+                out.append(PairPreference(winner=ids[i], loser=ids[j], p=0.5, weight=0.0))
+                continue
             win, lose = (i, j) if p[i, j] >= 0.5 else (j, i)
             out.append(PairPreference(
                 winner=ids[win], loser=ids[lose], p=float(max(p[win, lose], 0.5)),
@@ -80,6 +87,12 @@ def _pairs(ids: list[str], p: np.ndarray, w: np.ndarray, wins: np.ndarray) -> li
 def _nanmean_or_none(x: np.ndarray) -> float | None:
     x = x[~np.isnan(x)]
     return float(x.mean()) if x.size else None
+
+
+def _labels(fit: BTFit, b: int) -> np.ndarray:
+    """Component label of each candidate of group ``b`` in its comparison graph."""
+    return rankstats.component_labels(torch.from_numpy(fit.wins[b : b + 1]),
+                                      torch.from_numpy(fit.tiers[b : b + 1] >= 0))[0].numpy()
 
 
 def _record(parsed: ParsedInput, b: int, fit: BTFit, used: np.ndarray,
@@ -99,7 +112,8 @@ def _record(parsed: ParsedInput, b: int, fit: BTFit, used: np.ndarray,
     return ValidatedGroup(  # dict(group): the validated sub-records are reused, not re-parsed
         **dict(group), consensus=consensus,
         strengths={cid: float(fit.theta[b, i]) for i, cid in enumerate(ids)},
-        pairs=_pairs(ids, fit.p[b, :k, :k], fit.w[b, :k, :k], fit.wins[b, :k, :k]),
+        pairs=_pairs(ids, fit.p[b, :k, :k], fit.w[b, :k, :k], fit.wins[b, :k, :k],
+                     _labels(fit, b)[:k]),
         agreement=agreement, flags=flags)
 
 

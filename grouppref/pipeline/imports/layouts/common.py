@@ -24,6 +24,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from grouppref.errors import RowError
@@ -254,6 +255,11 @@ class Grouper:
         return out
 
 
+# Imported data carries no time for its rankings; a fixed one keeps an import's output (and so
+# the cache keys of every stage after it) the same when the same file is imported again.
+UNKNOWN_TIME = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 RowFn = Callable[[dict[str, Any], int, Context, Grouper, list[Reject]], None]
 
 
@@ -402,7 +408,7 @@ def _record(raw: RawGroup, gid: str, responses: list[Response], part: range,
         rankings.append(Ranking(
             annotator=Annotator(id=vote.annotator, kind=raw.kind), group_id=gid,
             tiers=[[ids[c] for c in tier] for tier in tiers_from_scores(mine)],
-            scores=kept or None))
+            scores=kept or None, created_at=UNKNOWN_TIME))
     return AnnotatedGroup(group_id=gid, prompt=raw.prompt, candidates=candidates,
                           rankings=rankings)
 
