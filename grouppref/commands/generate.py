@@ -23,7 +23,8 @@ def _models(specs: list[str]) -> list[dict[str, Any]]:
 def _run(config: GenerateConfig, extras: dict[str, Any], force: bool) -> None:
     store = RunStore(extras["out"])
     if extras["import_file"] is not None:
-        if config.source is not None or "models" in config.model_fields_set:
+        # (the settings resolve `models` themselves, so ask whether a model was named)
+        if config.source is not None or [m.name for m in config.models] != ["embedded"]:
             raise ConfigError("generate: --import builds groups from a file of responses; "
                               "leave out --prompts and --model")
         from grouppref.pipeline.imports.stage import run_import_candidates

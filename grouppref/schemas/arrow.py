@@ -128,8 +128,10 @@ def _decode(codec: Codec, value: Any) -> Any:
     if codec == _JSON:  # stored as JSON text; a row read from a JSON file holds the dict
         return json.loads(value) if isinstance(value, str) else value
     kind, inner = codec
-    if kind == "list":
-        return [_decode(inner, v) for v in value]
+    if kind == "list":  # a value of the wrong shape is left for pydantic to name
+        return [_decode(inner, v) for v in value] if isinstance(value, list) else value
+    if not isinstance(value, dict):
+        return value
     return {n: _decode(c, value.get(n)) for n, c in inner.items()}
 
 
