@@ -7,6 +7,8 @@ HTML report, export and one training step of a tiny model."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +171,27 @@ def test_imported_run_through_aggregate_validate_report_export_and_training(
     assert sum(len(d) for d in exported.values()) == 12
     train = store.require("train")
     assert train.counts.outputs > 0 and (store.stage_dir("train") / "model" / "config.json").exists()
+
+
+def test_docs_examples_print_what_docs_import_md_shows(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``grouppref import`` command of docs/import.md, run on its example file, prints
+    the lines the page shows (paths under ``runs/``)."""
+    from typer.testing import CliRunner
+
+    from grouppref.cli import app
+
+    doc = (ROOT / "docs" / "import.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(grouppref import [^`]*?)```(?:(?!```bash).)*?"
+                        r"```text\n(.*?)```", doc, flags=re.S)
+    assert len(blocks) == 7
+    monkeypatch.chdir(ROOT)
+    for command, shown in blocks:
+        args = shlex.split(command.replace("\\\n", " "))[1:]
+        out_at = args.index("--out") + 1
+        args[out_at] = str(tmp_path / args[out_at])
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, (command, result.output)
+        printed = result.output.replace(str(tmp_path) + "/", "")
+        for line in shown.strip().splitlines():
+            assert line in printed, (command, line, printed)

@@ -132,7 +132,8 @@ def _decode(codec: Codec, value: Any) -> Any:
         return [_decode(inner, v) for v in value] if isinstance(value, list) else value
     if not isinstance(value, dict):
         return value
-    return {n: _decode(c, value.get(n)) for n, c in inner.items()}
+    # a key a plain JSON row leaves out keeps its default (a stored row has every key)
+    return {n: _decode(c, value[n]) for n, c in inner.items() if n in value}
 
 
 def to_row(record: BaseModel) -> dict[str, Any]:

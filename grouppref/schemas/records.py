@@ -231,7 +231,9 @@ class Ranking(Record):
 
     annotator: Annotator
     group_id: Id
-    tiers: list[list[Id]] = Field(min_length=1)
+    tiers: list[list[Id]] = Field(min_length=1, description="Candidate ids, best tier first; "
+                                  "ties share a tier. A partial ranking names only some (at "
+                                  "least 2) of the group's candidates.")
     scores: dict[str, FiniteFloat] | None = Field(
         default=None, description="Per-candidate scores behind the ranking, if any."
     )

@@ -79,6 +79,7 @@ class RawGroup:
     kind: AnnotatorKind
     responses: list[Response] = field(default_factory=list)
     votes: list[Vote] = field(default_factory=list)
+    repeats_expected: bool = False  # pairs: a response recurs across rows; no note for that
 
     def vote(self, annotator: str, row: int) -> Vote:
         """The vote of ``annotator`` (made on first use)."""
@@ -301,9 +302,10 @@ def _merge_responses(raw: RawGroup, ctx: Context, gid: str, rejects: list[Reject
                                       group_id=gid))
         elif norm in seen:
             first = kept[seen[norm]]
-            rejects.append(ctx.reject(f"same response as {first.where} (row {first.row}): merged "
-                                      "into one candidate, its votes kept", resp.row, resp.where,
-                                      group_id=gid))
+            if not (raw.repeats_expected and first.row != resp.row):
+                rejects.append(ctx.reject(f"same response as {first.where} (row {first.row}): "
+                                          "merged into one candidate, its votes kept", resp.row,
+                                          resp.where, group_id=gid))
             index[i] = seen[norm]
         else:
             seen[norm] = index[i] = len(kept)

@@ -68,6 +68,7 @@ def _reply(value: Any, prompt: Prompt, ctx: Context, number: int, column: str) -
 def add_pair(group: RawGroup, chosen: str, rejected: str, number: int, ctx: Context,
              columns: tuple[str, str], shown: tuple[Any, Any] | None = None) -> None:
     """One comparison ``chosen > rejected`` as a two-candidate vote of the group."""
+    group.repeats_expected = True  # a prompt's pairs share responses: that links them
     first = len(group.responses)
     group.responses += [Response(chosen, None, number, columns[0]),
                         Response(rejected, None, number, columns[1])]
