@@ -13,7 +13,6 @@ import pytest
 import torch
 import typer
 import yaml
-from grouppref.runs.manifest import read_rejects
 from typer.testing import CliRunner
 
 from grouppref.commands import export as export_commands
@@ -22,6 +21,7 @@ from grouppref.pipeline.export.config import ExportConfig
 from grouppref.pipeline.export.stage import consensus_pairs, run_export
 from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.pipeline.validate.stage import run_validate
+from grouppref.runs.manifest import read_rejects
 from grouppref.runs.store import RunStore
 from grouppref.schemas import PairPreference, ValidatedGroup, from_dataset
 from grouppref.schemas.reports import ExportReport

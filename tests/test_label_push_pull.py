@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 import pytest
-from grouppref.runs.hashing import fingerprint_records
 from pydantic import SecretStr
 
 from grouppref.errors import ConfigError, GroupPrefError
@@ -48,6 +47,7 @@ from grouppref.labeling.dataset import (
 from grouppref.labeling.pull import label_status, pull_run
 from grouppref.labeling.push import SchemaMismatchError, push_run
 from grouppref.labeling.server.processes import free_port
+from grouppref.runs.hashing import fingerprint_records
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from tests.factories import make_group

@@ -11,9 +11,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from grouppref.runs.hashing import fingerprint_file
 
 from grouppref.errors import StageError
+from grouppref.runs.hashing import fingerprint_file
 from grouppref.runs.store import RunStore
 from grouppref.schemas import CandidateGroup, Reject
 from tests.factories import make_group
