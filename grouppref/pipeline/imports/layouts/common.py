@@ -178,6 +178,37 @@ class Context:
                         f"(see --text-key); got {_shape(value)}", number, where)
 
 
+    def objects(self, row: dict[str, Any], number: int, what: str,
+                rejects: list[Reject]) -> list[tuple[str, dict[str, Any]]]:
+        """``(where, object)`` for each item of the row's list of responses (the
+        ``responses`` column: UltraFeedback's completions, Nectar's answers); an item that is
+        not an object is a part-reject.
+
+        Raises:
+            RowError: the column holds no list.
+        """
+        column = self.mapping.responses
+        items = maybe_json(row.get(column))
+        if not isinstance(items, list):
+            raise self.fail(f"expected a list of {what}s in {column!r}, got "
+                            f"{type(items).__name__} (its columns: {sorted(row)})", number, column)
+        out = []
+        for i, item in enumerate(items):
+            if isinstance(item, dict):
+                out.append((f"{column}[{i}]", item))
+            else:
+                rejects.append(self.reject(f"a {what} must be an object, got "
+                                           f"{type(item).__name__}; left out", number,
+                                           f"{column}[{i}]"))
+        return out
+
+    def add_response(self, group: RawGroup, value: Any, number: int, where: str) -> int:
+        """Append the response in ``value`` (see :meth:`response`) to ``group``; its index."""
+        text, model = self.response(value, number, where)
+        group.responses.append(Response(text, model, number, where))
+        return len(group.responses) - 1
+
+
 def _shape(value: Any) -> str:
     if isinstance(value, dict):
         return f"an object with keys {sorted(value)[:8]}"

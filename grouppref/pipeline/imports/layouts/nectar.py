@@ -22,16 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from grouppref.pipeline.imports.layouts.common import (
-    Context,
-    Grouper,
-    Imported,
-    Response,
-    collect_rows,
-    finish,
-)
+from grouppref.pipeline.imports.layouts.common import Context, Grouper, Imported, collect_rows, finish
 from grouppref.pipeline.imports.layouts.transcript import parse_hh
-from grouppref.readers.rows import Row, maybe_json
+from grouppref.readers.rows import Row
 from grouppref.schemas import Reject
 
 DEFAULTS: dict[str, Any] = {"mapping": {"text": "prompt", "responses": "answers"},
@@ -41,27 +34,17 @@ METADATA = ("turns", "num_responses", "good_natured")
 
 def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
          rejects: list[Reject]) -> None:
-    column = ctx.mapping.responses
-    answers = maybe_json(row.get(column))
-    if not isinstance(answers, list):
-        raise ctx.fail(f"expected a list of answers in {column!r}, got "
-                       f"{type(answers).__name__} (its columns: {sorted(row)})", number, column)
+    answers = ctx.objects(row, number, "answer", rejects)
     text = row.get(ctx.mapping.text) if ctx.mapping.text else None
     turns = parse_hh(text) if ctx.config.transcripts and isinstance(text, str) else None
     group = grouper.group(ctx.prompt(row, number, messages=turns or None, extra=METADATA),
                           number)
-    for i, answer in enumerate(answers):
-        where = f"{column}[{i}]"
-        if not isinstance(answer, dict):
-            rejects.append(ctx.reject(f"an answer must be an object, got "
-                                      f"{type(answer).__name__}; left out", number, where))
-            continue
-        text_i, model = ctx.response(answer, number, where)
-        group.responses.append(Response(text_i, model, number, where))
+    for where, answer in answers:
+        index = ctx.add_response(group, answer, number, where)
         rank = ctx.number(answer.get(ctx.config.rank_key), number,
                           f"{where}.{ctx.config.rank_key}", rejects)
         if rank is not None:  # rank 1 is best: the score is its negative
-            group.vote(ctx.annotator, number).scores[len(group.responses) - 1] = -rank
+            group.vote(ctx.annotator, number).scores[index] = -rank
 
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:

@@ -14,14 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from grouppref.pipeline.imports.layouts.common import (
-    Context,
-    Grouper,
-    Imported,
-    Response,
-    collect_rows,
-    finish,
-)
+from grouppref.pipeline.imports.layouts.common import Context, Grouper, Imported, collect_rows, finish
 from grouppref.readers.rows import Row, maybe_json
 from grouppref.schemas import Reject
 
@@ -42,11 +35,9 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
                            number, many)
         group = grouper.group(prompt, number, merge=False)
         for i, value in enumerate(values):
-            text, model = ctx.response(value, number, f"{many}[{i}]")
-            group.responses.append(Response(text, model, number, f"{many}[{i}]"))
+            ctx.add_response(group, value, number, f"{many}[{i}]")
         return
-    text, model = ctx.response(row[one], number, one)
-    grouper.group(prompt, number, merge=True).responses.append(Response(text, model, number, one))
+    ctx.add_response(grouper.group(prompt, number, merge=True), row[one], number, one)
 
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:

@@ -18,14 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from grouppref.pipeline.imports.layouts.common import (
-    Context,
-    Grouper,
-    Imported,
-    Response,
-    collect_rows,
-    finish,
-)
+from grouppref.pipeline.imports.layouts.common import Context, Grouper, Imported, collect_rows, finish
 from grouppref.readers.rows import Row
 from grouppref.schemas import Reject
 
@@ -50,12 +43,11 @@ def add_scored_row(row: dict[str, Any], number: int, ctx: Context, grouper: Grou
                            number, ctx.config.group_by)
         key = str(row[ctx.config.group_by])
     group = grouper.group(ctx.prompt(row, number, messages=messages), number, key=key)
-    text, model = ctx.response(row[column], number, column)
-    if model is None and isinstance(row.get(ctx.config.model_key), str):
-        model = row[ctx.config.model_key]
-    group.responses.append(Response(text, model, number, column))
+    index = ctx.add_response(group, row[column], number, column)
+    if group.responses[index].model is None and isinstance(row.get(ctx.config.model_key), str):
+        group.responses[index].model = row[ctx.config.model_key]  # a model column of the row
     for name in ctx.scores:
-        ctx.add_score(group, name, len(group.responses) - 1, row[name], number, name, rejects)
+        ctx.add_score(group, name, index, row[name], number, name, rejects)
 
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:

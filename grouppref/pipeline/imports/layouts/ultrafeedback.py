@@ -24,15 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from grouppref.pipeline.imports.layouts.common import (
-    Context,
-    Grouper,
-    Imported,
-    Response,
-    collect_rows,
-    finish,
-)
-from grouppref.readers.rows import Row, maybe_json
+from grouppref.pipeline.imports.layouts.common import Context, Grouper, Imported, collect_rows, finish
+from grouppref.readers.rows import Row
 from grouppref.schemas import Reject
 
 ASPECTS = ["helpfulness", "honesty", "instruction_following", "truthfulness"]
@@ -52,24 +45,13 @@ def _rating(completion: dict[str, Any], name: str) -> tuple[Any, str]:
 
 def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
          rejects: list[Reject]) -> None:
-    column = ctx.mapping.responses
-    completions = maybe_json(row.get(column))
-    if not isinstance(completions, list):
-        raise ctx.fail(f"expected a list of completions in {column!r}, got "
-                       f"{type(completions).__name__} (its columns: {sorted(row)})", number, column)
+    completions = ctx.objects(row, number, "completion", rejects)
     group = grouper.group(ctx.prompt(row, number, extra=("source",)), number)
-    for i, completion in enumerate(completions):
-        where = f"{column}[{i}]"
-        if not isinstance(completion, dict):
-            rejects.append(ctx.reject(f"a completion must be an object, got "
-                                      f"{type(completion).__name__}; left out", number, where))
-            continue
-        text, model = ctx.response(completion, number, where)
-        group.responses.append(Response(text, model, number, where))
+    for where, completion in completions:
+        index = ctx.add_response(group, completion, number, where)
         for name in ctx.scores:
             value, at = _rating(completion, name)
-            ctx.add_score(group, name, len(group.responses) - 1, value, number, f"{where}.{at}",
-                          rejects)
+            ctx.add_score(group, name, index, value, number, f"{where}.{at}", rejects)
 
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
