@@ -23,13 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from grouppref.pipeline.imports.layouts.common import (
-    Context,
-    Grouper,
-    Imported,
-    collect_rows,
-    finish,
-)
+from grouppref.pipeline.imports.layouts.build import finish
+from grouppref.pipeline.imports.layouts.common import Context, Grouper, Imported, collect_rows
 from grouppref.pipeline.imports.layouts.scores import add_scored_row
 from grouppref.pipeline.imports.layouts.transcript import parse_helpsteer
 from grouppref.readers.rows import Row

@@ -17,13 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from grouppref.pipeline.imports.layouts.common import (
-    Context,
-    Grouper,
-    Imported,
-    collect_rows,
-    finish,
-)
+from grouppref.pipeline.imports.layouts.build import finish
+from grouppref.pipeline.imports.layouts.common import Context, Grouper, Imported, collect_rows
 from grouppref.pipeline.imports.layouts.pairs import add_pair
 from grouppref.pipeline.imports.layouts.transcript import parse_hh, split_pair
 from grouppref.readers.rows import Row

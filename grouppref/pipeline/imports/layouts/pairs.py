@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from grouppref.pipeline.imports.layouts.build import finish
 from grouppref.pipeline.imports.layouts.common import (
     Context,
     Grouper,
@@ -37,7 +38,6 @@ from grouppref.pipeline.imports.layouts.common import (
     Response,
     Vote,
     collect_rows,
-    finish,
 )
 from grouppref.pipeline.imports.layouts.transcript import as_turns, split_pair
 from grouppref.readers.rows import Row, maybe_json
