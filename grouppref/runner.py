@@ -40,6 +40,7 @@ from grouppref.pipeline.rank.config import RANK, RankConfig
 from grouppref.pipeline.report.config import REPORT, ReportConfig
 from grouppref.pipeline.simulate.config import SIMULATE, SimulateConfig
 from grouppref.pipeline.validate.config import VALIDATE, ValidateConfig
+from grouppref.runs.rejects import all_rejected
 from grouppref.runs.stage import StageSpec, Waiting
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.train.config import EVAL, TRAIN, EvalConfig, TrainConfig
@@ -235,6 +236,7 @@ def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | No
     Raises:
         ConfigError: an unknown stage name in ``start``/``until``/``force``.
         GroupPrefError: whatever a stage raises (bad input, missing model, ...).
+        StageError: a stage rejected every input row (the most common reason named).
     """
     console = console or Console(stderr=True)
     selected = check_stages(start, until, force)
@@ -259,5 +261,7 @@ def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | No
             state = "[yellow]cached[/]" if stage.cached else "[green]done[/]"
             console.print(f"{step.stage:>9}: {state} {describe(stage)}", highlight=False,
                           soft_wrap=True)
+            if (problem := all_rejected(stage)) is not None:  # nothing for the next stage
+                raise problem
     outcome.skipped = [s for s in selected if s not in outcome.ran + outcome.cached]
     return outcome

@@ -229,3 +229,17 @@ def test_train_on_a_prompts_dataset_or_a_local_file_says_so_in_one_line(tmp_path
     out = grouppref("train", local, "--out", tmp_path / "model", cwd=tmp_path)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "none of its 1 rows is a ValidatedGroup" in out.stderr
+
+
+def test_a_run_whose_import_rejects_every_row_stops_in_one_line(tmp_path: Path) -> None:
+    source = tmp_path / "bad.jsonl"
+    source.write_text(json.dumps({"question": "no prompt here"}) + "\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\nimport: {{source: {source}, "
+                      "layout: responses}\n")
+    out = grouppref("run", config, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    (error,) = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert "import: all 1 input rows were rejected; most common reason (1 of 1): no responses" \
+        in error
+    assert not (tmp_path / "run" / "aggregate").exists()

@@ -9,48 +9,16 @@ naming the most common reason and exit code 2 (a stage that kept some rows exits
 
 from __future__ import annotations
 
-import re
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from grouppref.errors import StageError
-from grouppref.schemas.records import Reject
+from grouppref.runs.rejects import all_rejected, reject_summary, where
 
 out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
-
-_ASIDE = re.compile(r"\s*\([^()]*\)")  # "(its columns: [...])" and other particulars
-_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])|0x[0-9A-Fa-f]+")
-
-
-def reason_kind(reason: str) -> str:
-    """A reject reason with its particulars (asides in parentheses, quoted names, numbers)
-    blanked, so that rejects for the same cause count together: ``duplicate prompt_id 'a' ...
-    row 3`` and ``duplicate prompt_id 'b' ... row 9`` are one kind."""
-    return _NUMBER.sub("N", _QUOTED.sub("'…'", _ASIDE.sub("", reason)))
-
-
-def reject_summary(rejects: list[Reject], scope: str = "row", top: int = 3
-                   ) -> list[tuple[int, Reject]]:
-    """The most common kinds of reject of ``scope``: ``(count, first reject of the kind)``."""
-    kinds: Counter[str] = Counter()
-    first: dict[str, Reject] = {}
-    for r in rejects:
-        if r.scope == scope:
-            kind = reason_kind(r.reason)
-            kinds[kind] += 1
-            first.setdefault(kind, r)
-    return [(n, first[kind]) for kind, n in kinds.most_common(top)]
-
-
-def _where(r: Reject) -> str:
-    parts = [r.source, f"row {r.row}" if r.row is not None else None]
-    return ", ".join(p for p in parts if p)
 
 
 def print_stage(stage: Any, *, max_rejects: int = 20, name: str | None = None) -> None:
@@ -61,27 +29,22 @@ def print_stage(stage: Any, *, max_rejects: int = 20, name: str | None = None) -
         StageError: every input row was rejected (one line naming the most common reason;
             the stage's folder keeps the manifest and ``rejects.jsonl``).
     """
-    where: Path = stage.dir
+    folder: Path = stage.dir
     label = name or stage.name
     if stage.cached:
         err.print(f"[yellow]{label}: unchanged settings and input, skipped[/] (use --force to "
-                  f"re-run) -> {where}")
+                  f"re-run) -> {folder}")
     rejects = stage.rejects()
     for line in [r.one_line() for r in rejects][:max_rejects]:
         err.print(f"[red]reject[/] {escape(line)}")
     if len(rejects) > max_rejects:
-        err.print(f"... and {len(rejects) - max_rejects} more in {where / 'rejects.jsonl'}")
-    counts = stage.counts.model_dump()
-    print_counts(label, counts, where)
+        err.print(f"... and {len(rejects) - max_rejects} more in {folder / 'rejects.jsonl'}")
+    print_counts(label, stage.counts.model_dump(), folder)
     for scope, what in (("row", "rejected"), ("part", "partly rejected")):
         for n, r in reject_summary(rejects, scope):
-            err.print(f"  {what}: {n} x {escape(r.reason)} (first: {escape(_where(r))})")
-    if counts["inputs"] > 0 and counts["outputs"] == 0 and counts["rejected"] == counts["inputs"]:
-        ((n, first),) = reject_summary(rejects, "row", top=1) or [(0, None)]
-        reason = f"; most common reason ({n} of {counts['inputs']}): {first.reason} (first at " \
-            f"{_where(first) or 'the input'})" if first is not None else ""
-        raise StageError(f"{label}: all {counts['inputs']} input rows were rejected{reason}; "
-                         f"every reject is in {where / 'rejects.jsonl'}")
+            err.print(f"  {what}: {n} x {escape(r.reason)} (first: {escape(where(r))})")
+    if (problem := all_rejected(stage, label)) is not None:
+        raise problem
 
 
 def print_counts(label: str, counts: dict[str, int], where: Path | str) -> None:
