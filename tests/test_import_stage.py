@@ -195,3 +195,17 @@ def test_docs_examples_print_what_docs_import_md_shows(tmp_path: Path,
         printed = result.output.replace(str(tmp_path) + "/", "")
         for line in shown.strip().splitlines():
             assert line in printed, (command, line, printed)
+
+
+def test_docs_import_md_names_every_option() -> None:
+    from grouppref.commands.imports import MAPPING_FLAGS
+
+    doc = (ROOT / "docs" / "import.md").read_text(encoding="utf-8")
+    flags = {"scores": "--score", "transcripts": "--no-transcripts"}
+    for name in ImportConfig.model_fields:
+        if name in ("source", "mapping", "layout"):
+            continue
+        assert flags.get(name, "--" + name.replace("_", "-")) in doc, name
+    for dotted, flag in MAPPING_FLAGS.items():
+        assert flag in doc, dotted
+    assert "--layout" in doc
