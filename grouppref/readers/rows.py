@@ -94,41 +94,48 @@ def _json_error(e: json.JSONDecodeError) -> str:
     return f"invalid JSON: {e.msg.removesuffix(' at')} at column {e.colno}"
 
 
-def _lines(data: bytes) -> list[bytes]:
-    """The lines of ``data`` (``\\n`` or ``\\r\\n``); a final newline ends the last line, it
-    does not start an empty one."""
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    return [line.removesuffix(b"\r") for line in lines]
+def _check_head(path: Path) -> None:
+    """Refuse a binary or UTF-16/32 file from its first 64 KiB (one line, exit code 2)."""
+    with path.open("rb") as fh:
+        problem = text_problem(fh.read(65536))
+    if problem is not None:
+        raise InputFileError(f"{path}: cannot read: {problem}; {SAVE_AS_UTF8}")
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, Row]]:
+    """JSONL rows, streamed line by line (``\n`` or ``\r\n``), each line decoded on its own."""
+    _check_head(path)
     decoding = _Decoding(path)
-    for number, raw in enumerate(_lines(_open_text(path)), start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            err = decoding.failed(f"line is not valid UTF-8: byte 0x{raw[e.start]:02X} at "
-                                  f"column {e.start + 1}")
-            err.row = number
-            yield number, err
-            continue
-        if not line.strip():
-            yield number, BlankLine(BLANK, source=str(path), row=number)
-            continue
-        decoding.good += 1
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as e:
-            yield number, RowError(_json_error(e), source=str(path), row=number)
-            continue
-        if not isinstance(value, dict):
-            yield number, RowError(f"expected a JSON object, got {type(value).__name__}",
-                                   source=str(path), row=number)
-            continue
-        yield number, value
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+            if number == 1:
+                raw = raw.removeprefix(UTF8_BOM)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                err = decoding.failed(f"line is not valid UTF-8: byte 0x{raw[e.start]:02X} at "
+                                      f"column {e.start + 1}")
+                err.row = number
+                yield number, err
+                continue
+            if not line.strip():
+                yield number, BlankLine(BLANK, source=str(path), row=number)
+                continue
+            decoding.good += 1
+            yield number, _json_row(line, path, number)
     decoding.check()
+
+
+def _json_row(line: str, path: Path, number: int) -> Row:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as e:
+        return RowError(_json_error(e), source=str(path), row=number)
+    if not isinstance(value, dict):
+        return RowError(f"expected a JSON object, got {type(value).__name__}", source=str(path),
+                        row=number)
+    return value
 
 
 def _escaped(data: bytes) -> str:
