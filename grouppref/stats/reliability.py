@@ -141,6 +141,12 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
         Reliability: per-annotator tensors.
     """
     n = kind_w.shape[0]
+    if n == 0:  # no group has a ranking: nothing to estimate
+        empty = torch.zeros(0, dtype=bt.DTYPE)
+        none = torch.zeros(0, dtype=torch.bool)
+        return Reliability(annotator_weight=empty, tau=empty, tau_se=empty, groups=empty,
+                           votes=empty, loo_disagreement=empty, flip_rate=empty,
+                           unreliable=none, dropped=none)
     annotator_w = kind_w.clone()
     unreliable = torch.zeros(n, dtype=torch.bool)
     for _ in range(max(iterations, 1)):  # one pass even without weighting: tau is reported

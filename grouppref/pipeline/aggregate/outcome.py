@@ -129,13 +129,21 @@ class Decisions:
     flagged: np.ndarray  # (B,) bool: kept with at least one flag
 
 
+def slot_weights(ann: torch.Tensor, per_annotator: torch.Tensor) -> torch.Tensor:
+    """``(B, A)`` the value of each ranking slot's annotator, 0 for padding (also when no
+    group has a ranking at all: ``per_annotator`` is then empty)."""
+    if per_annotator.numel() == 0:
+        return torch.zeros(ann.shape, dtype=per_annotator.dtype)
+    return torch.where(ann >= 0, per_annotator[ann.clamp(min=0)],
+                       torch.zeros((), dtype=per_annotator.dtype))
+
+
 def decide(ann: torch.Tensor, rel: Reliability, fit: BTFit,
            config: AggregateConfig) -> Decisions:
     """Apply the noise rules to every group (vectorised)."""
-    a = ann.numpy()
-    annotator_w, dropped = rel.annotator_weight.numpy(), rel.dropped.numpy()
-    used = (a >= 0) & (annotator_w[np.clip(a, 0, None)] > 0)
-    had_dropped = ((a >= 0) & dropped[np.clip(a, 0, None)]).any(-1)
+    used = slot_weights(ann, rel.annotator_weight).numpy() > 0
+    had_dropped = slot_weights(ann, rel.dropped.to(torch.float64)).numpy() > 0
+    had_dropped = had_dropped.any(-1)
     used_n = used.sum(-1)
     matches = rule_matches(used_n, fit, config)
     rejected = matches["no_rankings"] & (config.no_rankings == "reject")

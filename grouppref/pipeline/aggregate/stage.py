@@ -15,7 +15,7 @@ import torch
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.aggregate.config import INPUT_STAGES, STAGE, STAGE_VERSION, AggregateConfig
 from grouppref.pipeline.aggregate.fit import fit_groups
-from grouppref.pipeline.aggregate.outcome import build_report, decide, group_outcome
+from grouppref.pipeline.aggregate.outcome import build_report, decide, group_outcome, slot_weights
 from grouppref.pipeline.aggregate.parse import ParsedInput, encode_rankings, parse_rows
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore, StageRun
@@ -83,7 +83,7 @@ def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
             unreliable_tau=config.unreliable_tau, z=config.unreliable_z,
             drop=config.drop_unreliable, batch_size=config.batch_size, max_iter=config.max_iter,
             tie_tol=config.tie_tolerance)
-        slot_w = torch.where(ann >= 0, rel.annotator_weight[ann.clamp(min=0)], 0)
+        slot_w = slot_weights(ann, rel.annotator_weight)
         fit = fit_groups(ranks, slot_w, valid, config)
     fit_np = fit.numpy()
     dec = decide(ann, rel, fit_np, config)
