@@ -86,6 +86,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
         raise InputFileError(f"{path}: cannot parse ({e})".replace("\n", " ")) from e
+    except RecursionError as e:
+        raise InputFileError(f"{path}: cannot parse (lists or mappings nested too deeply)") from e
     if not isinstance(data, dict):
         raise InputFileError(f"{path}: the top level must be a mapping of settings")
     return data

@@ -19,7 +19,8 @@ import pytest
 from grouppref.config import read_config_file
 from grouppref.errors import InputFileError
 from grouppref.pipeline.imports.config import ImportConfig
-from grouppref.pipeline.imports.stage import read_import
+from grouppref.pipeline.imports.layouts.common import collect_rows
+from grouppref.pipeline.imports.stage import context, read_import
 from grouppref.readers.mapping import ColumnMapping
 from grouppref.readers.prompts import read_prompts
 from grouppref.train.sources import load_groups
@@ -243,3 +244,99 @@ def test_a_run_whose_import_rejects_every_row_stops_in_one_line(tmp_path: Path) 
     assert "import: all 1 input rows were rejected; most common reason (1 of 1): no responses" \
         in error
     assert not (tmp_path / "run" / "aggregate").exists()
+
+
+# -- JSON beyond Python's limits, CSV headers and long fields ------------------------------------
+def test_json_nested_too_deeply_or_a_huge_number_is_a_reject_not_a_traceback(
+        tmp_path: Path) -> None:
+    deep = '{"prompt": "Deep?", "metadata": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}"
+    huge = '{"prompt": "Huge?", "metadata": {"n": 1' + "0" * 5000 + "}}"
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join([json.dumps({"prompt": "Fine?"}), deep, huge]) + "\n")
+    result = read_prompts(path)
+    assert [p.text for p in result.items] == ["Fine?"]
+    assert {r.row: r.reason for r in result.rejects} == {
+        2: "invalid JSON: lists or objects nested too deeply",
+        3: "invalid JSON: a number with more than 4300 digits"}
+    whole = tmp_path / "p.json"
+    whole.write_text("[" + deep + "]")
+    with pytest.raises(InputFileError, match=r"p\.json: not valid JSON \(lists or objects nested "
+                                             r"too deeply\)$"):
+        read_prompts(whole)
+    cell = tmp_path / "p.csv"  # a JSON-looking CSV cell that cannot be decoded stays text
+    cell.write_text("prompt,messages\n,\"" + "[" * 100_000 + "\"\n")
+    (reject,) = read_prompts(cell).rejects
+    assert reject.row == 1
+
+
+@pytest.mark.parametrize("suffix,text", [
+    (".yaml", "rank: " + "[" * 50_000 + "]" * 50_000 + "\n"),
+    (".json", '{"rank": ' + "[" * 50_000 + "]" * 50_000 + "}"),
+    (".toml", "rank = " + "[" * 50_000 + "]" * 50_000 + "\n")])
+def test_a_config_nested_too_deeply_is_one_line(tmp_path: Path, suffix: str, text: str) -> None:
+    path = tmp_path / f"c{suffix}"
+    path.write_text(text)
+    with pytest.raises(InputFileError, match="cannot parse \\(lists or mappings nested too "
+                                             "deeply\\)"):
+        read_config_file(path)
+
+
+def test_csv_long_fields_are_read_and_a_repeated_header_is_one_line(tmp_path: Path) -> None:
+    long = "word " * 60_000  # 300 KB: over the csv module's default field limit (128 KiB)
+    path = tmp_path / "p.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows([["prompt"], ["Short?"], [long]])
+    assert [len(p.text) for p in read_prompts(path).items] == [6, len(long)]
+    twice = tmp_path / "twice.csv"
+    twice.write_text("prompt,prompt_id,prompt\nA?,a,B?\n")
+    with pytest.raises(InputFileError, match=r"names column\(s\) \['prompt'\] more than once"):
+        read_prompts(twice)
+    out = grouppref("prompts", twice, "--out", tmp_path / "run", cwd=tmp_path)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+
+
+# -- import rows of the wrong shape ------------------------------------------------------------
+def test_import_rows_of_the_wrong_shape_are_rejects_with_their_reason(tmp_path: Path) -> None:
+    """UltraFeedback ``annotations`` that are no object, a bare rating, NaN pair scores."""
+    def completion(response: str, annotations: object) -> dict:
+        return {"model": "m", "response": response, "annotations": annotations,
+                "overall_score": 1.0}
+    rows = [{"instruction": "Q1?", "completions": [
+                completion("a", [1]), completion("b", {"helpfulness": {"Rating": "4"}}),
+                completion("c", {"helpfulness": {"Rating": "2"}})]},
+            {"instruction": "Q2?", "completions": [
+                completion("d", {"helpfulness": "5"}), completion("e", {"helpfulness": "3"})]}]
+    path = tmp_path / "uf.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = read_import(ImportConfig(source=str(path), layout="ultrafeedback"))
+    by_prompt = {g.prompt.text: g for g in got.groups}
+    (reject,) = got.rejects
+    assert (reject.row, reject.field) == (1, "completions[0].annotations")
+    assert reject.reason.startswith("'annotations' must be an object of aspects")
+    q1 = by_prompt["Q1?"]
+    (ranking,) = q1.rankings  # the completion without aspects is left out of the ranking
+    texts = {c.candidate_id: c.text for c in q1.candidates}
+    assert [[texts[c] for c in tier] for tier in ranking.tiers] == [["b"], ["c"]]
+    (bare,) = by_prompt["Q2?"].rankings  # a bare rating counts as the aspect's Rating
+    assert sorted(bare.scores.values()) == [3.0, 5.0]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": "P?", "chosen": "x", "rejected": "y",
+                                 "score_chosen": math.nan, "score_rejected": 1.0}) + "\n")
+    (group,) = read_import(ImportConfig(source=str(pairs), layout="pairs")).groups
+    (pair,) = group.rankings
+    assert pair.scores is None and len(pair.tiers) == 2  # the comparison kept, NaN not
+
+
+def test_a_shape_no_layout_check_foresaw_is_a_row_reject_not_a_traceback() -> None:
+    """The row driver's backstop: an unforeseen shape error in a layout rejects that row only."""
+    ctx = context(ImportConfig(source="x.jsonl", layout="responses"), "responses", "x.jsonl",
+                  "import")
+
+    def add(row: dict, number: int, ctx: object, grouper: object, rejects: list) -> None:
+        row["responses"].get("text")  # a list where a layout expected an object
+
+    out = collect_rows(iter([(1, {"responses": [1]})]), ctx, add, merge=False)
+    (reject,) = out.rejects
+    assert (reject.source, reject.row, reject.scope) == ("x.jsonl", 1, "row")
+    assert reject.reason.startswith("unexpected shape for layout 'responses' (AttributeError: "
+                                    "'list' object has no attribute 'get')")

@@ -89,9 +89,36 @@ def _open_text(path: Path) -> bytes:
     return data.removeprefix(UTF8_BOM)
 
 
+class _JsonLimit(json.JSONDecodeError):
+    """Valid JSON beyond what Python decodes: no position to name."""
+
+    def __init__(self, msg: str, text: str):
+        super().__init__(msg, text, 0)
+
+
+def _where(e: json.JSONDecodeError, line: bool = False) -> str:
+    if isinstance(e, _JsonLimit):
+        return ""
+    return f" at line {e.lineno}, column {e.colno}" if line else f" at column {e.colno}"
+
+
 def _json_error(e: json.JSONDecodeError) -> str:
     # json's messages may end in "at" ("Unterminated string starting at"): no doubled word
-    return f"invalid JSON: {e.msg.removesuffix(' at')} at column {e.colno}"
+    return f"invalid JSON: {e.msg.removesuffix(' at')}{_where(e)}"
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` whose every failure is a ``json.JSONDecodeError`` naming the problem: a
+    value nested deeper than Python's recursion limit and an integer longer than its
+    4300-digit limit otherwise escape as ``RecursionError`` / ``ValueError``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError as e:
+        raise _JsonLimit("lists or objects nested too deeply", text) from e
+    except ValueError as e:  # int(): "Exceeds the limit (4300 digits) for integer string ..."
+        raise _JsonLimit("a number with more than 4300 digits", text) from e
 
 
 def _check_head(path: Path) -> None:
@@ -129,7 +156,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Row]]:
 
 def _json_row(line: str, path: Path, number: int) -> Row:
     try:
-        value = json.loads(line)
+        value = _loads(line)
     except json.JSONDecodeError as e:
         return RowError(_json_error(e), source=str(path), row=number)
     if not isinstance(value, dict):
@@ -157,10 +184,10 @@ def _bad_bytes(value: Any) -> str | None:
 def _rows_json(path: Path) -> list[Any]:
     data = _open_text(path)
     try:
-        value = json.loads(_escaped(data))
+        value = _loads(_escaped(data))
     except json.JSONDecodeError as e:
-        raise InputFileError(f"{path}: not valid JSON ({e.msg.removesuffix(' at')} at line "
-                             f"{e.lineno}, column {e.colno})") from e
+        raise InputFileError(f"{path}: not valid JSON ({e.msg.removesuffix(' at')}"
+                             f"{_where(e, line=True)})") from e
     if isinstance(value, dict):
         lists = [v for v in value.values() if isinstance(v, list)]
         if len(lists) != 1:
@@ -172,14 +199,23 @@ def _rows_json(path: Path) -> list[Any]:
     return value
 
 
+CSV_FIELD_LIMIT = 2**31 - 1  # the csv module's default (128 KiB) refuses a long prompt
+
+
 def _iter_csv(path: Path) -> Iterator[tuple[int, Row]]:
     data = _open_text(path)
+    if csv.field_size_limit() < CSV_FIELD_LIMIT:
+        csv.field_size_limit(CSV_FIELD_LIMIT)
     try:
         reader = csv.reader(io.StringIO(_escaped(data), newline=""))
         header = next(reader, None)
         if header is None:
             return
         header = [h.strip() for h in header]
+        twice = sorted({h for h in header if header.count(h) > 1})
+        if twice:
+            raise InputFileError(f"{path}: the header names column(s) {twice} more than once; "
+                                 "rename them so that each column has its own name")
         for number, cells in enumerate(reader, start=1):
             if not any(c.strip() for c in cells):
                 yield number, BlankLine(BLANK, source=str(path), row=number)
@@ -290,7 +326,7 @@ def maybe_json(value: Any) -> Any:
     """A string that holds a JSON list or object (a CSV cell), parsed; anything else as is."""
     if isinstance(value, str) and value.strip().startswith(("[", "{")):
         try:
-            return json.loads(value)
+            return _loads(value)
         except json.JSONDecodeError:
             return value
     return value

@@ -285,4 +285,9 @@ def collect_rows(rows: Iterable[tuple[int, Row]], ctx: Context, add: RowFn, *,
         except RowError as err:
             err.source, err.row = err.source or ctx.source, err.row or number
             out.rejects.append(to_reject(ctx.stage, err))
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:
+            # a shape no layout check foresaw: this row is a reject, never a traceback
+            out.rejects.append(ctx.reject(
+                f"unexpected shape for layout {ctx.layout!r} ({type(e).__name__}: {e}); see "
+                "docs/import.md for its schema", number, scope="row"))
     return grouper.collected(out)

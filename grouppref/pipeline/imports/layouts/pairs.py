@@ -26,6 +26,7 @@ Example rows (ultrafeedback_binarized, shortened)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -74,7 +75,7 @@ def add_pair(group: RawGroup, chosen: str, rejected: str, number: int, ctx: Cont
                         Response(rejected, None, number, columns[1])]
     kept = None
     if shown is not None and all(isinstance(x, int | float) and not isinstance(x, bool)
-                                 for x in shown):
+                                 and math.isfinite(x) for x in shown):  # else: not kept
         kept = {first: float(shown[0]), first + 1: float(shown[1])}
     group.votes.append(Vote(annotator=group.next_annotator(ctx.annotator),
                             scores={first: 1.0, first + 1: 0.0}, shown=kept, row=number))

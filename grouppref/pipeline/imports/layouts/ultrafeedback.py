@@ -41,7 +41,7 @@ def _rating(completion: dict[str, Any], name: str) -> tuple[Any, str]:
     annotation = (completion.get("annotations") or {}).get(name)
     if isinstance(annotation, dict):
         return annotation.get("Rating"), f"annotations.{name}.Rating"
-    return None, f"annotations.{name}"
+    return annotation, f"annotations.{name}"  # a bare rating, or None: not rated
 
 
 def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
@@ -50,6 +50,12 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
     group = grouper.group(ctx.prompt(row, number, extra=("source",)), number)
     for where, completion in completions:
         index = ctx.add_response(group, completion, number, where)
+        if not isinstance(completion.get("annotations") or {}, dict):
+            rejects.append(ctx.reject(
+                "'annotations' must be an object of aspects ({aspect: {Rating, Rationale}}), "
+                f"got {type(completion['annotations']).__name__}; this completion's aspects "
+                "are left out", number, f"{where}.annotations"))
+            completion = {k: v for k, v in completion.items() if k != "annotations"}
         for name in ctx.scores:
             value, at = _rating(completion, name)
             ctx.add_score(group, name, index, value, number, f"{where}.{at}", rejects)
