@@ -25,7 +25,10 @@ or one no line of which decodes) stops with one line naming the first bad byte a
 rest is read. A blank line is counted as a row and rejected as "blank line (skipped)". One
 `prompt_id` names one prompt: a later row giving it to a different prompt is rejected
 ("duplicate prompt_id ... first seen at row N"), or both rows are with `--duplicate-ids
-reject_all`. Every reject names its file (or stage) and row.
+reject_all`. Every reject names its file (or stage) and row. A JSON line nested deeper than
+Python decodes, or holding a number of more than 4300 digits, is a reject like any invalid
+JSON. A CSV field may be of any length; a CSV header that names a column twice stops with one
+line.
 
 **Partial rankings.** A `Ranking` may name a subset (at least two) of its group's
 candidates: an "N/A" rating, a pairwise comparison. Aggregation uses only the comparisons a
