@@ -209,3 +209,22 @@ def test_docs_import_md_names_every_option() -> None:
     for dotted, flag in MAPPING_FLAGS.items():
         assert flag in doc, dotted
     assert "--layout" in doc
+
+
+def test_a_run_config_with_an_import_section_aggregates_the_imported_rankings(
+        tmp_path: Path) -> None:
+    """`grouppref run`: with an import section and no rank/simulate/label, aggregate reads
+    RUN/import (its rankings), and a second run is cached."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\n"
+                      f"import: {{source: {ROOT / 'examples/data/import/nectar.jsonl'}, "
+                      "layout: nectar}\naggregate: {}\nvalidate: null\nreport: null\n")
+    first = grouppref("run", config, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    store = RunStore(tmp_path / "run")
+    assert store.manifest("aggregate").config["input_stage"] == "import"
+    groups = store.load_records("aggregate", ValidatedGroup)
+    assert len(groups) == 3 and all(g.rankings and g.pairs for g in groups)
+    again = grouppref("run", config, cwd=tmp_path)
+    assert again.returncode == 0 and "(computed: nothing; cached: import, aggregate)" in \
+        again.stdout, again.stdout
