@@ -17,15 +17,17 @@ import datasets
 import pytest
 
 from grouppref.config import read_config_file
-from grouppref.errors import InputFileError
+from grouppref.errors import ConfigError, InputFileError
 from grouppref.pipeline.imports.config import ImportConfig
 from grouppref.pipeline.imports.layouts.common import collect_rows
-from grouppref.pipeline.imports.stage import context, read_import
+from grouppref.pipeline.imports.stage import context, read_import, run_import
 from grouppref.readers.mapping import ColumnMapping
 from grouppref.readers.prompts import read_prompts
+from grouppref.runs.store import RunStore
 from grouppref.train.sources import load_groups
 
 BOM = b"\xef\xbb\xbf"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def grouppref(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -340,3 +342,17 @@ def test_a_shape_no_layout_check_foresaw_is_a_row_reject_not_a_traceback() -> No
     assert (reject.source, reject.row, reject.scope) == ("x.jsonl", 1, "row")
     assert reject.reason.startswith("unexpected shape for layout 'responses' (AttributeError: "
                                     "'list' object has no attribute 'get')")
+
+
+def test_a_run_directory_that_cannot_be_one_is_one_line(tmp_path: Path) -> None:
+    source = ROOT / "examples" / "data" / "import" / "nectar.jsonl"
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a run\n")
+    config = ImportConfig(source=str(source), layout="nectar")
+    with pytest.raises(ConfigError, match=r"notes\.txt: not a directory; the run directory"):
+        run_import(RunStore(a_file), config)
+    with pytest.raises(ConfigError, match=r"cannot create the run directory \(Not a directory\)"):
+        run_import(RunStore(a_file / "run"), config)
+    out = grouppref("import", source, "--out", a_file, cwd=tmp_path)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert a_file.read_text() == "not a run\n"
