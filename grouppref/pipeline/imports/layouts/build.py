@@ -54,8 +54,9 @@ def _merge_responses(raw: RawGroup, ctx: Context, gid: str, rejects: list[Reject
     seen: dict[str, int] = {}
     for i, resp in enumerate(raw.responses):
         if not isinstance(resp.text, str):
-            what = "no text" if resp.text is None else f"a {type(resp.text).__name__}, not text"
-            rejects.append(ctx.reject(f"response has {what}; left out", resp.row, resp.where,
+            what = "has no text" if resp.text is None else \
+                f"is {type(resp.text).__name__}, not text"
+            rejects.append(ctx.reject(f"response {what}; left out", resp.row, resp.where,
                                       group_id=gid))
             continue
         norm = normalise_text(resp.text)
