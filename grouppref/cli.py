@@ -10,6 +10,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from grouppref.commands import (
     aggregate,
@@ -17,6 +18,7 @@ from grouppref.commands import (
     demo,
     export,
     generate,
+    imports,
     label_data,
     label_server,
     rank,
@@ -46,7 +48,8 @@ app = typer.Typer(
 )
 
 label_data.register(label_server.label_app)  # push/pull/status join serve/stop/users
-for module in (core, generate, rank, aggregate, export, train, label_server, run, demo):
+for module in (core, generate, imports, rank, aggregate, export, train, label_server, run,
+               demo):
     module.register(app)
 
 
@@ -65,7 +68,9 @@ def main() -> None:
     try:
         app()
     except GroupPrefError as e:
-        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        # escape: a message naming "rankings[helpfulness]" must not lose it as rich markup
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False,
+                                   soft_wrap=True)
         sys.exit(2)
 
 

@@ -20,25 +20,74 @@ from grouppref.errors import ConfigError, InputFileError
 M = TypeVar("M", bound=BaseModel)
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The mapping in a ``.yaml``/``.yml``/``.toml``/``.json`` file.
+UTF8_BOM = b"\xef\xbb\xbf"
+_UTF16_BOMS = {b"\xff\xfe": "UTF-16 little-endian", b"\xfe\xff": "UTF-16 big-endian"}
+SAVE_AS_UTF8 = "save it as UTF-8 (e.g. `iconv -f LATIN1 -t UTF-8 in > out`)"
+
+
+def text_problem(head: bytes) -> str | None:
+    """Why the bytes at the start of a file show it is not UTF-8 text, or ``None``.
+
+    UTF-8 with or without a byte-order mark passes; a UTF-16/32 byte-order mark, or a NUL byte
+    (binary data, or UTF-16/32 text without a mark), does not. Bytes that fail to decode later
+    in the file are the reader's to report, line by line.
+    """
+    for mark, name in _UTF16_BOMS.items():
+        if head.startswith(mark):
+            return f"the file is {name} text (byte-order mark {mark.hex(' ').upper()}), not UTF-8"
+    if b"\x00" in head:
+        at = head.index(b"\x00")
+        return (f"not a text file: NUL byte at offset {at} (binary data, or UTF-16/32 text "
+                "without a byte-order mark)")
+    return None
+
+
+def _undecodable(e: UnicodeDecodeError, data: bytes) -> str:
+    """``byte 0xE9 at line 3, column 7`` for a decode error in ``data`` (1-based)."""
+    line = data.count(b"\n", 0, e.start) + 1
+    column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+    return f"byte 0x{data[e.start]:02X} at line {line}, column {column} is not valid UTF-8"
+
+
+def read_text(path: Path, what: str = "file") -> str:
+    """A whole UTF-8 file as text (a leading BOM dropped).
 
     Raises:
-        InputFileError: the file is missing, of another format, unparsable or not a mapping.
+        InputFileError: the file is not UTF-8 text (binary, UTF-16, a byte that does not
+            decode), in one line naming the first bad byte and the fix.
+    """
+    data = path.read_bytes()
+    problem = text_problem(data[:65536])
+    if problem is not None:
+        raise InputFileError(f"{path}: cannot read this {what}: {problem}; {SAVE_AS_UTF8}")
+    try:
+        return data.removeprefix(UTF8_BOM).decode("utf-8")
+    except UnicodeDecodeError as e:
+        body = data.removeprefix(UTF8_BOM)
+        raise InputFileError(f"{path}: cannot read this {what}: {_undecodable(e, body)}; "
+                             f"{SAVE_AS_UTF8}") from e
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping in a ``.yaml``/``.yml``/``.toml``/``.json`` file (UTF-8, a BOM allowed).
+
+    Raises:
+        InputFileError: the file is missing, of another format, not UTF-8 text, unparsable or
+            not a mapping.
     """
     path = Path(path)
     if not path.is_file():
         raise InputFileError(f"{path}: config file not found")
-    text = path.read_text(encoding="utf-8")
+    if path.suffix not in (".yaml", ".yml", ".json", ".toml"):
+        raise InputFileError(f"{path}: unknown config format {path.suffix!r}; use .yaml, .toml "
+                             "or .json")
+    text = read_text(path, "config file")
     try:
-        if path.suffix in (".yaml", ".yml", ".json"):
-            data = yaml.safe_load(text)
-        elif path.suffix == ".toml":
-            data = tomllib.loads(text)
-        else:
-            raise InputFileError(f"{path}: unknown config format {path.suffix!r}; use .yaml or .toml")
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
         raise InputFileError(f"{path}: cannot parse ({e})".replace("\n", " ")) from e
+    except RecursionError as e:
+        raise InputFileError(f"{path}: cannot parse (lists or mappings nested too deeply)") from e
     if not isinstance(data, dict):
         raise InputFileError(f"{path}: the top level must be a mapping of settings")
     return data

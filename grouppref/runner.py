@@ -1,8 +1,8 @@
 """``grouppref run CONFIG``: the stages of one run, chained, cached and resumable.
 
 The runner is a loop over :data:`PIPELINE`, the stages in order, each a
-:class:`~grouppref.runs.stage.StageSpec` with the same call shape: prompts -> generate (or
-import) -> rank -> simulate -> label -> aggregate -> validate -> export (one stage per target)
+:class:`~grouppref.runs.stage.StageSpec` with the same call shape: prompts -> generate or
+import -> rank -> simulate -> label -> aggregate -> validate -> export (one stage per target)
 -> train -> eval -> report. A section left out of the config skips its stage. Each stage's own
 cache decides whether it re-computes (same settings + same input => *cached*: its manifest and
 output stay untouched); ``force`` re-runs named stages.
@@ -13,7 +13,9 @@ Argilla and counts the groups with enough submitted rankings. Too few: the run s
 again later and it pulls the rankings into RUN/label and goes on.
 
 When the config does not name ``aggregate.input_stage``, aggregate reads the last annotating
-stage the config has: label, else simulate, else rank.
+stage the config has: label, else simulate, else rank, else import. With an ``import`` section
+(``RUN/import``, groups with their rankings), ``rank`` reads ``import`` unless its
+``input_stage`` says otherwise.
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ from grouppref.pipeline.rank.config import RANK, RankConfig
 from grouppref.pipeline.report.config import REPORT, ReportConfig
 from grouppref.pipeline.simulate.config import SIMULATE, SimulateConfig
 from grouppref.pipeline.validate.config import VALIDATE, ValidateConfig
+from grouppref.runs.rejects import all_rejected
 from grouppref.runs.stage import StageSpec, Waiting
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.train.config import EVAL, TRAIN, EvalConfig, TrainConfig
 
-STAGES = ("prompts", "generate", "rank", "simulate", "label", "aggregate", "validate", "export",
-          "train", "eval", "report")
+STAGES = ("prompts", "generate", "import", "rank", "simulate", "label", "aggregate", "validate",
+          "export", "train", "eval", "report")
 
 __all__ = ["PIPELINE", "STAGES", "LabelRunConfig", "RunConfig", "RunOutcome", "check_stages",
            "load_run_config", "run_pipeline"]
@@ -59,7 +62,9 @@ class RunConfig(BaseModel):
     prompts: PromptsConfig | None = Field(default=None, description="Read prompts into the run.")
     generate: GenerateConfig | None = Field(default=None, description="Sample candidates.")
     import_: ImportConfig | None = Field(default=None, alias="import", description="Import "
-                                         "candidates made elsewhere (instead of generate).")
+                                         "groups (with their rankings, or candidates only) "
+                                         "made elsewhere into RUN/import (instead of "
+                                         "generate; docs/import.md).")
     rank: RankConfig | None = Field(default=None, description="Automatic rankers.")
     simulate: SimulateConfig | None = Field(default=None, description="Simulated annotators.")
     label: LabelRunConfig | None = Field(default=None, description="Human rankings in Argilla.")
@@ -159,15 +164,25 @@ def _aggregate(config: RunConfig) -> list[BaseModel]:
     if agg is None or agg.input_stage is not None:
         return [agg] if agg else []
     last = "label" if config.label else "simulate" if config.simulate else (
-        "rank" if config.rank else None)
+        "rank" if config.rank else "import" if config.import_ else None)
     return [agg.model_copy(update={"input_stage": last}) if last else agg]
+
+
+def _rank(config: RunConfig) -> list[BaseModel]:
+    """The rank section; it reads the imported groups when the run imports them."""
+    rank = config.rank
+    if rank is None:
+        return []
+    if config.import_ is not None and "input_stage" not in rank.model_fields_set:
+        return [rank.model_copy(update={"input_stage": IMPORT.name})]
+    return [rank]
 
 
 PIPELINE: tuple[Step, ...] = (
     Step("prompts", PROMPTS, _one("prompts")),
     Step("generate", GENERATE, _one("generate")),
-    Step("generate", IMPORT, _one("import_")),
-    Step("rank", RANK, _one("rank")),
+    Step("import", IMPORT, _one("import_")),
+    Step("rank", RANK, _rank),
     Step("simulate", SIMULATE, _one("simulate")),
     Step("label", LABEL, _one("label")),
     Step("aggregate", AGGREGATE, _aggregate),
@@ -221,6 +236,7 @@ def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | No
     Raises:
         ConfigError: an unknown stage name in ``start``/``until``/``force``.
         GroupPrefError: whatever a stage raises (bad input, missing model, ...).
+        StageError: a stage rejected every input row (the most common reason named).
     """
     console = console or Console(stderr=True)
     selected = check_stages(start, until, force)
@@ -245,5 +261,7 @@ def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | No
             state = "[yellow]cached[/]" if stage.cached else "[green]done[/]"
             console.print(f"{step.stage:>9}: {state} {describe(stage)}", highlight=False,
                           soft_wrap=True)
+            if (problem := all_rejected(stage)) is not None:  # nothing for the next stage
+                raise problem
     outcome.skipped = [s for s in selected if s not in outcome.ran + outcome.cached]
     return outcome

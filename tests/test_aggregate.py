@@ -417,3 +417,18 @@ def test_annotator_of_one_kind_only_unused_kind_is_not_counted(tmp_path: Path) -
     assert len(row.rankings) == 3 and row.agreement.num_annotators == 2
     assert row.agreement.kendall_w == 1.0 and row.agreement.noise == 0.0
     assert row.consensus == [[c] for c in g.candidate_ids()]
+
+
+def test_no_group_has_a_ranking(tmp_path: Path) -> None:
+    """Groups without any ranking (e.g. imported candidates only): no annotator to estimate;
+    flagged or rejected by the no_rankings rule, never an IndexError."""
+    store = RunStore(tmp_path / "run")
+    groups = [AnnotatedGroup(**make_group(3, prompt_text=f"q{i}").model_dump(), rankings=[])
+              for i in range(3)]
+    write_stage(store, "rank", groups)
+    flagged = run_aggregate(store, AggregateConfig(no_rankings="flag"))
+    assert flagged.manifest.counts.outputs == 3
+    assert all("no_rankings" in r.flags for r in flagged.records())
+    assert all(p.weight == 0 for r in flagged.records() for p in r.pairs)
+    rejected = run_aggregate(store, AggregateConfig(no_rankings="reject"), force=True)
+    assert (rejected.manifest.counts.outputs, rejected.manifest.counts.rejected) == (0, 3)

@@ -67,7 +67,7 @@ def test_import_example_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     exports = {k: v for k, v in counts.items() if k.startswith("export/")}
     # 12 rows in the file; the 4 prompts without a reference are skipped by the verify rule
     assert {k: v for k, v in counts.items() if k not in exports} == {
-        "generate": (12, 12, 0, 0), "rank": (12, 12, 0, 4), "simulate": (12, 12, 0, 0),
+        "import": (12, 12, 0, 0), "rank": (12, 12, 0, 4), "simulate": (12, 12, 0, 0),
         "aggregate": (12, 12, 0, 0), "validate": (12, 12, 0, 0), "report": (0, 0, 0, 0)}
     assert sorted(v for v in exports.values()) == [(12, 12, 0, 0)] * 2  # one per target
     groups = store.load_records("validate", ValidatedGroup)

@@ -32,7 +32,7 @@ from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.generate.shard import PromptEncoder, _bad_slots, _Draw
 from grouppref.pipeline.generate.stage import run_generate
 from grouppref.pipeline.imports.config import ImportConfig
-from grouppref.pipeline.imports.stage import run_import
+from grouppref.pipeline.imports.stage import run_import_candidates
 from grouppref.runs.store import RunStore
 from grouppref.schemas import ChatMessage, Prompt
 
@@ -294,21 +294,22 @@ def test_import_one_row_per_prompt(tmp_path: Path):
         {"prompt": "Say hi.", "responses": ["hi", "hi"]},
         {"prompt": "Count.", "responses": ["1", "1 2", "1 2 3"]},
     ])
-    stage = run_import(RunStore(tmp_path / "run"), ImportConfig(source=str(source), min_k=3))
+    stage = run_import_candidates(RunStore(tmp_path / "run"),
+                                  ImportConfig(source=str(source), min_k=3))
     counts = stage.manifest.counts
-    assert (counts.inputs, counts.outputs, counts.rejected, counts.partial) == (3, 1, 2, 1)
+    assert (counts.inputs, counts.outputs, counts.rejected, counts.partial) == (3, 1, 2, 2)
     (group,) = stage.records()
     assert [c.text for c in group.candidates] == ["1", "1 2", "1 2 3"]
     assert all(c.source.kind == "import" for c in group.candidates)
     reasons = [r.reason for r in stage.rejects() if r.scope == "row"]
-    assert any("--min-k is 3" in r for r in reasons) and any("1 distinct" in r for r in reasons)
+    assert any("at least 3 (min_k)" in r for r in reasons) and any("1 distinct" in r for r in reasons)
 
 
 def test_import_one_row_per_response(tmp_path: Path):
     rows = [{"prompt_id": "a", "prompt": "Name a colour.", "response": t} for t in ("red", "blue")]
     rows += [{"prompt_id": "b", "prompt": "Say hi.", "response": t} for t in ("hi", "hello", "hey")]
     source = _write_jsonl(tmp_path / "in.jsonl", rows)
-    stage = run_import(RunStore(tmp_path / "run"), ImportConfig(source=str(source)))
+    stage = run_import_candidates(RunStore(tmp_path / "run"), ImportConfig(source=str(source)))
     assert [g.k for g in stage.records()] == [2, 3]
     assert stage.manifest.counts.inputs == 2 and stage.manifest.stage == "generate"
 
@@ -316,8 +317,8 @@ def test_import_one_row_per_response(tmp_path: Path):
 def test_import_bad_response_row_is_one_reject(tmp_path: Path):
     rows = [{"prompt_id": "a", "prompt": "Name a colour.", "response": 5}]
     rows += [{"prompt_id": "b", "prompt": "Say hi.", "response": t} for t in ("hi", "hello")]
-    stage = run_import(RunStore(tmp_path / "run"),
-                       ImportConfig(source=str(_write_jsonl(tmp_path / "in.jsonl", rows))))
+    stage = run_import_candidates(RunStore(tmp_path / "run"),
+                                  ImportConfig(source=str(_write_jsonl(tmp_path / "in.jsonl", rows))))
     assert (stage.manifest.counts.outputs, stage.manifest.counts.rejected) == (1, 1)
 
 

@@ -130,9 +130,9 @@ def test_second_run_is_cached_and_force_reruns_one_stage(tmp_path: Path) -> None
     cfg = import_config(tmp_path)
     store = RunStore(cfg.run_dir)
     first = run_pipeline(cfg)
-    chain = ["generate", "rank", "simulate", "aggregate", "validate", "export"]
+    chain = ["import", "rank", "simulate", "aggregate", "validate", "export"]
     assert first.status == "done" and first.ran == [*chain, "report"]
-    assert first.skipped == ["prompts", "label", "train", "eval"]
+    assert first.skipped == ["prompts", "generate", "label", "train", "eval"]
     assert store.manifest("aggregate").config["input_stage"] == "simulate"
     before = manifests(store)
     pairs = (tmp_path / "out" / "pairs.parquet").stat().st_mtime_ns
@@ -163,7 +163,7 @@ def test_from_and_until_select_stages(tmp_path: Path) -> None:
     with pytest.raises(StageError, match="stage 'validate' has not run"):
         run_pipeline(cfg, start="export")
     first = run_pipeline(cfg, until="rank")
-    assert first.ran == ["generate", "rank"] and first.report is None
+    assert first.ran == ["import", "rank"] and first.report is None
     assert not store.stage_dir("simulate").exists()
     rest = run_pipeline(cfg, start="simulate", until="validate")
     assert rest.ran == ["simulate", "aggregate", "validate"] and rest.cached == []

@@ -160,20 +160,24 @@ def test_prompt_needs_exactly_one_form() -> None:
 
 @SETTINGS
 @given(st.data())
-def test_tiers_must_cover_candidates_exactly_once(data: st.DataObject) -> None:
+def test_tiers_must_name_candidates_at_most_once_and_two_at_least(data: st.DataObject) -> None:
+    """A ranking may leave candidates out (a partial ranking), but must compare two."""
     g = make_group(k=4)
     ids = g.candidate_ids()
     mutation = data.draw(st.sampled_from(["drop", "duplicate", "unknown", "empty_tier"]))
     tiers = [[i] for i in data.draw(st.permutations(ids))]
+    partial = AnnotatedGroup(**g.model_dump(), rankings=[Ranking(
+        annotator=Annotator(id="a", kind="human"), group_id=g.group_id, tiers=tiers[:2])])
+    assert len(partial.rankings[0].tiers) == 2
     if mutation == "drop":
-        tiers = tiers[:-1]
+        tiers = tiers[:1]
     elif mutation == "duplicate":
         tiers.append([tiers[0][0]])
     elif mutation == "unknown":
         tiers[0] = ["c-unknown"]
     else:
         tiers.append([])
-    with pytest.raises(ValidationError, match="leaves out|twice|unknown|empty tier"):
+    with pytest.raises(ValidationError, match="at least 2|twice|unknown|empty tier"):
         Ranking(annotator=Annotator(id="a", kind="human"), group_id=g.group_id, tiers=tiers)
         AnnotatedGroup(**g.model_dump(), rankings=[
             Ranking(annotator=Annotator(id="a", kind="human"), group_id=g.group_id, tiers=tiers)])

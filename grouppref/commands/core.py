@@ -52,7 +52,8 @@ prompts = config_command(
     positional={"source": "Prompt file (JSONL/JSON/CSV/Parquet), saved dataset dir or Hub id."},
     extras=[Extra("out", OutOpt)], flatten={"mapping": "{}-column"},
     rename={"mapping.metadata_columns": "--metadata-column", "mapping.prompt_id": "--id-column",
-            "mapping.metadata": "--metadata-object-column"},
+            "mapping.metadata": "--metadata-object-column",
+            "mapping.duplicate_ids": "--duplicate-ids"},
     exclude={"mapping.responses", "mapping.response"})
 
 

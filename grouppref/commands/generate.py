@@ -21,21 +21,22 @@ def _models(specs: list[str]) -> list[dict[str, Any]]:
 
 
 def _run(config: GenerateConfig, extras: dict[str, Any], force: bool) -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own bar reports the stage
     store = RunStore(extras["out"])
     if extras["import_file"] is not None:
-        if config.source is not None or "models" in config.model_fields_set:
+        # (the settings resolve `models` themselves, so ask whether a model was named)
+        if config.source is not None or [m.name for m in config.models] != ["embedded"]:
             raise ConfigError("generate: --import builds groups from a file of responses; "
                               "leave out --prompts and --model")
-        from grouppref.pipeline.imports.stage import run_import
+        from grouppref.pipeline.imports.stage import run_import_candidates
 
         imported = validate(ImportConfig, {
             "source": extras["import_file"], "split": config.split, "min_k": config.min_k,
-            "mapping": config.mapping.model_dump()}, "--import")
-        print_stage(run_import(store, imported, force=force))
+            "mapping": config.mapping.model_dump(exclude_unset=True)}, "--import")
+        print_stage(run_import_candidates(store, imported, force=force))
         return
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own bar reports the stage
     from grouppref.pipeline.generate.stage import run_generate
 
     print_stage(run_generate(store, config, force=force, show_progress=not extras["quiet"]))
@@ -48,14 +49,16 @@ generate = config_command(
         Extra("out", Annotated[Path, typer.Option("--out", help="Run directory to write "
                                                   "RUN/generate into.", show_default=False)]),
         Extra("import_file", Annotated[str | None, typer.Option(
-            "--import", help="Import candidates made elsewhere instead of sampling: "
-            + help_of(ImportConfig, "source"), show_default=False)], None),
+            "--import", help="Import candidates made elsewhere instead of sampling (any layout "
+            "of `grouppref import`, told from the columns; rankings are not kept: use "
+            "`grouppref import` for them): " + help_of(ImportConfig, "source"),
+            show_default=False)], None),
         Extra("quiet", Annotated[bool, typer.Option("--quiet", help="No progress bar.")], False),
     ],
     flatten={"mapping": "{}-column"},
     rename={"source": "--prompts", "mapping.metadata_columns": "--metadata-column",
             "mapping.metadata": "--metadata-object-column",
-            "mapping.prompt_id": "--id-column"},
+            "mapping.prompt_id": "--id-column", "mapping.duplicate_ids": "--duplicate-ids"},
     custom={"models": Custom("--model", help_of(GenerateConfig, "models") + " Default: the "
                              "embedded SmolLM2.", _models, multiple=True, metavar="NAME[:COUNT]")})
 

@@ -1,6 +1,11 @@
 """Where the CLI writes: results on stdout (``out``), progress, notes and errors on stderr
 (``err``), so ``> file`` and pipes carry results only. Neither wraps or cuts text when stdout
-is not a terminal (long option names, annotator ids and paths stay whole)."""
+is not a terminal (long option names, annotator ids and paths stay whole).
+
+Every stage command ends in :func:`print_stage`: its rejects (stderr), the counts (stdout),
+the most common reject reasons (stderr) and, when every input row was rejected, one line
+naming the most common reason and exit code 2 (a stage that kept some rows exits 0).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
+
+from grouppref.runs.rejects import all_rejected, reject_summary, where
 
 out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -15,18 +23,28 @@ err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 def print_stage(stage: Any, *, max_rejects: int = 20, name: str | None = None) -> None:
     """What a stage did: cached or not, each reject on one line (stderr), then the counts and
-    where the output is (stdout)."""
-    where: Path = stage.dir
+    where the output is (stdout), then the most common reject reasons (stderr).
+
+    Raises:
+        StageError: every input row was rejected (one line naming the most common reason;
+            the stage's folder keeps the manifest and ``rejects.jsonl``).
+    """
+    folder: Path = stage.dir
     label = name or stage.name
     if stage.cached:
         err.print(f"[yellow]{label}: unchanged settings and input, skipped[/] (use --force to "
-                  f"re-run) -> {where}")
-    lines = [r.one_line() for r in stage.rejects()]
-    for line in lines[:max_rejects]:
-        err.print(f"[red]reject[/] {line}")
-    if len(lines) > max_rejects:
-        err.print(f"... and {len(lines) - max_rejects} more in {where / 'rejects.jsonl'}")
-    print_counts(label, stage.counts.model_dump(), where)
+                  f"re-run) -> {folder}")
+    rejects = stage.rejects()
+    for line in [r.one_line() for r in rejects][:max_rejects]:
+        err.print(f"[red]reject[/] {escape(line)}")
+    if len(rejects) > max_rejects:
+        err.print(f"... and {len(rejects) - max_rejects} more in {folder / 'rejects.jsonl'}")
+    print_counts(label, stage.counts.model_dump(), folder)
+    for scope, what in (("row", "rejected"), ("part", "partly rejected")):
+        for n, r in reject_summary(rejects, scope):
+            err.print(f"  {what}: {n} x {escape(r.reason)} (first: {escape(where(r))})")
+    if (problem := all_rejected(stage, label)) is not None:
+        raise problem
 
 
 def print_counts(label: str, counts: dict[str, int], where: Path | str) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
+
+DuplicateIds = Literal["reject_later", "reject_all"]
 
 
 class ColumnMapping(BaseModel):
@@ -25,3 +29,7 @@ class ColumnMapping(BaseModel):
                            "responses (strings or {text, model}) in one-row-per-prompt files.")
     response: str = Field(default="response", description="Import: column with one response in "
                           "one-row-per-response files (rows sharing a prompt form a group).")
+    duplicate_ids: DuplicateIds = Field(default="reject_later", description="Two rows with one "
+                                        "prompt_id but different prompts: reject the later row "
+                                        "(reject_later) or both (reject_all). Never two records "
+                                        "with one id.")

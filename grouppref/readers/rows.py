@@ -1,15 +1,22 @@
 """Rows from a user's file: JSONL, JSON, CSV, Parquet, a dataset saved with ``save_to_disk``, or
 a Hub dataset id.
 
-A file that cannot be used at all (missing, unknown format, empty) raises ``InputFileError``.
-A bad row never stops the read: it becomes a ``RowError`` (then a
+A file that cannot be used at all (missing, unknown format, empty, not UTF-8 text: binary,
+UTF-16, or not one line that decodes) raises ``InputFileError``: one line, exit code 2. A bad
+row never stops the read: it becomes a ``RowError`` (then a
 :class:`~grouppref.schemas.Reject` naming the file, the 1-based row number, the field and the
-reason), and reading goes on.
+reason), and reading goes on. That includes a line whose bytes are not valid UTF-8 and a blank
+line (counted, with the reason "blank line"). A UTF-8 byte-order mark is dropped in every text
+format, so a BOM-prefixed CSV header is recognised.
+
+Row numbers: the line number in JSONL (blank lines count), the data row in CSV (the header is
+row 0, blank lines count), the list index + 1 in JSON, the row index + 1 in Parquet and datasets.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from collections.abc import Iterator
@@ -19,6 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
+from grouppref.config import SAVE_AS_UTF8, UTF8_BOM, text_problem
 from grouppref.errors import InputFileError, RowError
 from grouppref.runs.hashing import fingerprint_file, sha256_text
 from grouppref.schemas.records import Reject
@@ -26,6 +34,12 @@ from grouppref.schemas.records import Reject
 T = TypeVar("T")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 FORMATS = (".jsonl", ".ndjson", ".json", ".csv", ".parquet")
+BLANK = "blank line (skipped)"
+Row = dict[str, Any] | RowError
+
+
+class BlankLine(RowError):
+    """A blank line of a JSONL or CSV file: counted as a row and rejected with its reason."""
 
 
 @dataclass
@@ -36,32 +50,144 @@ class ReadResult(Generic[T]):
     items: list[T]
     rejects: list[Reject] = field(default_factory=list)
     rows: int = 0
+    blank: int = 0
     fingerprint: str = ""
+    item_rows: list[int] = field(default_factory=list)  # the row each item came from
+
+    def require_rows(self) -> None:
+        """Raise ``InputFileError`` when the source held no row but blank lines."""
+        if self.rows - self.blank == 0:
+            extra = f" (only {self.blank} blank line{'s' if self.blank != 1 else ''})" \
+                if self.blank else ""
+            raise InputFileError(f"{self.source}: no rows{extra}")
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any] | RowError]]:
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
+class _Decoding:
+    """Counts the rows of a text file that decode and those that do not: a file none of whose
+    rows decodes is not UTF-8 text, and is refused whole."""
+
+    def __init__(self, path: Path):
+        self.path, self.good, self.bad, self.first = path, 0, 0, ""
+
+    def failed(self, reason: str) -> RowError:
+        self.bad += 1
+        self.first = self.first or reason
+        return RowError(f"{reason}; {SAVE_AS_UTF8}", source=str(self.path))
+
+    def check(self) -> None:
+        if self.bad and not self.good:
+            raise InputFileError(f"{self.path}: not UTF-8 text: none of its {self.bad} rows "
+                                 f"decodes ({self.first}); {SAVE_AS_UTF8}")
+
+
+def _open_text(path: Path) -> bytes:
+    """The file's bytes without a UTF-8 BOM, after refusing binary and UTF-16/32 files."""
+    data = path.read_bytes()
+    problem = text_problem(data[:65536])
+    if problem is not None:
+        raise InputFileError(f"{path}: cannot read: {problem}; {SAVE_AS_UTF8}")
+    return data.removeprefix(UTF8_BOM)
+
+
+class _JsonLimit(json.JSONDecodeError):
+    """Valid JSON beyond what Python decodes: no position to name."""
+
+    def __init__(self, msg: str, text: str):
+        super().__init__(msg, text, 0)
+
+
+def _where(e: json.JSONDecodeError, line: bool = False) -> str:
+    if isinstance(e, _JsonLimit):
+        return ""
+    return f" at line {e.lineno}, column {e.colno}" if line else f" at column {e.colno}"
+
+
+def _json_error(e: json.JSONDecodeError) -> str:
+    # json's messages may end in "at" ("Unterminated string starting at"): no doubled word
+    return f"invalid JSON: {e.msg.removesuffix(' at')}{_where(e)}"
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` whose every failure is a ``json.JSONDecodeError`` naming the problem: a
+    value nested deeper than Python's recursion limit and an integer longer than its
+    4300-digit limit otherwise escape as ``RecursionError`` / ``ValueError``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError as e:
+        raise _JsonLimit("lists or objects nested too deeply", text) from e
+    except ValueError as e:  # int(): "Exceeds the limit (4300 digits) for integer string ..."
+        raise _JsonLimit("a number with more than 4300 digits", text) from e
+
+
+def _check_head(path: Path) -> None:
+    """Refuse a binary or UTF-16/32 file from its first 64 KiB (one line, exit code 2)."""
+    with path.open("rb") as fh:
+        problem = text_problem(fh.read(65536))
+    if problem is not None:
+        raise InputFileError(f"{path}: cannot read: {problem}; {SAVE_AS_UTF8}")
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, Row]]:
+    """JSONL rows, streamed line by line (``\n`` or ``\r\n``), each line decoded on its own."""
+    _check_head(path)
+    decoding = _Decoding(path)
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+            if number == 1:
+                raw = raw.removeprefix(UTF8_BOM)
             try:
-                value = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield number, RowError(f"invalid JSON: {e.msg} at column {e.colno}",
-                                       source=str(path), row=number)
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                err = decoding.failed(f"line is not valid UTF-8: byte 0x{raw[e.start]:02X} at "
+                                      f"column {e.start + 1}")
+                err.row = number
+                yield number, err
                 continue
-            if not isinstance(value, dict):
-                yield number, RowError(f"expected a JSON object, got {type(value).__name__}",
-                                       source=str(path), row=number)
+            if not line.strip():
+                yield number, BlankLine(BLANK, source=str(path), row=number)
                 continue
-            yield number, value
+            decoding.good += 1
+            yield number, _json_row(line, path, number)
+    decoding.check()
+
+
+def _json_row(line: str, path: Path, number: int) -> Row:
+    try:
+        value = _loads(line)
+    except json.JSONDecodeError as e:
+        return RowError(_json_error(e), source=str(path), row=number)
+    if not isinstance(value, dict):
+        return RowError(f"expected a JSON object, got {type(value).__name__}", source=str(path),
+                        row=number)
+    return value
+
+
+def _escaped(data: bytes) -> str:
+    """Text in which each byte that is not valid UTF-8 is kept as a lone surrogate, so that the
+    rows holding one can be rejected one by one (:func:`_bad_bytes`)."""
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def _bad_bytes(value: Any) -> str | None:
+    """The first undecodable byte inside a parsed row, as a reason, or ``None``."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = e.object[e.start]
+        return f"holds bytes that are not valid UTF-8 (byte 0x{ord(char) - 0xDC00:02X})"
+    return None
 
 
 def _rows_json(path: Path) -> list[Any]:
+    data = _open_text(path)
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = _loads(_escaped(data))
     except json.JSONDecodeError as e:
-        raise InputFileError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from e
+        raise InputFileError(f"{path}: not valid JSON ({e.msg.removesuffix(' at')}"
+                             f"{_where(e, line=True)})") from e
     if isinstance(value, dict):
         lists = [v for v in value.values() if isinstance(v, list)]
         if len(lists) != 1:
@@ -71,6 +197,51 @@ def _rows_json(path: Path) -> list[Any]:
     if not isinstance(value, list):
         raise InputFileError(f"{path}: expected a JSON list of rows")
     return value
+
+
+CSV_FIELD_LIMIT = 2**31 - 1  # the csv module's default (128 KiB) refuses a long prompt
+
+
+def _iter_csv(path: Path) -> Iterator[tuple[int, Row]]:
+    data = _open_text(path)
+    if csv.field_size_limit() < CSV_FIELD_LIMIT:
+        csv.field_size_limit(CSV_FIELD_LIMIT)
+    try:
+        reader = csv.reader(io.StringIO(_escaped(data), newline=""))
+        header = next(reader, None)
+        if header is None:
+            return
+        header = [h.strip() for h in header]
+        twice = sorted({h for h in header if header.count(h) > 1})
+        if twice:
+            raise InputFileError(f"{path}: the header names column(s) {twice} more than once; "
+                                 "rename them so that each column has its own name")
+        for number, cells in enumerate(reader, start=1):
+            if not any(c.strip() for c in cells):
+                yield number, BlankLine(BLANK, source=str(path), row=number)
+            elif len(cells) != len(header):
+                yield number, RowError(f"has {len(cells)} fields, the header has {len(header)}",
+                                       source=str(path), row=number)
+            else:
+                yield number, dict(zip(header, cells, strict=True))
+    except csv.Error as e:
+        raise InputFileError(f"{path}: cannot read as CSV ({e})") from e
+
+
+def _with_decoding(path: Path, rows: Iterator[tuple[int, Row]]) -> Iterator[tuple[int, Row]]:
+    """Rows of a file decoded with :func:`_escaped`: a row holding an undecodable byte is a
+    RowError; a file none of whose rows decodes is refused."""
+    decoding = _Decoding(path)
+    for number, row in rows:
+        reason = _bad_bytes(row) if isinstance(row, dict) else None
+        if reason is not None:
+            err = decoding.failed(reason)
+            err.row = number
+            yield number, err
+            continue
+        decoding.good += not isinstance(row, BlankLine)
+        yield number, row
+    decoding.check()
 
 
 def _rows_dataset(source: str, split: str) -> list[dict[str, Any]]:
@@ -90,32 +261,37 @@ def _rows_dataset(source: str, split: str) -> list[dict[str, Any]]:
     return list(loaded)
 
 
-def iter_rows(source: str | Path, split: str = "train") -> Iterator[tuple[int, dict[str, Any] | RowError]]:
+def _numbered(rows: list[Any], source: str) -> Iterator[tuple[int, Row]]:
+    for number, row in enumerate(rows, start=1):
+        if isinstance(row, dict):
+            yield number, row
+        else:
+            yield number, RowError(f"expected an object, got {type(row).__name__}",
+                                   source=source, row=number)
+
+
+def iter_rows(source: str | Path, split: str = "train") -> Iterator[tuple[int, Row]]:
     """Yield ``(row_number, row)`` or ``(row_number, RowError)`` for every row of ``source``.
 
     Raises:
-        InputFileError: the source is missing, of an unknown format, or unreadable.
+        InputFileError: the source is missing, of an unknown format, not UTF-8 text or
+            unreadable.
     """
     text = str(source)
     path = Path(text)
     if path.is_dir():
-        rows: list[Any] = _rows_dataset(text, split)
+        yield from _numbered(_rows_dataset(text, split), text)
     elif not path.exists():
         if HUB_ID.match(text) and not text.endswith(FORMATS):
-            rows = _rows_dataset(text, split)
+            yield from _numbered(_rows_dataset(text, split), text)
         else:
             raise InputFileError(f"{path}: file not found")
     elif path.suffix in (".jsonl", ".ndjson"):
         yield from _iter_jsonl(path)
-        return
     elif path.suffix == ".json":
-        rows = _rows_json(path)
+        yield from _with_decoding(path, _numbered(_rows_json(path), text))
     elif path.suffix == ".csv":
-        try:
-            with path.open(encoding="utf-8", newline="") as fh:
-                rows = list(csv.DictReader(fh))
-        except (UnicodeDecodeError, csv.Error) as e:
-            raise InputFileError(f"{path}: cannot read as CSV ({e})") from e
+        yield from _with_decoding(path, _iter_csv(path))
     elif path.suffix == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -124,15 +300,10 @@ def iter_rows(source: str | Path, split: str = "train") -> Iterator[tuple[int, d
             rows = pq.read_table(path).to_pylist()
         except (pa.ArrowInvalid, OSError) as e:
             raise InputFileError(f"{path}: cannot read as Parquet ({e})") from e
+        yield from _numbered(rows, text)
     else:
         raise InputFileError(f"{path}: unknown format {path.suffix!r}; use one of "
                              f"{', '.join(FORMATS)} or a saved dataset directory")
-    for number, row in enumerate(rows, start=1):
-        if isinstance(row, dict):
-            yield number, row
-        else:
-            yield number, RowError(f"expected an object, got {type(row).__name__}",
-                                   source=text, row=number)
 
 
 def source_fingerprint(source: str) -> str:
@@ -155,7 +326,7 @@ def maybe_json(value: Any) -> Any:
     """A string that holds a JSON list or object (a CSV cell), parsed; anything else as is."""
     if isinstance(value, str) and value.strip().startswith(("[", "{")):
         try:
-            return json.loads(value)
+            return _loads(value)
         except json.JSONDecodeError:
             return value
     return value

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from grouppref.errors import StageError
+from grouppref.errors import ConfigError, StageError
 from grouppref.runs.hashing import (
     canonical_json,
     config_hash,
@@ -247,6 +247,17 @@ class RunStore:
     def name(self) -> str:
         return self.root.resolve().name
 
+    def _make_root(self) -> None:
+        """Create the run directory, or say in one line why it cannot be one."""
+        if self.root.exists() and not self.root.is_dir():
+            raise ConfigError(f"{self.root}: not a directory; the run directory (--out, "
+                              "run_dir) must be a folder")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"{self.root}: cannot create the run directory "
+                              f"({e.strerror})") from e
+
     def stage_dir(self, stage: str) -> Path:
         return self.root / stage
 
@@ -389,6 +400,7 @@ class RunStore:
         ``force`` is False. A ``running`` manifest with the same key resumes its shards;
         anything else starts afresh.
         """
+        self._make_root()
         read = self.input_fingerprints(inputs)
         fingerprint = fingerprint_inputs(input_fingerprint, read)
         chash = config_hash(config, stage_version)

@@ -125,12 +125,15 @@ def _encode(codec: Codec, value: Any) -> Any:
 def _decode(codec: Codec, value: Any) -> Any:
     if value is None or codec is None:
         return value
-    if codec == _JSON:
-        return json.loads(value)
+    if codec == _JSON:  # stored as JSON text; a row read from a JSON file holds the dict
+        return json.loads(value) if isinstance(value, str) else value
     kind, inner = codec
-    if kind == "list":
-        return [_decode(inner, v) for v in value]
-    return {n: _decode(c, value.get(n)) for n, c in inner.items()}
+    if kind == "list":  # a value of the wrong shape is left for pydantic to name
+        return [_decode(inner, v) for v in value] if isinstance(value, list) else value
+    if not isinstance(value, dict):
+        return value
+    # a key a plain JSON row leaves out keeps its default (a stored row has every key)
+    return {n: _decode(c, value[n]) for n, c in inner.items() if n in value}
 
 
 def to_row(record: BaseModel) -> dict[str, Any]:

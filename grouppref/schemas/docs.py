@@ -15,6 +15,25 @@ edit by hand. Every record rejects unknown keys and non-finite numbers. Stage ou
 `datasets.Dataset`s with one row per group; free-form maps (metadata, scores, strengths,
 sampling parameters) are stored in Arrow as canonical JSON strings so that the round trip
 model -> Arrow row -> model is exact. `grouppref schema NAME` prints the JSON Schema.
+
+**Input files** (prompts, `generate --import`, `grouppref import`, `train` on a file): JSONL,
+JSON, CSV and Parquet files, saved datasets and Hub ids. Text files must be UTF-8; a UTF-8
+byte-order mark is dropped (so a BOM-prefixed CSV header is recognised), and so is one at the
+start of a YAML/TOML/JSON config. A file that is not UTF-8 text at all (binary, UTF-16/32,
+or one no line of which decodes) stops with one line naming the first bad byte and exit code
+2; in a file that is, a line that does not decode is a reject (file, row, reason) and the
+rest is read. A blank line is counted as a row and rejected as "blank line (skipped)". One
+`prompt_id` names one prompt: a later row giving it to a different prompt is rejected
+("duplicate prompt_id ... first seen at row N"), or both rows are with `--duplicate-ids
+reject_all`. Every reject names its file (or stage) and row. A JSON line nested deeper than
+Python decodes, or holding a number of more than 4300 digits, is a reject like any invalid
+JSON. A CSV field may be of any length; a CSV header that names a column twice stops with one
+line.
+
+**Partial rankings.** A `Ranking` may name a subset (at least two) of its group's
+candidates: an "N/A" rating, a pairwise comparison. Aggregation uses only the comparisons a
+ranking makes; a group whose comparisons do not link every candidate is flagged
+`disconnected` (docs/aggregate.md).
 """
 
 

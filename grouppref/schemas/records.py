@@ -188,8 +188,14 @@ class CandidateGroup(Record):
         return [c.candidate_id for c in self.candidates]
 
 
-def check_tiers(tiers: list[list[str]], candidate_ids: list[str]) -> None:
-    """Raise ``ValueError`` unless ``tiers`` hold every candidate id exactly once, none empty."""
+def check_tiers(tiers: list[list[str]], candidate_ids: list[str], *, complete: bool = True) -> None:
+    """Raise ``ValueError`` unless ``tiers`` are well formed for a group of ``candidate_ids``.
+
+    Always: no empty tier, no id twice, no unknown id. ``complete=True`` (a consensus, a
+    ranking that must cover its group): every candidate exactly once. ``complete=False`` (a
+    *partial* ranking, e.g. an annotator who rated only some candidates, or one pairwise
+    comparison): at least two of the group's candidates.
+    """
     seen: set[str] = set()
     for tier in tiers:
         if not tier:
@@ -201,8 +207,11 @@ def check_tiers(tiers: list[list[str]], candidate_ids: list[str]) -> None:
     want = set(candidate_ids)
     if seen - want:
         raise ValueError(f"ranking names unknown candidates {sorted(seen - want)}")
-    if want - seen:
+    if complete and want - seen:
         raise ValueError(f"ranking leaves out candidates {sorted(want - seen)}")
+    if not complete and len(seen) < MIN_K and len(want) >= MIN_K:
+        raise ValueError(f"a ranking must compare at least {MIN_K} candidates; this one names "
+                         f"{len(seen)}")
 
 
 class Annotator(Record):
@@ -215,11 +224,16 @@ class Annotator(Record):
 
 
 class Ranking(Record):
-    """One annotator's ranking of one group: ``tiers`` best first, ties share a tier."""
+    """One annotator's ranking of one group: ``tiers`` best first, ties share a tier.
+
+    A ranking may be *partial*: it covers at least two of the group's candidates, and says
+    nothing about the others (an "N/A" rating, one pairwise comparison)."""
 
     annotator: Annotator
     group_id: Id
-    tiers: list[list[Id]] = Field(min_length=1)
+    tiers: list[list[Id]] = Field(min_length=1, description="Candidate ids, best tier first; "
+                                  "ties share a tier. A partial ranking names only some (at "
+                                  "least 2) of the group's candidates.")
     scores: dict[str, FiniteFloat] | None = Field(
         default=None, description="Per-candidate scores behind the ranking, if any."
     )
@@ -228,7 +242,7 @@ class Ranking(Record):
     @model_validator(mode="after")
     def _well_formed(self) -> Ranking:
         ids = [cid for tier in self.tiers for cid in tier]
-        check_tiers(self.tiers, ids)  # no empty tier, no id twice
+        check_tiers(self.tiers, ids, complete=False)  # no empty tier, no id twice
         if self.created_at.tzinfo is None:
             # Naive datetimes are taken as UTC so that the Arrow round trip is lossless.
             object.__setattr__(self, "created_at", self.created_at.replace(tzinfo=timezone.utc))
@@ -254,7 +268,7 @@ class AnnotatedGroup(CandidateGroup):
                     f"ranking by {r.annotator.id!r} is for group {r.group_id!r}, "
                     f"not {info.data.get('group_id')!r}"
                 )
-            check_tiers(r.tiers, ids)
+            check_tiers(r.tiers, ids, complete=False)  # partial rankings are valid
             if r.scores is not None and set(r.scores) - set(ids):
                 unknown = sorted(set(r.scores) - set(ids))
                 raise ValueError(f"scores name unknown candidates {unknown}")

@@ -2,7 +2,8 @@
 
 Shapes as in :mod:`grouppref.stats.bt`: ``B`` groups, ``A`` rankings per group, ``K``
 candidates; a ranking is a ``(K,)`` vector of tier indices (0 = best; ties share a tier) with
-``-1`` for a padded candidate or a candidate the ranking leaves out. Everything is float64.
+``-1`` for a padded candidate or a candidate the ranking leaves out (a *partial* ranking:
+every statistic here uses only the candidates a ranking names). Everything is float64.
 Tied pairs count as neither concordant nor discordant (Kendall's tau-b, as
 ``scipy.stats.kendalltau``); Kendall's W uses mid-ranks with the tie correction.
 """
@@ -26,26 +27,14 @@ def midranks(ranks: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, 1 + above + (tied - 1) / 2, 0).to(DTYPE)
 
 
-def kendall_w(ranks: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
-    """Kendall's coefficient of concordance W with the tie correction, per group.
-
-    ``W = 12 S / (m^2 (n^3 - n) - m sum_a T_a)``, ``S = sum_i (R_i - m (n + 1) / 2)^2``,
-    ``R_i`` = sum of mid-ranks of candidate ``i`` over the ``m`` included rankings,
-    ``T_a = sum over tie groups of (t^3 - t)``. Under random rankings ``E[W] = 1 / m``.
-
-    Args:
-        ranks (torch.Tensor): ``(B, A, K)`` tier indices, ``-1`` for padding.
-        included (torch.Tensor): ``(B, A)`` bool, rankings that take part.
-
-    Returns:
-        torch.Tensor: ``(B,)`` in ``[0, 1]``; NaN where ``m < 2`` or every ranking is one tier.
-    """
+def _kendall_w_complete(ranks: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
+    """The textbook tie-corrected W (every included ranking covers the same candidates)."""
     valid = (ranks >= 0) & included[..., None]  # (B, A, K)
     m = included.sum(-1).to(DTYPE)  # (B,)
-    n = (ranks >= 0).any(1).sum(-1).to(DTYPE)  # (B,)
+    present = valid.any(1)  # (B, K)
+    n = present.sum(-1).to(DTYPE)  # (B,)
     rr = torch.where(valid, midranks(ranks), 0)
     big_r = rr.sum(1)  # (B, K)
-    present = (ranks >= 0).any(1)
     s = torch.where(present, (big_r - (m * (n + 1) / 2)[:, None]) ** 2, 0).sum(-1)
     tie_size = ((ranks[..., None, :] == ranks[..., :, None]) & valid[..., None, :]
                 & valid[..., :, None]).sum(-1).to(DTYPE)  # (B, A, K)
@@ -53,6 +42,86 @@ def kendall_w(ranks: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
     denom = m**2 * (n**3 - n) - m * t
     ok = (m >= 2) & (denom > 0)
     return torch.where(ok, 12 * s / torch.where(ok, denom, 1), math.nan).clamp(max=1.0)
+
+
+def spearman_common(ranks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Spearman's rho between every two rankings of a group, on the candidates both rank.
+
+    Each ranking is reduced to the candidates it shares with the other, mid-ranked there, and
+    the two mid-rank vectors are correlated (Pearson), as ``scipy.stats.spearmanr`` on the
+    common candidates.
+
+    Args:
+        ranks (torch.Tensor): ``(B, A, K)`` tier indices, ``-1`` for a candidate left out.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``rho`` ``(B, A, A)`` (NaN where undefined) and
+        ``defined`` ``(B, A, A)`` bool: at least two common candidates, not all tied in
+        either ranking.
+    """
+    valid = ranks >= 0
+    common = valid[:, :, None, :] & valid[:, None, :, :]  # (B, A, A, K)
+    ra = torch.where(common, ranks[:, :, None, :], -1)
+    rc = torch.where(common, ranks[:, None, :, :], -1)
+    ma, mc = midranks(ra), midranks(rc)  # (B, A, A, K), 0 outside the common set
+    n = common.sum(-1).to(DTYPE)
+    mean_a = ma.sum(-1) / n.clamp(min=1)
+    mean_c = mc.sum(-1) / n.clamp(min=1)
+    da = torch.where(common, ma - mean_a[..., None], 0)
+    dc = torch.where(common, mc - mean_c[..., None], 0)
+    cov = (da * dc).sum(-1)
+    var = (da**2).sum(-1) * (dc**2).sum(-1)
+    defined = (n >= 2) & (var > 1e-12)
+    return torch.where(defined, cov / var.clamp(min=1e-300).sqrt(), math.nan), defined
+
+
+def _kendall_w_partial(ranks: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
+    """``W = (1 + (m - 1) rho_bar) / m`` from the mean pairwise Spearman rho on common
+    candidates; ``(B,)``, NaN where no two included rankings share two untied candidates."""
+    rho, defined = spearman_common(torch.where(included[..., None], ranks, -1))
+    a = ranks.shape[1]
+    upper = torch.triu(torch.ones(a, a, dtype=torch.bool, device=ranks.device), diagonal=1)
+    use = defined & upper
+    count = use.sum((-1, -2)).to(DTYPE)
+    rho_bar = torch.where(use, rho, 0).sum((-1, -2)) / count.clamp(min=1)
+    m = included.sum(-1).to(DTYPE)
+    w = (1 + (m - 1) * rho_bar) / m.clamp(min=1)
+    return torch.where((count > 0) & (m >= 2), w.clamp(0.0, 1.0), math.nan)
+
+
+def kendall_w(ranks: torch.Tensor, included: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+    """Kendall's coefficient of concordance W with the tie correction, per group.
+
+    ``W = 12 S / (m^2 (n^3 - n) - m sum_a T_a)``, ``S = sum_i (R_i - m (n + 1) / 2)^2``,
+    ``R_i`` = sum of mid-ranks of candidate ``i`` over the ``m`` included rankings,
+    ``T_a = sum over tie groups of (t^3 - t)``. Under random rankings ``E[W] = 1 / m``.
+
+    Partial rankings (a group whose included rankings do not all cover the same candidates)
+    have no textbook W; there we use its identity with the mean pairwise Spearman correlation,
+    ``W = (1 + (m - 1) rho_bar) / m`` (exact for complete untied rankings), with each pair's rho
+    taken on the candidates both rank (:func:`spearman_common`) and pairs sharing fewer than
+    two untied candidates left out. It keeps ``E[W] = 1 / m`` under random rankings.
+
+    Args:
+        ranks (torch.Tensor): ``(B, A, K)`` tier indices, ``-1`` for padding or a candidate
+            the ranking leaves out.
+        included (torch.Tensor): ``(B, A)`` bool, rankings that take part.
+        chunk (int): groups per batch of the partial computation (it is ``(A, A, K, K)`` per
+            group).
+
+    Returns:
+        torch.Tensor: ``(B,)`` in ``[0, 1]``; NaN where ``m < 2``, every ranking is one tier,
+        or (partial) no two rankings overlap on two untied candidates.
+    """
+    valid = (ranks >= 0) & included[..., None]
+    union = valid.any(1, keepdim=True)  # (B, 1, K)
+    complete = ((valid == union) | ~included[..., None]).all(-1).all(-1)  # (B,)
+    w = _kendall_w_complete(ranks, included)
+    partial = (~complete).nonzero()[:, 0]
+    for s in range(0, partial.numel(), chunk):
+        idx = partial[s : s + chunk]
+        w[idx] = _kendall_w_partial(ranks[idx], included[idx])
+    return w
 
 
 def _signs(ranks: torch.Tensor) -> torch.Tensor:
@@ -74,9 +143,12 @@ def concordance(ranks_a: torch.Tensor, ranks_b: torch.Tensor) -> tuple[torch.Ten
 
 def kendall_tau(ranks_a: torch.Tensor, ranks_b: torch.Tensor) -> torch.Tensor:
     """Kendall's tau-b between tiered rankings: ``sum s_a s_b / sqrt(sum s_a^2 sum s_b^2)``
-    over valid pairs (as ``scipy.stats.kendalltau``); ``(..., K)`` -> ``(...)``, NaN where
-    either ranking is all one tier."""
-    sa, sb = _signs(ranks_a), _signs(ranks_b)
+    over the pairs *both* rank (as ``scipy.stats.kendalltau`` on the candidates they share, so
+    a partial ranking is compared on its own candidates only); ``(..., K)`` -> ``(...)``, NaN
+    where either ranking is all one tier there."""
+    joint = (ranks_a >= 0) & (ranks_b >= 0)
+    sa = _signs(torch.where(joint, ranks_a, -1))
+    sb = _signs(torch.where(joint, ranks_b, -1))
     num = (sa * sb).sum((-1, -2))
     den = ((sa**2).sum((-1, -2)) * (sb**2).sum((-1, -2))).sqrt()
     return torch.where(den > 0, num / torch.where(den > 0, den, 1), math.nan)
@@ -209,3 +281,37 @@ def consensus_targets(tiers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     below = above.transpose(1, 2)
     p = torch.where(above, 1.0, torch.where(below, 0.0, 0.5)).to(DTYPE)
     return p, (above | below).to(DTYPE)
+
+
+def component_labels(wins: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Connected components of each group's comparison graph (an edge joins two candidates
+    that some used vote compared): each real candidate's label is the smallest index in its
+    component.
+
+    One component means every candidate is linked to every other through comparisons; with
+    more, the fit orders the components against each other by the prior alone, not the data.
+
+    Args:
+        wins (torch.Tensor): ``(B, K, K)`` win counts.
+        valid (torch.Tensor): ``(B, K)`` bool, real (not padded) candidates.
+
+    Returns:
+        torch.Tensor: ``(B, K)`` long labels, -1 for padding.
+    """
+    k = wins.shape[-1]
+    eye = torch.eye(k, dtype=torch.bool, device=wins.device)
+    pair = valid[:, :, None] & valid[:, None, :]
+    reach = (((wins + wins.transpose(-1, -2)) > 0) & pair | (eye & pair)).to(DTYPE)
+    for _ in range(max(1, math.ceil(math.log2(max(k, 2))))):
+        reach = ((reach + reach @ reach) > 0).to(DTYPE)
+    index = torch.arange(k, device=wins.device)
+    # reach[b, j, i]: j reaches i; the label of i is the smallest such j
+    first = torch.where(reach > 0, index[None, :, None], k).amin(1)  # (B, K)
+    return torch.where(valid, first, -1)
+
+
+def components(wins: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The number of connected components of each group's comparison graph (see
+    :func:`component_labels`); ``(B,)`` long, 0 for a group of no candidates."""
+    labels = component_labels(wins, valid)
+    return (labels == torch.arange(wins.shape[-1], device=wins.device)).sum(-1)

@@ -79,7 +79,9 @@ def loo_concordance(ranks: torch.Tensor, slot_w: torch.Tensor, alpha: float, max
     slot = (ranks >= 0).any(-1)  # (B, A)
     theta = torch.zeros(b, a, k, dtype=bt.DTYPE)
     theta[slot] = bt.map_pairwise(loo[slot], alpha, max_iter=max_iter)
-    valid = (ranks >= 0).any(1, keepdim=True).expand(b, a, k)
+    # the leave-one-out consensus orders only candidates the other rankings compared (a
+    # candidate only this ranking names, e.g. in a partial ranking, has no place in it)
+    valid = ((loo + loo.transpose(-1, -2)) > 0).any(-1)  # (B, A, K)
     cons = rankstats.tiers_strengths(theta.reshape(b * a, k), valid.reshape(b * a, k), tie_tol)
     c, d = rankstats.concordance(ranks, cons.reshape(b, a, k))
     return torch.where(slot, c, 0), torch.where(slot, d, 0)
@@ -188,6 +190,12 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
         Reliability: per-annotator tensors.
     """
     n = kind_w.shape[0]
+    if n == 0:  # no group has a ranking: nothing to estimate
+        empty = torch.zeros(0, dtype=bt.DTYPE)
+        none = torch.zeros(0, dtype=torch.bool)
+        return Reliability(annotator_weight=empty, tau=empty, tau_se=empty, groups=empty,
+                           votes=empty, loo_disagreement=empty, flip_rate=empty,
+                           unreliable=none, dropped=none)
     annotator_w = kind_w.clone()
     unreliable = torch.zeros(n, dtype=torch.bool)
     for _ in range(max(iterations, 1)):  # one pass even without weighting: tau is reported

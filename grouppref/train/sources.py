@@ -3,9 +3,11 @@
 * a run directory: its ``RUN/validate`` output (``ValidatedGroup`` rows with their split);
 * a dataset saved with ``save_to_disk`` whose rows are ``ValidatedGroup`` records (a
   ``DatasetDict`` contributes every split; a split named test/validation/eval is held out);
-* a Hub dataset id of the same shape.
+* a Hub dataset id of the same shape;
+* a local file of such rows (JSONL/JSON/CSV/Parquet, read by :mod:`grouppref.readers.rows`).
 
-A row that is not a valid ``ValidatedGroup`` becomes a reject with its row number and reason.
+A row that is not a valid ``ValidatedGroup`` becomes a reject with its row number and reason;
+a source none of whose rows is one is refused in one line (e.g. a prompts dataset).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from grouppref.errors import InputFileError
-from grouppref.readers.rows import HUB_ID
+from grouppref.errors import InputFileError, RowError
+from grouppref.readers.rows import HUB_ID, iter_rows, to_reject
 from grouppref.runs.hashing import fingerprint_file, sha256_text
 from grouppref.runs.store import RunStore
 from grouppref.schemas import Reject, ValidatedGroup
@@ -87,18 +89,30 @@ def load_groups(source: str | Path, stage: str = "train") -> GroupSource:
                            fingerprint=manifest.output_fingerprint or "")
     if not Path(text).exists() and not HUB_ID.match(text):
         raise InputFileError(f"{text}: not a run directory, a saved dataset or a Hub dataset id")
-    import datasets
-
-    loaded = _load_dataset(text)
-    parts = loaded.items() if isinstance(loaded, datasets.DatasetDict) else [(None, loaded)]
     out = GroupSource(source=text, groups=[])
-    for split_name, ds in parts:
-        for row in ds:
+    if Path(text).is_file():  # a file of rows: read as a file, never looked up on the Hub
+        for number, row in iter_rows(text):
             out.rows += 1
-            got = _row_to_group(row, split_name, text, out.rows, stage)
+            got = to_reject(stage, row) if isinstance(row, RowError) else \
+                _row_to_group(row, None, text, number, stage)
             (out.rejects if isinstance(got, Reject) else out.groups).append(got)  # type: ignore[arg-type]
+    else:
+        import datasets
+
+        loaded = _load_dataset(text)
+        parts = loaded.items() if isinstance(loaded, datasets.DatasetDict) else [(None, loaded)]
+        for split_name, ds in parts:
+            for row in ds:
+                out.rows += 1
+                got = _row_to_group(row, split_name, text, out.rows, stage)
+                (out.rejects if isinstance(got, Reject) else out.groups).append(got)  # type: ignore[arg-type]
     if out.rows == 0:
         raise InputFileError(f"{text}: no rows")
+    if not out.groups:
+        first = out.rejects[0]
+        raise InputFileError(f"{text}: none of its {out.rows} rows is a ValidatedGroup (row "
+                             f"{first.row}: {first.reason}); {stage} reads a run directory "
+                             "(its validate stage) or groups exported by `grouppref export`")
     path = Path(text)
     out.fingerprint = fingerprint_file(path) if path.exists() else sha256_text(f"hub:{text}")
     return out

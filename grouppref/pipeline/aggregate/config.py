@@ -15,7 +15,7 @@ STAGE = "aggregate"
 STAGE_VERSION = "1"
 
 
-INPUT_STAGES = ("label", "simulate", "rank")
+INPUT_STAGES = ("label", "simulate", "rank", "import")
 
 
 Action = Literal["off", "flag", "drop"]
@@ -31,7 +31,8 @@ class AggregateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input_stage: str | None = Field(default=None, description="Stage to read AnnotatedGroups "
-                                    "from; default: the first complete of label, simulate, rank.")
+                                    "from; default: the first complete of label, simulate, rank, "
+                                    "import.")
     prior_strength: float = Field(default=0.1, gt=0, description="L2 prior alpha on strengths "
                                   "(choix.opt_pairwise's alpha: prior variance 1/(2 alpha)).")
     kind_weights: dict[AnnotatorKind, float] = Field(
@@ -59,6 +60,10 @@ class AggregateConfig(BaseModel):
     coin_flip_margin: float = Field(default=0.1, ge=0, le=0.5, description="Rule coin_flip: "
                                     "p(best > worst) below 0.5 + this margin.")
     coin_flip: Action = Field(default="flag", description="Action of rule coin_flip.")
+    disconnected: Action = Field(default="flag", description="Action of rule disconnected: "
+                                 "the used comparisons of a group do not link every candidate "
+                                 "to every other (partial rankings, pairs), so the order across "
+                                 "the unlinked sets comes from the prior, not the data.")
     no_rankings: Literal["reject", "flag"] = Field(default="reject", description="Groups with "
                                                    "no usable ranking: reject the row or flag it.")
     tie_tolerance: float = Field(default=1e-6, ge=0, description="Strength gap under which the "

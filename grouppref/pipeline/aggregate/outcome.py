@@ -23,9 +23,10 @@ from grouppref.schemas.reports import (
     Recommendation,
     RuleOutcome,
 )
+from grouppref.stats import rankstats
 from grouppref.stats.reliability import Reliability, noise_rate
 
-RULES = ("too_few_rankings", "low_agreement", "cycle", "coin_flip")
+RULES = ("too_few_rankings", "low_agreement", "cycle", "coin_flip", "disconnected")
 NOTE = ("a recommendation only: the trainer's loss is never switched automatically "
         "(docs/evidence.md, issue-16 runs: with soft targets DPO gained more true reward than "
         "gspo from an estimated 29-40% noise; with hard consensus targets gspo never fell "
@@ -39,12 +40,14 @@ def rule_matches(used_n: np.ndarray, fit: BTFit, config: AggregateConfig
     spread = (np.where(valid, theta, -np.inf).max(-1) - np.where(valid, theta, np.inf).min(-1))
     p_extreme = 1 / (1 + np.exp(-spread))  # p(best > worst)
     kw = fit.kendall_w
+    parts = rankstats.components(torch.from_numpy(fit.wins), torch.from_numpy(valid)).numpy()
     return {
         "no_rankings": used_n == 0,
         "too_few_rankings": used_n < config.min_rankings,
         "low_agreement": ~np.isnan(kw) & (kw < config.min_kendall_w),
         "cycle": fit.cycle.astype(bool),
         "coin_flip": p_extreme < 0.5 + config.coin_flip_margin,
+        "disconnected": (used_n > 0) & (parts > 1),
     }
 
 
@@ -56,13 +59,25 @@ def _detail(rule: str, b: int, used_n: np.ndarray, fit: BTFit,
         return f"low_agreement (Kendall's W {fit.kendall_w[b]:.3f} < {config.min_kendall_w})"
     if rule == "cycle":
         return "cycle (intransitive pairwise majority)"
+    if rule == "disconnected":
+        labels = _labels(fit, b)
+        return (f"disconnected (the comparisons split the candidates into "
+                f"{len(set(labels[labels >= 0].tolist()))} unlinked sets; their order across "
+                "sets comes from the prior, not the data)")
     return f"coin_flip (p(best > worst) < {0.5 + config.coin_flip_margin:.2f})"
 
 
-def _pairs(ids: list[str], p: np.ndarray, w: np.ndarray, wins: np.ndarray) -> list[PairPreference]:
+def _pairs(ids: list[str], p: np.ndarray, w: np.ndarray, wins: np.ndarray,
+           labels: np.ndarray) -> list[PairPreference]:
+    """Every pair of the group; a pair no chain of comparisons links (different components
+    of the comparison graph) has ``p = 0.5`` and weight 0: the fit's order across components
+    comes from the prior, and its confidence there from the prior's centring, not from data."""
     out = []
     for i in range(len(ids)):
         for j in range(i + 1, len(ids)):
+            if labels[i] != labels[j]:
+                out.append(PairPreference(winner=ids[i], loser=ids[j], p=0.5, weight=0.0))
+                continue
             win, lose = (i, j) if p[i, j] >= 0.5 else (j, i)
             out.append(PairPreference(
                 winner=ids[win], loser=ids[lose], p=float(max(p[win, lose], 0.5)),
@@ -74,6 +89,12 @@ def _pairs(ids: list[str], p: np.ndarray, w: np.ndarray, wins: np.ndarray) -> li
 def _nanmean_or_none(x: np.ndarray) -> float | None:
     x = x[~np.isnan(x)]
     return float(x.mean()) if x.size else None
+
+
+def _labels(fit: BTFit, b: int) -> np.ndarray:
+    """Component label of each candidate of group ``b`` in its comparison graph."""
+    return rankstats.component_labels(torch.from_numpy(fit.wins[b : b + 1]),
+                                      torch.from_numpy(fit.tiers[b : b + 1] >= 0))[0].numpy()
 
 
 def _record(parsed: ParsedInput, b: int, fit: BTFit, used: np.ndarray,
@@ -93,7 +114,8 @@ def _record(parsed: ParsedInput, b: int, fit: BTFit, used: np.ndarray,
     return ValidatedGroup(  # dict(group): the validated sub-records are reused, not re-parsed
         **dict(group), consensus=consensus,
         strengths={cid: float(fit.theta[b, i]) for i, cid in enumerate(ids)},
-        pairs=_pairs(ids, fit.p[b, :k, :k], fit.w[b, :k, :k], fit.wins[b, :k, :k]),
+        pairs=_pairs(ids, fit.p[b, :k, :k], fit.w[b, :k, :k], fit.wins[b, :k, :k],
+                     _labels(fit, b)[:k]),
         agreement=agreement, flags=flags)
 
 
@@ -109,13 +131,21 @@ class Decisions:
     flagged: np.ndarray  # (B,) bool: kept with at least one flag
 
 
+def slot_weights(ann: torch.Tensor, per_annotator: torch.Tensor) -> torch.Tensor:
+    """``(B, A)`` the value of each ranking slot's annotator, 0 for padding (also when no
+    group has a ranking at all: ``per_annotator`` is then empty)."""
+    if per_annotator.numel() == 0:
+        return torch.zeros(ann.shape, dtype=per_annotator.dtype)
+    return torch.where(ann >= 0, per_annotator[ann.clamp(min=0)],
+                       torch.zeros((), dtype=per_annotator.dtype))
+
+
 def decide(ann: torch.Tensor, rel: Reliability, fit: BTFit,
            config: AggregateConfig) -> Decisions:
     """Apply the noise rules to every group (vectorised)."""
-    a = ann.numpy()
-    annotator_w, dropped = rel.annotator_weight.numpy(), rel.dropped.numpy()
-    used = (a >= 0) & (annotator_w[np.clip(a, 0, None)] > 0)
-    had_dropped = ((a >= 0) & dropped[np.clip(a, 0, None)]).any(-1)
+    used = slot_weights(ann, rel.annotator_weight).numpy() > 0
+    had_dropped = slot_weights(ann, rel.dropped.to(torch.float64)).numpy() > 0
+    had_dropped = had_dropped.any(-1)
     used_n = used.sum(-1)
     matches = rule_matches(used_n, fit, config)
     rejected = matches["no_rankings"] & (config.no_rankings == "reject")

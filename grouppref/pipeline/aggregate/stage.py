@@ -18,7 +18,7 @@ import torch
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.aggregate.config import INPUT_STAGES, STAGE, STAGE_VERSION, AggregateConfig
 from grouppref.pipeline.aggregate.fit import fit_groups, resolve_targets, with_targets
-from grouppref.pipeline.aggregate.outcome import build_report, decide, group_outcome
+from grouppref.pipeline.aggregate.outcome import build_report, decide, group_outcome, slot_weights
 from grouppref.pipeline.aggregate.parse import ParsedInput, encode_rankings, parse_rows
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore, StageRun
@@ -31,7 +31,8 @@ REPORT = "report.json"
 
 
 def resolve_input(store: RunStore, config: AggregateConfig) -> str:
-    """The input stage: ``config.input_stage`` or the first complete of label, simulate, rank.
+    """The input stage: ``config.input_stage`` or the first complete of label, simulate, rank,
+    import.
 
     Raises:
         StageError: the stage is missing / incomplete, or none of the defaults completed.
@@ -43,7 +44,8 @@ def resolve_input(store: RunStore, config: AggregateConfig) -> str:
         if store.is_complete(name):
             return name
     raise StageError(f"{store.root}: none of {list(INPUT_STAGES)} has completed; run "
-                     "`grouppref rank`, `grouppref simulate` or `grouppref label pull` first")
+                     "`grouppref rank`, `grouppref simulate`, `grouppref label pull` or "
+                     "`grouppref import` first")
 
 
 def _kind_weights(parsed: ParsedInput, config: AggregateConfig) -> torch.Tensor:
@@ -84,7 +86,7 @@ def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
             unreliable_tau=config.unreliable_tau, z=config.unreliable_z,
             drop=config.drop_unreliable, batch_size=config.batch_size, max_iter=config.max_iter,
             tie_tol=config.tie_tolerance)
-        slot_w = torch.where(ann >= 0, rel.annotator_weight[ann.clamp(min=0)], 0)
+        slot_w = slot_weights(ann, rel.annotator_weight)
         targets = resolve_targets(config, noise_rate(rel))
         fit = with_targets(fit_groups(ranks, slot_w, valid, config), targets)
     fit_np = fit.numpy()

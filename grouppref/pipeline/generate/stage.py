@@ -14,6 +14,7 @@ gives exactly the rows an uninterrupted run gives.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from grouppref.models.loading import is_embedded, model_fingerprint, resolve_model
@@ -26,8 +27,20 @@ from grouppref.runs.store import SHARDS, RunStore, StageRun
 from grouppref.schemas import CandidateGroup, Prompt, Reject, make_group_id
 
 
+@dataclass
+class _Prompts:
+    """The prompts to sample for, where each came from, the input rejects and counts."""
+
+    items: list[Prompt]
+    rejects: list[Reject]
+    rows: int
+    fingerprint: str
+    source: str  # the prompts file, or RUN/prompts
+    item_rows: list[int]  # the source row of each prompt
+
+
 def _load_prompts(store: RunStore, config: GenerateConfig,
-                  prompts: Sequence[Prompt] | None) -> tuple[list[Prompt], list[Reject], int, str]:
+                  prompts: Sequence[Prompt] | None) -> _Prompts:
     """Prompts, input rejects, rows read and a fingerprint, from a list, a file or RUN/prompts."""
     if prompts is not None:
         kept, rejects, seen = [], [], {}
@@ -35,17 +48,29 @@ def _load_prompts(store: RunStore, config: GenerateConfig,
             gid = make_group_id(prompt)
             if gid in seen:
                 rejects.append(Reject(stage=STAGE, reason=f"same prompt as #{seen[gid]}",
-                                      row=number, group_id=gid))
+                                      source="prompt list", row=number, group_id=gid))
                 continue
             seen[gid] = number
             kept.append(prompt)
-        return kept, rejects, len(prompts), fingerprint_records(prompts)
+        return _Prompts(kept, rejects, len(prompts), fingerprint_records(prompts), "prompts",
+                        [seen[make_group_id(p)] for p in kept])
     if config.source is not None:
         result = read_prompts(config.source, config.mapping, stage=STAGE, split=config.split)
-        return result.items, result.rejects, result.rows, result.fingerprint
+        return _Prompts(result.items, result.rejects, result.rows, result.fingerprint,
+                        result.source, result.item_rows)
     manifest = store.require("prompts")
     records = store.load_records("prompts", Prompt)
-    return records, [], len(records), manifest.output_fingerprint or fingerprint_records(records)
+    return _Prompts(records, [], len(records),
+                    manifest.output_fingerprint or fingerprint_records(records),
+                    str(store.stage_dir("prompts")), list(range(1, len(records) + 1)))
+
+
+def _located(rejects: list[Reject], loaded: _Prompts) -> list[Reject]:
+    """Every reject naming its file and row: the prompt's source and row, by group id."""
+    where = {make_group_id(p): row for p, row in zip(loaded.items, loaded.item_rows, strict=True)}
+    return [r if r.source and r.row is not None else r.model_copy(update={
+        "source": r.source or loaded.source,
+        "row": r.row if r.row is not None else where.get(r.group_id or "")}) for r in rejects]
 
 
 def _model_slots(config: GenerateConfig) -> list[ModelSlot]:
@@ -80,17 +105,19 @@ def run_generate(store: RunStore, config: GenerateConfig, prompts: Sequence[Prom
         InputFileError / StageError: the prompts cannot be read.
     """
     slots = _model_slots(config)  # a bad model name fails here, before anything is read
-    items, input_rejects, rows, prompts_fp = _load_prompts(store, config, prompts)
+    loaded = _load_prompts(store, config, prompts)
+    items = loaded.items
     encoders = load_encoders(slots, config)  # tokenizers and contexts: cheap, before any model
     cfg = config if config.source is None else config.model_copy(
         update={"source": str(Path(config.source))})
-    fingerprint = sha256_text("|".join([prompts_fp, *(model_fingerprint(s.path) for s in slots)]))
+    fingerprint = sha256_text("|".join([loaded.fingerprint,
+                                        *(model_fingerprint(s.path) for s in slots)]))
     reads = ["prompts"] if prompts is None and config.source is None else []
     stage = store.open_stage(STAGE, cfg, input_fingerprint=fingerprint, inputs=reads,
                              record_type=CandidateGroup, stage_version=STAGE_VERSION, force=force)
     if stage.cached:
         return stage
-    stage.add_rejects("input", input_rejects)
+    stage.add_rejects("input", loaded.rejects)
     worker = ShardGenerator(slots, encoders, config)
     with stage_progress(disable=not show_progress) as bar:
         done = stage.done_items(items, config.shard_size)
@@ -99,10 +126,10 @@ def run_generate(store: RunStore, config: GenerateConfig, prompts: Sequence[Prom
             worker.on_batch = lambda tps, share, n=len(shard.items), at=done: bar.update(
                 task, completed=at + share * n, extra=f"{tps:,.0f} tokens/s")
             groups, rejects = worker.run(shard.items)
-            stage.write_shard(shard, groups, rejects)
+            stage.write_shard(shard, groups, _located(rejects, loaded))
             done += len(shard.items)
             bar.update(task, completed=done)
-    return stage.finish(inputs=rows, stats=_stats(stage, worker))
+    return stage.finish(inputs=loaded.rows, stats=_stats(stage, worker))
 
 
 def _stats(stage: StageRun[CandidateGroup], worker: ShardGenerator) -> dict[str, object]:

@@ -1,48 +1,99 @@
-"""``generate --import``: build candidate groups from responses produced elsewhere and store them
-as the run's ``generate`` stage (same records as sampled groups, ``source.kind = "import"``).
+"""The ``import`` stage (``grouppref import``): public or in-house preference data, read with
+its rankings into ``RUN/import`` as AnnotatedGroup rows that ``aggregate`` (and ``rank``,
+``simulate``) read directly. And ``generate --import``: the same reading, candidates only,
+into ``RUN/generate`` (CandidateGroup rows), for runs that rank them afterwards.
 
-Accepted layouts (see :func:`grouppref.readers.rows.read_groups`): one row per prompt with a
-list of responses (strings or ``{text, model}`` objects), or one row per response with the
-prompt columns repeated (rows with the same prompt form a group, in file order). Empty and
-duplicate responses are left out as part-rejects; groups with fewer than ``min_k`` distinct
-responses are rejected with the reason.
+The layouts (docs/import.md) live in :mod:`grouppref.pipeline.imports.layouts`, one module
+each. Counts: a stage input is a group as assembled from the rows (each part of a split group
+counts) or a row rejected on its own (``inputs == outputs + rejected``); the rows read, the
+blank lines, the rankings (partial ones too) and the annotators are in the manifest's stats.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from grouppref.pipeline.imports.config import STAGE, STAGE_VERSION, ImportConfig
-from grouppref.readers.groups import read_groups
+from grouppref.errors import InputFileError
+from grouppref.pipeline.imports.config import (
+    CANDIDATES_STAGE,
+    CANDIDATES_VERSION,
+    STAGE,
+    STAGE_VERSION,
+    ImportConfig,
+)
+from grouppref.pipeline.imports.layouts import READERS, context, detect, peek
+from grouppref.pipeline.imports.layouts.common import Imported
+from grouppref.readers.rows import iter_rows, source_fingerprint
 from grouppref.runs.store import RunStore, StageRun
-from grouppref.schemas import CandidateGroup, Reject
+from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject
 
 
-def run_import(store: RunStore, config: ImportConfig, force: bool = False) -> StageRun[CandidateGroup]:
-    """Read ``config.source`` into ``RUN/generate``; bad rows go to rejects with their reason.
+def read_import(config: ImportConfig, stage: str = STAGE) -> Imported:
+    """Read ``config.source`` with its layout (told from the first row when ``auto``).
 
     Raises:
-        InputFileError: the source is missing, unreadable or empty.
+        InputFileError: the source is missing, unreadable, not UTF-8 text, holds no rows, or
+            its layout cannot be told.
     """
-    result = read_groups(config.source, config.mapping, stage=STAGE, split=config.split)
-    cfg = config.model_copy(update={"source": str(Path(config.source))})
-    stage = store.open_stage(STAGE, cfg, input_fingerprint=result.fingerprint,
-                             record_type=CandidateGroup, stage_version=STAGE_VERSION, force=force)
+    source = str(config.source)
+    first, rows = peek(iter_rows(source, config.split))
+    layout = config.layout
+    if layout == "auto":
+        layout = detect(first, config, source) if first is not None else "responses"
+    imported = READERS[layout](rows, context(config, layout, source, stage))
+    if imported.rows - imported.blank == 0:
+        extra = f" (only {imported.blank} blank lines)" if imported.blank else ""
+        raise InputFileError(f"{source}: no rows{extra}")
+    return imported
+
+
+def _settings(config: ImportConfig) -> ImportConfig:
+    return config.model_copy(update={"source": str(Path(config.source))})
+
+
+def run_import(store: RunStore, config: ImportConfig, force: bool = False
+               ) -> StageRun[AnnotatedGroup]:
+    """Import ``config.source`` into ``RUN/import``; bad rows and parts go to rejects.
+
+    Raises:
+        InputFileError: the source cannot be used at all (see :func:`read_import`).
+    """
+    stage = store.open_stage(STAGE, _settings(config),
+                             input_fingerprint=source_fingerprint(str(config.source)),
+                             record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=force)
     if stage.cached:
         return stage
-    kept: list[CandidateGroup] = []
-    rejects = list(result.rejects)
-    for group in result.items:
-        if group.k < config.min_k:
-            rejects.append(Reject(stage=STAGE, group_id=group.group_id, field="responses",
-                                  source=result.source,
-                                  reason=f"only {group.k} distinct responses; --min-k is "
-                                  f"{config.min_k}"))
-        else:
-            kept.append(group)
-    stage.add_rejects("input", rejects)
-    for shard in stage.pending_shards(kept, shard_size=max(len(kept), 1)):
+    imported = read_import(config)
+    stage.add_rejects("input", imported.rejects)
+    for shard in stage.pending_shards(imported.groups, shard_size=config.shard_size):
         stage.write_shard(shard, list(shard.items), [])
-    models = sorted({c.source.model for g in kept for c in g.candidates if c.source.model})
-    return stage.finish(inputs=result.rows, stats={
-        "source": result.source, "candidates": sum(g.k for g in kept), "models": models})
+    return stage.finish(inputs=imported.units, stats=imported.stats)
+
+
+def run_import_candidates(store: RunStore, config: ImportConfig, force: bool = False
+                          ) -> StageRun[CandidateGroup]:
+    """``generate --import``: the candidates of ``config.source`` into ``RUN/generate``; a
+    group's rankings are not kept (a part-reject says how many, and that ``grouppref import``
+    keeps them)."""
+    stage = store.open_stage(CANDIDATES_STAGE, _settings(config),
+                             input_fingerprint=source_fingerprint(str(config.source)),
+                             record_type=CandidateGroup, stage_version=CANDIDATES_VERSION,
+                             force=force)
+    if stage.cached:
+        return stage
+    imported = read_import(config, stage=CANDIDATES_STAGE)
+    rejects = list(imported.rejects)
+    groups = []
+    for group, row in zip(imported.groups, imported.group_rows, strict=True):
+        if group.rankings:
+            rejects.append(Reject(
+                stage=CANDIDATES_STAGE, source=imported.stats["source"], group_id=group.group_id,
+                field="rankings", scope="part", row=row,
+                reason=f"{len(group.rankings)} ranking(s) not kept: generate --import keeps the "
+                "candidates only (`grouppref import` keeps the rankings)"))
+        groups.append(CandidateGroup(group_id=group.group_id, prompt=group.prompt,
+                                     candidates=group.candidates))
+    stage.add_rejects("input", rejects)
+    for shard in stage.pending_shards(groups, shard_size=config.shard_size):
+        stage.write_shard(shard, list(shard.items), [])
+    return stage.finish(inputs=imported.units, stats=imported.stats)

@@ -138,6 +138,12 @@ def true_scores(group: AnnotatedGroup, config: SimulateConfig) -> list[float]:
     else:
         source = [r for r in group.rankings if r.annotator.kind in config.truth_kinds]
         what = f"rankings of kind {config.truth_kinds}"
+    # a partial ranking (it leaves candidates out) says nothing of the ones it leaves out
+    complete = [r for r in source if sum(len(t) for t in r.tiers) == len(ids)]
+    if source and not complete:
+        raise ValueError(f"the {what} of this group are partial (they leave candidates out); "
+                         "the truth needs a ranking of every candidate: rank the group first")
+    source = complete
     if not source:
         raise ValueError(f"no {what} to take the true scores from; rank the group first or set "
                          "truth_kinds / truth_annotator")

@@ -121,7 +121,7 @@ def _locate(group: dict[str, Any]) -> tuple[str, str] | None:
                 f"ranking by {who!r} is for group {ranking['group_id']!r}, "
                 f"not {group['group_id']!r}")
         try:
-            check_tiers(ranking["tiers"], ids)
+            check_tiers(ranking["tiers"], ids, complete=False)  # partial rankings are valid
         except ValueError as e:
             return f"rankings[{i}].tiers", f"ranking by {who!r}: {e}"
         if who in annotators:

@@ -1,0 +1,202 @@
+"""From raw groups to :class:`~grouppref.schemas.AnnotatedGroup` records, the same for every
+layout:
+
+* leaves out empty responses and merges duplicates (same text after case and whitespace
+  folding) into one candidate whose score in a vote is the mean of its copies' (part-rejects
+  say so; a pair whose two sides merge is dropped);
+* turns each vote into a ranking: candidates ordered by score, equal scores one tier (a tie);
+  unrated candidates left out (a partial ranking); a vote rating fewer than two candidates is
+  dropped with the reason;
+* splits a group of more than 16 candidates into balanced groups of at most 16 (rankings
+  restricted to each part) or rejects it, by ``oversize``; rejects groups under ``min_k``.
+
+Counting: a stage input is a group as assembled (each part of a split group counts) or a row
+rejected on its own, so ``inputs == outputs + rejected``; the rows read are in the stats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from datetime import datetime, timezone
+
+from grouppref.pipeline.imports.layouts.common import (
+    Collected,
+    Context,
+    Imported,
+    RawGroup,
+    Response,
+    Vote,
+)
+from grouppref.schemas import (
+    MAX_K,
+    AnnotatedGroup,
+    Annotator,
+    Candidate,
+    CandidateSource,
+    Ranking,
+    Reject,
+    make_candidate_id,
+    make_group_id,
+    normalise_text,
+)
+
+# Imported data carries no time for its rankings; a fixed one keeps an import's output (and so
+# the cache keys of every stage after it) the same when the same file is imported again.
+UNKNOWN_TIME = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _merge_responses(raw: RawGroup, ctx: Context, gid: str, rejects: list[Reject]
+                     ) -> tuple[list[Response], dict[int, int]]:
+    """Distinct non-empty responses, and response index -> candidate index."""
+    kept: list[Response] = []
+    index: dict[int, int] = {}
+    seen: dict[str, int] = {}
+    for i, resp in enumerate(raw.responses):
+        if not isinstance(resp.text, str):
+            what = "has no text" if resp.text is None else \
+                f"is {type(resp.text).__name__}, not text"
+            rejects.append(ctx.reject(f"response {what}; left out", resp.row, resp.where,
+                                      group_id=gid))
+            continue
+        norm = normalise_text(resp.text)
+        if not norm:
+            rejects.append(ctx.reject("empty response left out", resp.row, resp.where,
+                                      group_id=gid))
+        elif norm in seen:
+            first = kept[seen[norm]]
+            if not (raw.repeats_expected and first.row != resp.row):
+                rejects.append(ctx.reject(f"same response as {first.where} (row {first.row}): "
+                                          "merged into one candidate, its votes kept", resp.row,
+                                          resp.where, group_id=gid))
+            index[i] = seen[norm]
+        else:
+            seen[norm] = index[i] = len(kept)
+            kept.append(resp)
+    return kept, index
+
+
+def tiers_from_scores(scores: dict[int, float]) -> list[list[int]]:
+    """Indices ordered by score, best first; equal scores share a tier (a tie)."""
+    order = sorted(scores, key=lambda i: (-scores[i], i))
+    tiers: list[list[int]] = []
+    for i in order:
+        if tiers and math.isclose(scores[tiers[-1][0]], scores[i], rel_tol=0, abs_tol=1e-9):
+            tiers[-1].append(i)
+        else:
+            tiers.append([i])
+    return tiers
+
+
+Scored = tuple[Vote, dict[int, float], dict[int, float] | None]
+
+
+def _candidate_votes(raw: RawGroup, index: dict[int, int], ctx: Context, gid: str,
+                     rejects: list[Reject]) -> list[Scored]:
+    """Each vote on candidates: scores (copies' averaged) and the kept values (the first
+    copy's); votes on fewer than 2 candidates dropped with the reason."""
+    out: list[Scored] = []
+    for vote in raw.votes:
+        by_candidate: dict[int, list[float]] = {}
+        shown: dict[int, float] = {}
+        for i, s in vote.scores.items():
+            if i in index:
+                by_candidate.setdefault(index[i], []).append(s)
+                if vote.shown is not None and i in vote.shown:
+                    shown.setdefault(index[i], vote.shown[i])
+        if len(by_candidate) < 2:
+            merged = len(vote.scores) >= 2 and len({index.get(i) for i in vote.scores}) == 1
+            why = ("its responses are one and the same text" if merged else
+                   f"it rates {len(by_candidate)} usable candidate(s); a ranking needs 2")
+            rejects.append(ctx.reject(f"ranking by {vote.annotator!r} left out: {why}",
+                                      vote.row, f"rankings[{vote.annotator}]", group_id=gid))
+            continue
+        out.append((vote, {c: sum(v) / len(v) for c, v in by_candidate.items()},
+                    shown if vote.shown is not None else None))
+    return out
+
+
+def _parts(n: int, oversize: str) -> list[range] | None:
+    """Candidate index ranges of a group of ``n``: one, or balanced parts of at most 16."""
+    if n <= MAX_K:
+        return [range(n)]
+    if oversize == "reject":
+        return None
+    count = -(-n // MAX_K)
+    bounds = [round(j * n / count) for j in range(count + 1)]
+    return [range(bounds[j], bounds[j + 1]) for j in range(count)]
+
+
+def build(raw: RawGroup, ctx: Context) -> tuple[list[AnnotatedGroup], list[Reject]]:
+    """The records of one raw group (several when split) and its rejects."""
+    rejects: list[Reject] = []
+    gid = make_group_id(raw.prompt)
+    kept, index = _merge_responses(raw, ctx, gid, rejects)
+    votes = _candidate_votes(raw, index, ctx, gid, rejects)
+    parts = _parts(len(kept), ctx.config.oversize)
+    if parts is None or len(kept) < ctx.config.min_k:
+        why = (f"{len(kept)} distinct responses; a group holds at most {MAX_K} (oversize: "
+               "reject; 'split' would split it)" if parts is None else
+               f"{len(kept)} distinct non-empty response(s); a group needs at least "
+               f"{ctx.config.min_k} (min_k)")
+        rejects.append(ctx.reject(why, raw.row, ctx.mapping.responses, group_id=gid,
+                                  scope="row"))
+        return [], rejects
+    groups = []
+    for j, part in enumerate(parts):
+        part_gid = gid if len(parts) == 1 else f"{gid}-{j + 1}of{len(parts)}"
+        groups.append(_record(raw, part_gid, [kept[c] for c in part], part, votes, ctx,
+                              rejects))
+    if len(parts) > 1:
+        rejects.append(ctx.reject(f"{len(kept)} distinct responses split into {len(parts)} "
+                                  f"groups of at most {MAX_K} ({', '.join(g.group_id for g in groups)})",
+                                  raw.row, ctx.mapping.responses, group_id=gid))
+    return groups, rejects
+
+
+def _record(raw: RawGroup, gid: str, responses: list[Response], part: range,
+            votes: list[Scored], ctx: Context, rejects: list[Reject]) -> AnnotatedGroup:
+    candidates = [Candidate(candidate_id=make_candidate_id(gid, r.text), text=r.text,
+                            source=CandidateSource(kind="import", model=r.model))
+                  for r in responses]
+    ids = {c: candidates[c - part.start].candidate_id for c in part}
+    rankings = []
+    for vote, scores, shown in votes:
+        mine = {c: s for c, s in scores.items() if c in ids}
+        if len(mine) == 1:  # a split left this vote one candidate here: that comparison is lost
+            rejects.append(ctx.reject(f"ranking by {vote.annotator!r} names 1 candidate of group "
+                                      f"{gid}; left out of it", vote.row,
+                                      f"rankings[{vote.annotator}]", group_id=gid))
+        if len(mine) < 2:
+            continue
+        kept = {ids[c]: v for c, v in (shown or {}).items() if c in ids}
+        rankings.append(Ranking(
+            annotator=Annotator(id=vote.annotator, kind=raw.kind), group_id=gid,
+            tiers=[[ids[c] for c in tier] for tier in tiers_from_scores(mine)],
+            scores=kept or None, created_at=UNKNOWN_TIME))
+    return AnnotatedGroup(group_id=gid, prompt=raw.prompt, candidates=candidates,
+                          rankings=rankings)
+
+
+def finish(collected: Collected, ctx: Context) -> Imported:
+    """Every raw group built; the stats the stage reports."""
+    groups, group_rows = list(collected.built), list(collected.built_rows)
+    rejects = list(collected.rejects)
+    split = 0
+    for raw in collected.raw:
+        built, more = build(raw, ctx)
+        groups.extend(built)
+        group_rows.extend([raw.row] * len(built))
+        rejects.extend(more)
+        split += len(built) > 1
+    annotators = Counter(r.annotator.id for g in groups for r in g.rankings)
+    partial = sum(len({c for t in r.tiers for c in t}) < g.k for g in groups for r in g.rankings)
+    stats = {"source": ctx.source, "layout": ctx.layout, "rows": collected.rows,
+             "blank_lines": collected.blank, "groups": len(groups),
+             "candidates": sum(g.k for g in groups), "rankings": sum(annotators.values()),
+             "partial_rankings": partial, "groups_split": split,
+             "annotators": dict(sorted(annotators.items())),
+             "models": sorted({c.source.model for g in groups for c in g.candidates
+                               if c.source.model})}
+    return Imported(groups=groups, group_rows=group_rows, rejects=rejects, rows=collected.rows,
+                    blank=collected.blank, stats=stats)

@@ -1,0 +1,293 @@
+"""What every layout shares: the raw group a layout fills, the settings it reads with
+(:class:`Context`), grouping rows by prompt (:class:`Grouper`) and the row driver
+(:func:`collect_rows`). Building records from raw groups is :mod:`.build`.
+
+A layout reads rows into :class:`RawGroup` s: a prompt, its responses (text, model, where each
+came from) and :class:`Vote` s (one annotator's scores of some of the responses, higher is
+better).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from grouppref.errors import RowError
+from grouppref.pipeline.imports.config import ImportConfig
+from grouppref.readers.mapping import ColumnMapping
+from grouppref.readers.prompts import PromptIds, prompt_from_row
+from grouppref.readers.rows import BlankLine, Row, maybe_json, to_reject
+from grouppref.schemas import (
+    AnnotatedGroup,
+    Prompt,
+    Reject,
+)
+from grouppref.schemas.records import AnnotatorKind
+
+
+@dataclass
+class Response:
+    """One response as read: its text, the model that wrote it, and where it was."""
+
+    text: Any
+    model: str | None
+    row: int
+    where: str  # e.g. "completions[2]"
+
+
+@dataclass
+class Vote:
+    """One annotator's judgement of some responses of a group: ``scores`` maps a response
+    index to its score (higher is better); ``shown`` are the values kept with the ranking
+    (``None``: not kept)."""
+
+    annotator: str
+    scores: dict[int, float] = field(default_factory=dict)
+    shown: dict[int, float] | None = None
+    row: int = 0
+
+
+@dataclass
+class RawGroup:
+    """A group as a layout assembled it, before duplicates, ties and sizes are handled."""
+
+    prompt: Prompt
+    row: int
+    kind: AnnotatorKind
+    responses: list[Response] = field(default_factory=list)
+    votes: list[Vote] = field(default_factory=list)
+    repeats_expected: bool = False  # pairs: a response recurs across rows; no note for that
+
+    def vote(self, annotator: str, row: int) -> Vote:
+        """The vote of ``annotator`` (made on first use)."""
+        for v in self.votes:
+            if v.annotator == annotator:
+                return v
+        self.votes.append(Vote(annotator=annotator, row=row))
+        return self.votes[-1]
+
+    def next_annotator(self, base: str) -> str:
+        """``base`` for the group's first pair, then ``base#2``, ``base#3``, ..."""
+        taken = {v.annotator for v in self.votes}
+        n, name = 1, base
+        while name in taken:
+            n += 1
+            name = f"{base}#{n}"
+        return name
+
+
+@dataclass
+class Context:
+    """What a layout reads with: the settings (layout defaults applied), where from, and the
+    annotator id / kind of its rankings."""
+
+    config: ImportConfig
+    mapping: ColumnMapping
+    source: str
+    stage: str
+    layout: str
+    annotator: str
+    kind: AnnotatorKind
+    text_key: str
+    scores: list[str]
+
+    def fail(self, reason: str, number: int, field_name: str | None = None) -> RowError:
+        return RowError(reason, field=field_name, source=self.source, row=number)
+
+    def reject(self, reason: str, number: int, field_name: str | None = None, *,
+               group_id: str | None = None, scope: str = "part") -> Reject:
+        return Reject(stage=self.stage, reason=reason, source=self.source, row=number,
+                      field=field_name, group_id=group_id, scope=scope)  # type: ignore[arg-type]
+
+    def number(self, value: Any, number: int, where: str, rejects: list[Reject]) -> float | None:
+        """A rating as a float, ``None`` when not rated (one of ``missing``, null, NaN) or not
+        a number (a part-reject says so): either way that candidate is left out of that
+        ranking."""
+        if value is None or (isinstance(value, str) and value.strip() in self.config.missing):
+            return None
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            rejects.append(self.reject(f"score {value!r} is not a number; that candidate is left "
+                                       "out of this ranking", number, where))
+            return None
+        return x if math.isfinite(x) else None
+
+    def add_score(self, group: RawGroup, annotator: str, response: int, value: Any,
+                  number: int, where: str, rejects: list[Reject]) -> None:
+        """Record ``value`` as ``annotator``'s score of ``response`` (left out when not rated);
+        the value itself is kept with the ranking unless lower is better."""
+        x = self.number(value, number, where, rejects)
+        if x is None:
+            return
+        vote = group.vote(annotator, number)
+        vote.scores[response] = -x if self.config.lower_is_better else x
+        if not self.config.lower_is_better:
+            vote.shown = vote.shown if vote.shown is not None else {}
+            vote.shown[response] = x
+
+    def prompt(self, row: dict[str, Any], number: int, *, text: str | None = None,
+               messages: list[Any] | None = None, extra: tuple[str, ...] = ()) -> Prompt:
+        """The row's prompt (``text`` / ``messages`` when the layout derived it); the
+        ``extra`` columns the row has with a scalar value join its metadata."""
+        mapping = self.mapping
+        present = [c for c in extra if isinstance(row.get(c), str | int | float | bool)
+                   and c not in mapping.metadata_columns]
+        if present:
+            mapping = mapping.model_copy(update={"metadata_columns": [
+                *mapping.metadata_columns, *present]})
+        return prompt_from_row(row, mapping, self.source, number, text=text, messages=messages)
+
+    def response(self, value: Any, number: int, where: str) -> tuple[Any, str | None]:
+        """``(text, model)`` of a response given as a string or an object holding the text
+        under ``text_key`` (and the model under ``model_key``).
+
+        Raises:
+            RowError: neither.
+        """
+        value = maybe_json(value)
+        if isinstance(value, str):
+            return value, None
+        if isinstance(value, dict) and self.text_key in value:
+            model = value.get(self.config.model_key)
+            return value[self.text_key], str(model) if model is not None else None
+        raise self.fail(f"a response must be a string or an object with {self.text_key!r} "
+                        f"(see --text-key); got {_shape(value)}", number, where)
+
+
+    def objects(self, row: dict[str, Any], number: int, what: str,
+                rejects: list[Reject]) -> list[tuple[str, dict[str, Any]]]:
+        """``(where, object)`` for each item of the row's list of responses (the
+        ``responses`` column: UltraFeedback's completions, Nectar's answers); an item that is
+        not an object is a part-reject.
+
+        Raises:
+            RowError: the column holds no list.
+        """
+        column = self.mapping.responses
+        items = maybe_json(row.get(column))
+        if not isinstance(items, list):
+            raise self.fail(f"expected a list of {what}s in {column!r}, got "
+                            f"{type(items).__name__} (its columns: {sorted(row)})", number, column)
+        out = []
+        for i, item in enumerate(items):
+            if isinstance(item, dict):
+                out.append((f"{column}[{i}]", item))
+            else:
+                rejects.append(self.reject(f"a {what} must be an object, got "
+                                           f"{type(item).__name__}; left out", number,
+                                           f"{column}[{i}]"))
+        return out
+
+    def add_response(self, group: RawGroup, value: Any, number: int, where: str) -> int:
+        """Append the response in ``value`` (see :meth:`response`) to ``group``; its index."""
+        text, model = self.response(value, number, where)
+        group.responses.append(Response(text, model, number, where))
+        return len(group.responses) - 1
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, dict):
+        return f"an object with keys {sorted(value)[:8]}"
+    return f"a {type(value).__name__}"
+
+
+@dataclass
+class Collected:
+    """What a layout read: raw groups (or, for ``groups``, finished ones), rejects, counts."""
+
+    raw: list[RawGroup] = field(default_factory=list)
+    built: list[AnnotatedGroup] = field(default_factory=list)
+    built_rows: list[int] = field(default_factory=list)
+    rejects: list[Reject] = field(default_factory=list)
+    rows: int = 0
+    blank: int = 0
+
+
+@dataclass
+class Imported:
+    """The result of a layout: the groups, every reject, and the counts the stage reports."""
+
+    groups: list[AnnotatedGroup]
+    group_rows: list[int]  # the (first) row each group was read from
+    rejects: list[Reject]
+    rows: int
+    blank: int
+    stats: dict[str, Any]
+
+    @property
+    def units(self) -> int:
+        """Stage inputs: groups as assembled plus rows rejected on their own."""
+        return len(self.groups) + sum(r.scope == "row" for r in self.rejects)
+
+
+class Grouper:
+    """Raw groups by key (the prompt, or a ``group_by`` value), in first-row order.
+
+    ``merge=True`` (one row per response or per pair): rows with the same key join one
+    group. ``merge=False`` (one row per group): a repeated prompt is rejected. Either way one
+    prompt id names one prompt (:class:`~grouppref.readers.prompts.PromptIds`).
+    """
+
+    def __init__(self, ctx: Context, merge: bool):
+        self.ctx, self.merge = ctx, merge
+        self.groups: dict[str, RawGroup] = {}
+        self.ids = PromptIds(ctx.mapping.duplicate_ids, ctx.source, ctx.stage,
+                             ctx.mapping.prompt_id)
+
+    def group(self, prompt: Prompt, number: int, key: str | None = None,
+              merge: bool | None = None) -> RawGroup:
+        """The group of ``prompt`` (made on its first row).
+
+        Raises:
+            RowError: the prompt id names another prompt; a repeated prompt where rows do not
+                merge; a ``group_by`` value seen with another prompt.
+        """
+        key = prompt.content_key() if key is None else f"key:{key}"
+        found = self.groups.get(key)
+        if found is None:
+            self.ids.check(prompt, number)
+            self.groups[key] = RawGroup(prompt=prompt, row=number, kind=self.ctx.kind)
+            return self.groups[key]
+        if not (self.merge if merge is None else merge):
+            raise self.ctx.fail(f"same prompt as row {found.row} (this layout has one row per "
+                                "prompt)", number, self.ctx.mapping.text)
+        if found.prompt.content_key() != prompt.content_key():
+            raise self.ctx.fail(f"group {key[4:]!r} already has a different prompt (row "
+                                f"{found.row})", number, self.ctx.config.group_by)
+        return found
+
+    def collected(self, out: Collected) -> Collected:
+        retracted = self.ids.retracted()
+        out.raw = [g for g in self.groups.values() if g.row not in retracted]
+        out.rejects.extend(retracted.values())
+        return out
+
+
+RowFn = Callable[[dict[str, Any], int, Context, Grouper, list[Reject]], None]
+
+
+def collect_rows(rows: Iterable[tuple[int, Row]], ctx: Context, add: RowFn, *,
+                 merge: bool) -> Collected:
+    """The driver every layout shares: each row goes to ``add`` (which fills the grouper) or
+    becomes a reject with its file, row and reason."""
+    out = Collected()
+    grouper = Grouper(ctx, merge)
+    for number, row in rows:
+        out.rows += 1
+        try:
+            if isinstance(row, RowError):
+                out.blank += isinstance(row, BlankLine)
+                raise row
+            add(row, number, ctx, grouper, out.rejects)
+        except RowError as err:
+            err.source, err.row = err.source or ctx.source, err.row or number
+            out.rejects.append(to_reject(ctx.stage, err))
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:
+            # a shape no layout check foresaw: this row is a reject, never a traceback
+            out.rejects.append(ctx.reject(
+                f"unexpected shape for layout {ctx.layout!r} ({type(e).__name__}: {e}); see "
+                "docs/import.md for its schema", number, scope="row"))
+    return grouper.collected(out)

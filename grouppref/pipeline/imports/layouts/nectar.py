@@ -1,0 +1,53 @@
+"""Layout ``nectar``: berkeley-nest/Nectar rows, one per prompt.
+
+The published schema: ``prompt`` (an Anthropic-style transcript, ``"\\n\\nHuman: ...
+\\n\\nAssistant:"``), ``answers``, a list of ``{answer, model, rank}`` (rank 1 = best, a float
+in the Parquet file), ``turns``, ``num_responses``, ``source`` and ``good_natured``.
+
+The transcript becomes chat messages (``transcripts``), ``turns``/``num_responses``/
+``good_natured`` join the prompt's metadata, and the 7-wise ranking becomes one ranking
+(annotator id ``nectar``, kind ``llm_judge``: GPT-4 ranked them). An answer without a rank is
+left out of it (a partial ranking); equal ranks are ties.
+
+Example row (shortened)::
+
+    {"prompt": "\\n\\nHuman: Name a prime number.\\n\\nAssistant:",
+     "answers": [{"answer": "7", "model": "gpt-4", "rank": 1.0},
+                 {"answer": "9", "model": "llama-2-7b-chat", "rank": 2.0}],
+     "turns": 1, "num_responses": 2, "good_natured": true}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from grouppref.pipeline.imports.layouts.build import finish
+from grouppref.pipeline.imports.layouts.common import Context, Grouper, Imported, collect_rows
+from grouppref.pipeline.imports.layouts.transcript import parse_hh
+from grouppref.readers.rows import Row
+from grouppref.schemas import Reject
+
+DEFAULTS: dict[str, Any] = {"mapping": {"text": "prompt", "responses": "answers"},
+                            "text_key": "answer", "kind": "llm_judge"}
+METADATA = ("turns", "num_responses", "good_natured")
+
+
+def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
+         rejects: list[Reject]) -> None:
+    answers = ctx.objects(row, number, "answer", rejects)
+    text = row.get(ctx.mapping.text) if ctx.mapping.text else None
+    turns = parse_hh(text) if ctx.config.transcripts and isinstance(text, str) else None
+    group = grouper.group(ctx.prompt(row, number, messages=turns or None, extra=METADATA),
+                          number)
+    for where, answer in answers:
+        index = ctx.add_response(group, answer, number, where)
+        rank = ctx.number(answer.get(ctx.config.rank_key), number,
+                          f"{where}.{ctx.config.rank_key}", rejects)
+        if rank is not None:  # rank 1 is best: the score is its negative
+            group.vote(ctx.annotator, number).scores[index] = -rank
+
+
+def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
+    """Rows -> groups with one ranking each (partial where an answer has no rank)."""
+    return finish(collect_rows(rows, ctx, _row, merge=False), ctx)
