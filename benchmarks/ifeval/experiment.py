@@ -69,8 +69,8 @@ class Scale:
 SCALES = {
     "full": Scale(train=1000, test=300, k=8, seeds=3, steps=100, batch=8, samples=4,
                   max_new_tokens=48, curve=(25, 50), gen_batch=512, shard=128, chunk=100),
-    "smoke": Scale(train=6, test=4, k=3, seeds=1, steps=2, batch=2, samples=2,
-                   max_new_tokens=16, curve=(1,), gen_batch=18, shard=6, chunk=4),
+    "smoke": Scale(train=24, test=4, k=3, seeds=1, steps=2, batch=2, samples=2,
+                   max_new_tokens=16, curve=(1,), gen_batch=24, shard=8, chunk=4),
 }
 
 
@@ -221,8 +221,10 @@ class Experiment:
         from grouppref.train.trainer import train
 
         name = f"{method}-seed{seed}-steps{steps}"
-        if self.longest and self.log.elapsed() + self.longest > self.args.budget_s:
-            self.log(f"skip {name}: {self.longest:.0f}s would pass the {self.args.budget_s}s budget")
+        # the next task's time: the longest so far, its training part scaled by the steps
+        estimate = self.longest * (0.4 + 0.6 * steps / self.scale.steps)
+        if self.longest and self.log.elapsed() + estimate > self.args.budget_s:
+            self.log(f"skip {name}: ~{estimate:.0f}s would pass the {self.args.budget_s}s budget")
             self.results.data["skipped"].append(name)
             self.results.save()
             return
@@ -234,15 +236,18 @@ class Experiment:
         t1 = time.time()
         per_prompt = self.evaluate(result.model.eval(), name)
         t2 = time.time()
+        stats = result.stats
         if not self.args.keep_models:
             shutil.rmtree(folder, ignore_errors=True)
+        del result  # the trained model: free its memory before the next one
+        _free_memory()
         self.longest = max(self.longest, t2 - t0)
-        self._record({"method": method, "seed": seed, "steps": result.stats.steps,
-                      "tokens_trained": round(per_group * self.scale.batch * result.stats.steps),
+        self._record({"method": method, "seed": seed, "steps": stats.steps,
+                      "tokens_trained": round(per_group * self.scale.batch * stats.steps),
                       "tokens_per_group": round(per_group, 1),
                       "train_seconds": round(t1 - t0, 1), "eval_seconds": round(t2 - t1, 1),
-                      "train_metrics": result.stats.train,
-                      "groups": result.stats.groups.model_dump(), "per_prompt": per_prompt})
+                      "train_metrics": stats.train,
+                      "groups": stats.groups.model_dump(), "per_prompt": per_prompt})
 
     def _record(self, run: dict[str, Any]) -> None:
         from benchmarks.ifeval.report import run_summary
@@ -267,6 +272,16 @@ class Experiment:
         self.results.data["finished"] = True
         self.results.data["elapsed_s"] = round(self.log.elapsed(), 1)
         self.results.save()
+
+
+def _free_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _machine(device: str) -> dict[str, Any]:
@@ -298,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda.")
     ap.add_argument("--out", type=Path, required=True, help="Folder for results.json and all.")
     ap.add_argument("--scale", choices=sorted(SCALES), default="full")
-    ap.add_argument("--budget-s", type=float, default=390.0,
+    ap.add_argument("--budget-s", type=float, default=360.0,
                     help="Start no task that would end past this many seconds of the run.")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads.")
     ap.add_argument("--keep-models", action="store_true", help="Keep every trained model.")
