@@ -69,8 +69,10 @@ class Scale:
 SCALES = {
     "full": Scale(train=1000, test=300, k=8, seeds=3, steps=100, batch=8, samples=4,
                   max_new_tokens=48, curve=(25, 50), gen_batch=512, shard=128, chunk=100),
+    # smoke: the plumbing on a CPU in minutes; its rate moves a tiny model in 2 steps, so a
+    # KL > 0 shows the trained model (not the start) is what gets evaluated
     "smoke": Scale(train=24, test=4, k=3, seeds=1, steps=2, batch=2, samples=2,
-                   max_new_tokens=16, curve=(1,), gen_batch=24, shard=8, chunk=4),
+                   max_new_tokens=16, curve=(1,), gen_batch=24, shard=8, chunk=4, lr=5e-3),
 }
 
 
@@ -218,6 +220,7 @@ class Experiment:
                       "per_prompt": per_prompt})
 
     def run_trained(self, method: str, seed: int, steps: int) -> None:
+        from grouppref.models.loading import load_causal_lm
         from grouppref.train.trainer import train
 
         name = f"{method}-seed{seed}-steps{steps}"
@@ -232,14 +235,14 @@ class Experiment:
         config = train_config(method, seed, steps, self.base, self.scale, self.args.device)
         per_group = tokens_per_group(config, self.groups, self.tokenizer)
         folder = self.out / "models" / name
-        result = train(config, self.groups, folder, reference_cache=self.out / "reference")
+        stats = train(config, self.groups, folder, reference_cache=self.out / "reference").stats
+        _free_memory()  # the trainer's model, optimizer and autocast wrapper
         t1 = time.time()
-        per_prompt = self.evaluate(result.model.eval(), name)
+        # the saved model, loaded like the reference (float32, no training-time autocast)
+        per_prompt = self.evaluate(load_causal_lm(str(folder), device=self.args.device), name)
         t2 = time.time()
-        stats = result.stats
         if not self.args.keep_models:
             shutil.rmtree(folder, ignore_errors=True)
-        del result  # the trained model: free its memory before the next one
         _free_memory()
         self.longest = max(self.longest, t2 - t0)
         self._record({"method": method, "seed": seed, "steps": stats.steps,
