@@ -29,7 +29,7 @@ import platform
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -269,7 +269,7 @@ class Experiment:
         for seed in range(self.scale.seeds):
             for method in METHODS:
                 self.run_trained(method, seed, self.scale.steps)
-        for steps in self.scale.curve:
+        for steps in [s for s in self.scale.curve if s < self.scale.steps]:
             for method in METHODS:
                 self.run_trained(method, 0, steps)
         self.results.data["finished"] = True
@@ -319,6 +319,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-s", type=float, default=360.0,
                     help="Start no task that would end past this many seconds of the run.")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads.")
+    ap.add_argument("--lr", type=float, default=None, help="Learning rate (default: the scale's).")
+    ap.add_argument("--steps", type=int, default=None, help="Optimizer steps per run "
+                    "(default: the scale's).")
     ap.add_argument("--keep-models", action="store_true", help="Keep every trained model.")
     args = ap.parse_args(argv)
     if args.device == "cpu":
@@ -333,7 +336,9 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     log = Log()
     log(f"ifeval experiment, scale {args.scale}, device {args.device}, out {args.out}")
-    Experiment(args, SCALES[args.scale], log).run()
+    scale = SCALES[args.scale]
+    scale = replace(scale, lr=args.lr or scale.lr, steps=args.steps or scale.steps)
+    Experiment(args, scale, log).run()
     log(f"done in {log.elapsed():.0f}s: {args.out / 'results.json'}")
     from benchmarks.ifeval.report import markdown, plot
 
