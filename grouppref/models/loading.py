@@ -72,7 +72,8 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _convert_gguf(gguf: Path, target: Path) -> None:
+def convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantise a GGUF file into a safetensors model folder ``target`` (with its tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf.parent), gguf.name
@@ -98,7 +99,7 @@ def embedded_model_dir() -> Path:
         return target
     with _file_lock(target.with_name(target.name + ".lock")):
         if not (target / "config.json").exists():  # another process may have finished it
-            _convert_gguf(embedded_gguf(), target)
+            convert_gguf(embedded_gguf(), target)
     return target
 
 

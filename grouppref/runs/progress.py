@@ -48,6 +48,6 @@ def stage_progress(console: Console | None = None, disable: bool = False) -> Pro
         ExtraColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=console,
+        console=console or Console(stderr=True),  # progress goes to stderr, results to stdout
         disable=disable,
     )

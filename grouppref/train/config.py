@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from grouppref.errors import ConfigError
 from grouppref.runs.stage import StageSpec
 
-LossName = Literal["gspo", "plackett_luce", "dpo"]
+LossName = Literal["gspo", "plackett_luce", "dpo", "sft"]
 Tracker = Literal["tensorboard", "trackio"]
 _TRACKER_PACKAGES = {"tensorboard": "tensorboard", "trackio": "trackio"}
 
@@ -72,7 +72,14 @@ class TrainConfig(BaseModel):
     loss: LossName = Field(
         default="gspo",
         description="gspo: weighted pairwise loss over every pair with its consensus p_ij; "
-        "plackett_luce: listwise over the consensus order; dpo: best vs worst only.",
+        "plackett_luce: listwise over the consensus order; dpo: best vs worst only; sft: "
+        "supervised fine-tuning on each group's best candidate (best-of-K, rejection sampling). "
+        "dpo and sft forward only the candidates they train on.",
+    )
+    pair_targets: Literal["soft", "hard"] = Field(
+        default="soft",
+        description="gspo only. soft: the aggregation's p_ij and confidence w_ij; hard: p=1 for "
+        "the winner of every pair in different consensus tiers, weight 1, tied pairs left out.",
     )
     beta: float = Field(default=0.1, gt=0, description="Implicit reward scale: "
                         "s = beta * (log pi - log pi_ref).")
@@ -148,6 +155,11 @@ class TrainConfig(BaseModel):
             if not 0 < low <= 1 <= high:
                 raise ValueError(f"importance_clip {self.importance_clip} must satisfy "
                                  "0 < low <= 1 <= high")
+        if self.pair_targets == "hard" and self.loss != "gspo":
+            raise ValueError(f"pair_targets 'hard' applies to loss 'gspo', not {self.loss!r}")
+        if self.loss == "sft" and self.sft_weight > 0:
+            raise ValueError("sft_weight adds an SFT term to a preference loss; with loss "
+                             "'sft' leave it at 0")
         if self.robust and self.label_smoothing == 0:
             raise ValueError("robust needs label_smoothing > 0 (the assumed label-flip rate)")
         if self.gradient_checkpointing and self.share_prefix:

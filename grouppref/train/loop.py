@@ -22,6 +22,7 @@ from grouppref.train.logps import group_logps
 from grouppref.train.losses import (
     dpo_loss,
     gspo_loss,
+    hard_pair_targets,
     implicit_rewards,
     importance_weights,
     plackett_luce_loss,
@@ -33,7 +34,8 @@ from grouppref.train.losses import (
 class Objective:
     """What a step minimises: the loss and its options (the loss fields of ``TrainConfig``)."""
 
-    loss: Literal["gspo", "plackett_luce", "dpo"] = "gspo"
+    loss: Literal["gspo", "plackett_luce", "dpo", "sft"] = "gspo"
+    pair_targets: Literal["soft", "hard"] = "soft"
     beta: float = 0.1
     length_normalise: bool = False
     label_smoothing: float = 0.0
@@ -44,7 +46,8 @@ class Objective:
     @classmethod
     def of(cls, config: TrainConfig) -> Objective:
         clip = tuple(config.importance_clip) if config.importance_clip is not None else None
-        return cls(loss=config.loss, beta=config.beta, length_normalise=config.length_normalise,
+        return cls(loss=config.loss, pair_targets=config.pair_targets, beta=config.beta,
+                   length_normalise=config.length_normalise,
                    label_smoothing=config.label_smoothing, robust=config.robust,
                    sft_weight=config.sft_weight, importance_clip=clip)  # type: ignore[arg-type]
 
@@ -69,7 +72,8 @@ def group_loss(policy_logps: torch.Tensor, batch: GroupBatch,
     """Per-group training loss (B,) of the objective, plus per-group diagnostics.
 
     ``L = loss(s) + sft_weight · NLL(best)``, ``s = implicit_rewards(policy_logps, ref)``; with
-    ``importance_clip`` each term is scaled by the clipped importance weights ρ.
+    ``importance_clip`` each term is scaled by the clipped importance weights ρ. The ``sft``
+    loss is ``NLL(best)`` alone (no reference in the loss; ``s`` still feeds the metrics).
     """
     s = rewards(policy_logps, batch, objective)  # (B, K)
     rho = None
@@ -77,8 +81,13 @@ def group_loss(policy_logps: torch.Tensor, batch: GroupBatch,
         rho = importance_weights(policy_logps, batch.behavior_logps, batch.num_tokens,
                                  clip=objective.importance_clip)  # (B, K), detached
     if objective.loss == "gspo":
-        loss = gspo_loss(s, batch.p_ij, batch.w_ij, batch.valid, objective.label_smoothing,
+        p, w = batch.p_ij, batch.w_ij
+        if objective.pair_targets == "hard":
+            p, w = hard_pair_targets(p, w)
+        loss = gspo_loss(s, p, w, batch.valid, objective.label_smoothing,
                          robust=objective.robust, rho=rho)
+    elif objective.loss == "sft":
+        loss = sft_loss(policy_logps, batch.num_tokens, batch.order)
     elif objective.loss == "plackett_luce":
         loss = plackett_luce_loss(s, batch.order, batch.valid, rho=rho)
     else:

@@ -130,6 +130,32 @@ def gspo_loss(s: Tensor, p_ij: Tensor, w_ij: Tensor, valid: Tensor, label_smooth
     return total / w.sum(dim=(1, 2)).clamp(min=torch.finfo(s.dtype).tiny)
 
 
+def hard_pair_targets(p_ij: Tensor, w_ij: Tensor, tol: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """Hard targets from soft ones: every pair the aggregation orders counts fully.
+
+    ``p'_ij = 1[p_ij > 1/2]`` and ``w'_ij = 1`` where ``|p_ij − 1/2| > tol`` and ``w_ij > 0``;
+    pairs in one consensus tier (``p_ij = 1/2``) and pairs without a preference get
+    ``p' = 1/2, w' = 0``. With these, :func:`gspo_loss` is DPO's loss averaged over every
+    ordered pair of the group.
+
+    Args:
+        p_ij (Tensor): P(i ≻ j), shape (B, K, K).
+        w_ij (Tensor): pair confidence, shape (B, K, K).
+        tol (float): distance from 1/2 under which a pair counts as a tie.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``(p', w')``, each shape (B, K, K).
+
+    Example:
+        >>> p = torch.tensor([[[0.5, 0.8], [0.2, 0.5]]]); w = torch.full((1, 2, 2), 0.3)
+        >>> hard_pair_targets(p, w)[0][0, 0, 1].item(), hard_pair_targets(p, w)[1][0, 0, 1].item()
+        (1.0, 1.0)
+    """
+    ordered = ((p_ij - 0.5).abs() > tol) & (w_ij > 0)  # (B, K, K)
+    half = torch.full_like(p_ij, 0.5)
+    return torch.where(ordered, (p_ij > 0.5).to(p_ij.dtype), half), ordered.to(w_ij.dtype)
+
+
 def plackett_luce_loss(s: Tensor, order: Tensor, valid: Tensor, *, rho: Tensor | None = None) -> Tensor:
     """Plackett-Luce negative log-likelihood of the consensus order τ (listwise).
 

@@ -36,6 +36,7 @@ from grouppref.train.distributed import cpu_launch
 from grouppref.train.eval import evaluate, reward_metrics
 from grouppref.train.loop import Objective, step_loss
 from grouppref.train.reference import ReferenceInfo, ensure_reference, require_reference
+from grouppref.train.trim import trim_for_loss
 
 TRAIN_METRICS = ("loss", "pair_accuracy", "margin", "reward_best", "reward_worst", "kl")
 
@@ -152,12 +153,13 @@ def _loop(run: _Run) -> None:
 def split_groups(groups: Sequence[ValidatedGroup], tokenizer: Any, config: TrainConfig,
                  ) -> tuple[list[TokenizedGroup], list[TokenizedGroup], list[Reject]]:
     """Tokenize and split into (train, held-out, rejects); ``split=None`` counts as train.
+    Training groups keep only the candidates the loss reads (:mod:`grouppref.train.trim`).
 
     Raises:
         StageError: no group is left to train on (the message gives the reject reasons).
     """
     tokenized, rejects = tokenize_groups(groups, tokenizer, config.data, stage="train")
-    train_set = [g for g in tokenized if g.split != "test"]
+    train_set = [trim_for_loss(g, config.loss) for g in tokenized if g.split != "test"]
     held_out = [g for g in tokenized if g.split == "test"]
     if not train_set:
         reasons = sorted({r.reason for r in rejects if r.scope == "row"})[:3]

@@ -26,6 +26,7 @@ from jinja2.exceptions import TemplateError
 from grouppref.errors import ConfigError, GroupPrefError
 from grouppref.models.loading import ModelNotFoundError, is_embedded, load_tokenizer, resolve_model
 from grouppref.pipeline.rank import scoring as rs
+from grouppref.pipeline.rank.constraints import ConstraintError, parse_constraints, satisfaction
 from grouppref.pipeline.rank.settings import (
     JudgeRankerSettings,
     RankerSettings,
@@ -65,6 +66,16 @@ def _reference(group: CandidateGroup) -> str:
     return ref
 
 
+def _constraints_score(text: str, group: CandidateGroup, key: str) -> float:
+    spec = group.prompt.metadata.get(key)
+    if not isinstance(spec, str) or not spec.strip():
+        raise RankerInputError(f"the prompt has no constraints in metadata[{key!r}]")
+    try:
+        return satisfaction(text, parse_constraints(spec))
+    except ConstraintError as e:
+        raise RankerInputError(f"metadata[{key!r}]: {e}") from e
+
+
 def _finite(scores: list[float]) -> list[float]:
     if not all(math.isfinite(x) for x in scores):
         raise RankerInputError(f"non-finite scores {scores}")
@@ -98,6 +109,8 @@ class RuleRanker:
                 value = rs.regex_score(text, self._patterns[id(c)])
             elif c.check == "keywords":
                 value = rs.keywords_score(text, c.keywords, c.case_sensitive)
+            elif c.check == "constraints":
+                value = _constraints_score(text, group, c.metadata_key)
             else:
                 value = rs.verify_score(text, _reference(group), c.rel_tol)
             total += c.weight * value

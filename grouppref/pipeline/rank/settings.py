@@ -6,6 +6,7 @@ SPEC syntax (``grouppref rank --help`` repeats it)::
     reward:PATH_OR_ID                       a sequence classifier with one output
     rule:CHECK[;CHECK...]                   CHECK = [WEIGHT*]length=N | regex=PATTERN
                                             | keywords=a,b,... | verify
+                                            | constraints[=METADATA_KEY]
     verify                                  final answer vs the prompt's reference
     similarity[:MODEL]                      cosine similarity to the reference (MiniLM)
     judge[:MODEL]                           a causal LM as judge (embedded SmolLM2 by default)
@@ -26,7 +27,7 @@ from grouppref.schemas import Annotator
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]{0,63}$")]
 _NAME_HELP = ("Short name: the ensemble refers to the ranker by it, and it replaces the automatic "
               "label in the annotator id.")
-_CHECK_NAMES = ("length", "regex", "keywords", "verify")
+_CHECK_NAMES = ("length", "regex", "keywords", "verify", "constraints")
 
 
 class _Settings(BaseModel):
@@ -78,8 +79,19 @@ class VerifyCheck(_Settings):
     weight: float = Field(default=1.0, gt=0, description="Weight in the rule's sum.")
 
 
-RuleCheck = Annotated[LengthCheck | RegexCheck | KeywordsCheck | VerifyCheck,
-                      Field(discriminator="check")]
+class ConstraintsCheck(_Settings):
+    """Share of the prompt's verifiable constraints (IFEval ids and kwargs, JSON in the prompt's
+    metadata) that the candidate meets, in [0, 1]; see ``grouppref.pipeline.rank.constraints``."""
+
+    check: Literal["constraints"] = Field(default="constraints", description="Check type.")
+    metadata_key: str = Field(
+        default="constraints", min_length=1, description="Metadata key of the prompt holding "
+        "its constraints: JSON, a list of {\"id\": ..., \"kwargs\": {...}}.")
+    weight: float = Field(default=1.0, gt=0, description="Weight in the rule's sum.")
+
+
+AnyCheck = LengthCheck | RegexCheck | KeywordsCheck | VerifyCheck | ConstraintsCheck
+RuleCheck = Annotated[AnyCheck, Field(discriminator="check")]
 
 
 class RuleRankerSettings(_Settings):
@@ -143,11 +155,13 @@ def _id_safe(label: str) -> str:
     return label if len(label) <= 120 else f"{label[:80]}~{sha256_text(label)[:12]}"
 
 
-def _check_label(check: LengthCheck | RegexCheck | KeywordsCheck | VerifyCheck) -> str:
+def _check_label(check: AnyCheck) -> str:
     body = {"length": lambda c: f"length={c.target}" + ("w" if c.unit == "words" else ""),
             "regex": lambda c: f"regex={c.pattern}",
             "keywords": lambda c: "keywords=" + ",".join(c.keywords),
-            "verify": lambda c: "verify"}[check.check](check)
+            "verify": lambda c: "verify",
+            "constraints": lambda c: "constraints" + (
+                "" if c.metadata_key == "constraints" else f"={c.metadata_key}")}[check.check](check)
     return body if check.weight == 1.0 else f"{check.weight:g}*{body}"
 
 
@@ -200,7 +214,7 @@ def _parse_check(text: str) -> dict[str, object]:
     check: dict[str, object] = {"check": name}
     if weight:
         check["weight"] = float(weight)
-    if name != "verify" and value is None:
+    if name not in ("verify", "constraints") and value is None:
         raise ConfigError(f"rule check {text!r}: {name} needs a value, e.g. {name}=...")
     if name == "length":
         value = value or ""
@@ -210,6 +224,8 @@ def _parse_check(text: str) -> dict[str, object]:
         check["pattern"] = value
     elif name == "keywords":
         check["keywords"] = [k.strip() for k in (value or "").split(",") if k.strip()]
+    elif name == "constraints" and value:
+        check["metadata_key"] = value.strip()
     return check
 
 

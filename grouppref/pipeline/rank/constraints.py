@@ -1,0 +1,328 @@
+"""Verifiable instruction constraints (IFEval-style): one pure check per constraint type.
+
+A prompt carries its constraints as a list of ``{"id": ID, "kwargs": {...}}`` (JSON in the
+prompt's metadata, see :func:`parse_constraints`); the rule ranker's ``constraints`` check
+scores a candidate by the share of its prompt's constraints the candidate meets
+(:func:`satisfaction`), and an evaluation counts the same checks.
+
+Ids and keyword arguments follow IFEval (Zhou et al. 2023, arXiv:2311.07911; the
+``instruction_id_list`` / ``kwargs`` columns of its published dataset), so IFEval rows can be
+scored as they are. Departures, all deliberate:
+
+* strict checks only (IFEval's "loose" variants, which also try the response without its
+  first/last line or without asterisks, are not applied);
+* ``change_case:*`` do not run a language detector (IFEval also requires English);
+* words are runs of ``\\w`` characters (IFEval: nltk's ``RegexpTokenizer(r"\\w+")``, the same);
+  sentences end at ``.``, ``!`` or ``?`` followed by whitespace or the end (IFEval's splitter
+  also knows abbreviations such as "Mr.");
+* keywords are matched literally (IFEval passes them to ``re`` unescaped);
+* additions: the relations ``"at most"`` and ``"exactly"`` besides IFEval's ``"less than"`` and
+  ``"at least"``, and ``required_keys`` for ``detectable_format:json_format`` (the JSON must
+  be an object holding those keys).
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from grouppref.errors import GroupPrefError
+
+RELATIONS: dict[str, Callable[[int, int], bool]] = {
+    "less than": operator.lt, "at least": operator.ge, "at most": operator.le,
+    "exactly": operator.eq,
+}
+_WORD = re.compile(r"\w+")
+_SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
+_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.IGNORECASE)
+
+
+class ConstraintError(GroupPrefError):
+    """A constraint spec cannot be used: unknown id, missing or unknown keyword argument."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One constraint: an IFEval instruction id and its keyword arguments."""
+
+    id: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+# -- counting helpers --------------------------------------------------------------------------
+def count_words(text: str) -> int:
+    """Number of words (runs of ``\\w``): ``count_words("It's 5 o'clock.") == 5``."""
+    return len(_WORD.findall(text))
+
+
+def count_sentences(text: str) -> int:
+    """Number of sentences: pieces ended by ``.``/``!``/``?`` + whitespace or the end, plus a
+    last unterminated piece that has a word in it.
+
+    Example:
+        >>> count_sentences("One. Two! Three"), count_sentences("3.5 apples."), count_sentences("")
+        (3, 1, 0)
+    """
+    pieces = _SENTENCE_END.split(text)
+    return sum(1 for p in pieces if _WORD.search(p))
+
+
+def compare(count: int, relation: str, target: int) -> bool:
+    """``count <relation> target`` for one of :data:`RELATIONS`."""
+    if relation not in RELATIONS:
+        raise ConstraintError(f"relation {relation!r} is not one of {sorted(RELATIONS)}")
+    return RELATIONS[relation](count, int(target))
+
+
+# -- the checks: (text, **kwargs) -> bool ------------------------------------------------------
+def english_lowercase(text: str) -> bool:
+    """Every letter is lowercase (and there is at least one letter)."""
+    return text == text.lower() and any(ch.isalpha() for ch in text)
+
+
+def english_capital(text: str) -> bool:
+    """Every letter is uppercase (and there is at least one letter)."""
+    return text == text.upper() and any(ch.isalpha() for ch in text)
+
+
+def capital_word_frequency(text: str, capital_frequency: int, capital_relation: str) -> bool:
+    """The number of all-capital words compares with ``capital_frequency``."""
+    n = sum(1 for w in _WORD.findall(text) if w.isupper())
+    return compare(n, capital_relation, capital_frequency)
+
+
+def no_comma(text: str) -> bool:
+    """No ``,`` anywhere."""
+    return "," not in text
+
+
+def json_format(text: str, required_keys: Sequence[str] = ()) -> bool:
+    """The whole response (less a Markdown code fence) parses as JSON; with ``required_keys``
+    it must be an object holding every one of them."""
+    body = _FENCE.sub("", text.strip()).strip()
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return False
+    if not required_keys:
+        return True
+    return isinstance(value, dict) and all(k in value for k in required_keys)
+
+
+def quotation(text: str) -> bool:
+    """The response (stripped) starts and ends with a double quote."""
+    body = text.strip()
+    return len(body) > 1 and body[0] == '"' and body[-1] == '"'
+
+
+def end_checker(text: str, end_phrase: str) -> bool:
+    """The response ends with ``end_phrase`` (case-insensitive; outer quotes and spaces ignored)."""
+    return text.strip().strip('"').lower().endswith(end_phrase.strip().lower())
+
+
+def repeat_prompt(text: str, prompt_to_repeat: str) -> bool:
+    """The response starts with ``prompt_to_repeat`` (case-insensitive)."""
+    return text.strip().lower().startswith(prompt_to_repeat.strip().lower())
+
+
+def keywords_existence(text: str, keywords: Sequence[str]) -> bool:
+    """Every keyword occurs (case-insensitive substring)."""
+    return all(re.search(re.escape(k), text, re.IGNORECASE) for k in keywords)
+
+
+def forbidden_words(text: str, forbidden_words: Sequence[str]) -> bool:
+    """No forbidden word occurs as a whole word (case-insensitive)."""
+    return not any(re.search(rf"\b{re.escape(w)}\b", text, re.IGNORECASE)
+                   for w in forbidden_words)
+
+
+def keyword_frequency(text: str, keyword: str, frequency: int, relation: str) -> bool:
+    """The number of occurrences of ``keyword`` (case-insensitive) compares with ``frequency``."""
+    n = len(re.findall(re.escape(keyword), text, re.IGNORECASE))
+    return compare(n, relation, frequency)
+
+
+def letter_frequency(text: str, letter: str, let_frequency: int, let_relation: str) -> bool:
+    """The number of times ``letter`` occurs (case-insensitive) compares with ``let_frequency``."""
+    return compare(text.lower().count(letter.lower()), let_relation, let_frequency)
+
+
+def number_words(text: str, num_words: int, relation: str) -> bool:
+    """The word count (:func:`count_words`) compares with ``num_words``."""
+    return compare(count_words(text), relation, num_words)
+
+
+def number_sentences(text: str, num_sentences: int, relation: str) -> bool:
+    """The sentence count (:func:`count_sentences`) compares with ``num_sentences``."""
+    return compare(count_sentences(text), relation, num_sentences)
+
+
+def nth_paragraph_first_word(text: str, num_paragraphs: int, nth_paragraph: int,
+                             first_word: str) -> bool:
+    """Exactly ``num_paragraphs`` paragraphs (split on blank lines) and paragraph
+    ``nth_paragraph`` (1-based) starts with ``first_word`` (case and punctuation ignored)."""
+    paragraphs = [p for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
+    if len(paragraphs) != num_paragraphs or not 1 <= nth_paragraph <= len(paragraphs):
+        return False
+    words = paragraphs[nth_paragraph - 1].split()
+    first = words[0].strip("\"'`*_()[]{}.,;:!?").lower() if words else ""
+    return first == first_word.strip().lower()
+
+
+def postscript(text: str, postscript_marker: str) -> bool:
+    """A line starts with ``postscript_marker`` ("P.S." also matches "p. s.")."""
+    marker = postscript_marker.strip().lower()
+    if marker in ("p.s.", "p.p.s", "p.p.s."):
+        pattern = r"^\s*p\.\s?p\.\s?s" if marker.startswith("p.p") else r"^\s*p\.\s?s\."
+    else:
+        pattern = rf"^\s*{re.escape(marker)}"
+    return re.search(pattern, text.lower(), re.MULTILINE) is not None
+
+
+def title(text: str) -> bool:
+    """A title in double angle brackets, e.g. ``<<my title>>``."""
+    return any(t.strip() for t in re.findall(r"<<([^\n]+?)>>", text))
+
+
+def number_bullet_lists(text: str, num_bullets: int) -> bool:
+    """Exactly ``num_bullets`` Markdown bullet lines (``* item`` or ``- item``)."""
+    n = len(re.findall(r"^\s*(?:\*(?!\*)|-)\s*\S.*$", text, re.MULTILINE))
+    return n == int(num_bullets)
+
+
+def number_highlighted_sections(text: str, num_highlights: int) -> bool:
+    """At least ``num_highlights`` Markdown highlights (``*text*`` or ``**text**``)."""
+    single = [h for h in re.findall(r"(?<!\*)\*([^\n*]+)\*(?!\*)", text) if h.strip()]
+    double = [h for h in re.findall(r"\*\*([^\n*]+)\*\*", text) if h.strip()]
+    return len(single) + len(double) >= int(num_highlights)
+
+
+def number_placeholders(text: str, num_placeholders: int) -> bool:
+    """At least ``num_placeholders`` square-bracket placeholders such as ``[address]``."""
+    return len(re.findall(r"\[[^\[\]\n]*\]", text)) >= int(num_placeholders)
+
+
+@dataclass(frozen=True)
+class ConstraintType:
+    """A check and the names of its required and optional keyword arguments."""
+
+    check: Callable[..., bool]
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+
+
+CONSTRAINTS: dict[str, ConstraintType] = {
+    "change_case:english_lowercase": ConstraintType(english_lowercase),
+    "change_case:english_capital": ConstraintType(english_capital),
+    "change_case:capital_word_frequency": ConstraintType(
+        capital_word_frequency, ("capital_frequency", "capital_relation")),
+    "punctuation:no_comma": ConstraintType(no_comma),
+    "detectable_format:json_format": ConstraintType(json_format, optional=("required_keys",)),
+    "detectable_format:title": ConstraintType(title),
+    "detectable_format:number_bullet_lists": ConstraintType(number_bullet_lists, ("num_bullets",)),
+    "detectable_format:number_highlighted_sections": ConstraintType(
+        number_highlighted_sections, ("num_highlights",)),
+    "detectable_content:postscript": ConstraintType(postscript, ("postscript_marker",)),
+    "detectable_content:number_placeholders": ConstraintType(
+        number_placeholders, ("num_placeholders",)),
+    "startend:quotation": ConstraintType(quotation),
+    "startend:end_checker": ConstraintType(end_checker, ("end_phrase",)),
+    "combination:repeat_prompt": ConstraintType(repeat_prompt, ("prompt_to_repeat",)),
+    "keywords:existence": ConstraintType(keywords_existence, ("keywords",)),
+    "keywords:forbidden_words": ConstraintType(forbidden_words, ("forbidden_words",)),
+    "keywords:frequency": ConstraintType(keyword_frequency, ("keyword", "frequency", "relation")),
+    "keywords:letter_frequency": ConstraintType(
+        letter_frequency, ("letter", "let_frequency", "let_relation")),
+    "length_constraints:number_words": ConstraintType(number_words, ("num_words", "relation")),
+    "length_constraints:number_sentences": ConstraintType(
+        number_sentences, ("num_sentences", "relation")),
+    "length_constraints:nth_paragraph_first_word": ConstraintType(
+        nth_paragraph_first_word, ("num_paragraphs", "nth_paragraph", "first_word")),
+}
+_RELATION_KWARGS = ("relation", "capital_relation", "let_relation")
+
+
+# -- specs -------------------------------------------------------------------------------------
+def make_constraint(cid: str, kwargs: Mapping[str, Any] | None = None) -> Constraint:
+    """A checked :class:`Constraint`: the id is known, required kwargs are present, no unknown
+    ones; ``None`` values are dropped (IFEval's dataset lists every kwarg, null when unused).
+
+    Raises:
+        ConstraintError: unknown id, missing/unknown kwarg, or an unknown relation.
+    """
+    kind = CONSTRAINTS.get(cid)
+    if kind is None:
+        raise ConstraintError(f"unknown constraint id {cid!r}; supported: {', '.join(CONSTRAINTS)}")
+    given = {k: v for k, v in (kwargs or {}).items() if v is not None}
+    missing = [k for k in kind.required if k not in given]
+    unknown = sorted(set(given) - set(kind.required) - set(kind.optional))
+    if missing or unknown:
+        raise ConstraintError(f"constraint {cid!r}: "
+                              + "; ".join(filter(None, [
+                                  missing and f"missing kwargs {missing}",
+                                  unknown and f"unknown kwargs {unknown}"]))
+                              + f" (it takes {list(kind.required + kind.optional) or 'none'})")
+    for key in _RELATION_KWARGS:
+        if key in given and given[key] not in RELATIONS:
+            raise ConstraintError(f"constraint {cid!r}: {key} {given[key]!r} is not one of "
+                                  f"{sorted(RELATIONS)}")
+    return Constraint(cid, given)
+
+
+def parse_constraints(spec: str | Sequence[Any] | Mapping[str, Any]) -> list[Constraint]:
+    """Constraints from a spec: JSON text or the parsed value, either a list of
+    ``{"id": ID, "kwargs": {...}}`` or IFEval's columns
+    ``{"instruction_id_list": [ID, ...], "kwargs": [{...}, ...]}``.
+
+    Raises:
+        ConstraintError: malformed JSON or shape, or a bad constraint (:func:`make_constraint`).
+
+    Example:
+        >>> parse_constraints('[{"id": "punctuation:no_comma"}]')
+        [Constraint(id='punctuation:no_comma', kwargs={})]
+    """
+    value: Any = spec
+    if isinstance(spec, str):
+        try:
+            value = json.loads(spec)
+        except ValueError as e:
+            raise ConstraintError(f"constraints are not valid JSON: {e}") from e
+    if isinstance(value, Mapping) and "instruction_id_list" in value:
+        ids, kwargs = value["instruction_id_list"], value.get("kwargs") or []
+        if not isinstance(ids, list) or not isinstance(kwargs, list) or (
+                kwargs and len(kwargs) != len(ids)):
+            raise ConstraintError("instruction_id_list and kwargs must be lists of equal length")
+        value = [{"id": i, "kwargs": kwargs[n] if kwargs else {}} for n, i in enumerate(ids)]
+    if not isinstance(value, list) or not value:
+        raise ConstraintError("constraints must be a non-empty list of {\"id\": ..., "
+                              "\"kwargs\": {...}} objects")
+    out = []
+    for item in value:
+        if not isinstance(item, Mapping) or not isinstance(item.get("id"), str) or not isinstance(
+                item.get("kwargs") or {}, Mapping) or set(item) - {"id", "kwargs"}:
+            raise ConstraintError(f"constraint {item!r}: expected {{\"id\": str, \"kwargs\": "
+                                  "{...}}")
+        out.append(make_constraint(item["id"], item.get("kwargs")))
+    return out
+
+
+def check(constraint: Constraint, text: str) -> bool:
+    """Whether ``text`` meets ``constraint``."""
+    return bool(CONSTRAINTS[constraint.id].check(text, **constraint.kwargs))
+
+
+def satisfaction(text: str, constraints: Sequence[Constraint]) -> float:
+    """Share of ``constraints`` that ``text`` meets, in [0, 1].
+
+    Example:
+        >>> satisfaction("hello, world", parse_constraints(
+        ...     '[{"id": "change_case:english_lowercase"}, {"id": "punctuation:no_comma"}]'))
+        0.5
+    """
+    if not constraints:
+        raise ConstraintError("no constraints to check")
+    return sum(check(c, text) for c in constraints) / len(constraints)
