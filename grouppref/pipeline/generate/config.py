@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from grouppref.config import redact_credentials, validate
 from grouppref.errors import ConfigError
 from grouppref.models.server_settings import ServerSettings, check_base_url
 from grouppref.readers.mapping import ColumnMapping
@@ -75,10 +76,8 @@ class ModelShare(BaseModel):
             name, count = _split_count(spec, name)
         if not name.strip():
             raise ConfigError(f"--model {spec!r}: give a model name or path")
-        try:
-            return cls(name=name.strip(), count=count, backend=backend, base_url=base_url)
-        except ValueError as e:
-            raise ConfigError(f"--model {spec!r}: {e}") from e
+        values = {"name": name.strip(), "count": count, "backend": backend, "base_url": base_url}
+        return validate(cls, values, redact_credentials(f"--model {spec!r}"))
 
     def key(self) -> tuple[str | None, str | None, str]:
         """What tells two models of a mix apart: backend, server and name."""

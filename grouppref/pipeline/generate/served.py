@@ -24,12 +24,12 @@ from grouppref.models.openai_api import (
 )
 from grouppref.models.sampling import derive_seed
 from grouppref.models.server_settings import ServerSettings, server_label
+from grouppref.pipeline.generate.work import Draw, ModelSlot, ShardWork
 from grouppref.runs.hashing import canonical_json
 from grouppref.schemas import Prompt
 
 if TYPE_CHECKING:
     from grouppref.pipeline.generate.config import GenerateConfig
-    from grouppref.pipeline.generate.shard import Draw, ModelSlot, _Work
 
 SEED_MASK = 0x7FFFFFFF
 PROBE = Prompt(prompt_id="grouppref-probe", text="Say OK.")
@@ -74,12 +74,10 @@ class ServedSampler:
                                       "settings and --server-param")
                 parse_sample(answer, path, want_logprobs=self.config.logprobs)
 
-    def sample(self, slot: ModelSlot, jobs: list[tuple[int, int]], attempt: int, work: _Work,
+    def sample(self, slot: ModelSlot, jobs: list[tuple[int, int]], attempt: int, work: ShardWork,
                on_answer: Callable[[int], None]) -> None:
         """Sample every ``(prompt index, slot)`` of ``jobs`` into ``work.draws``; a prompt the
         server refuses goes to ``work.refused`` with the server's message."""
-        from grouppref.pipeline.generate.shard import Draw
-
         cfg, url = self.config, slot.share.base_url or ""
         for path in sorted({endpoint(work.prompts[i], cfg.chat_template) for i, _ in jobs}):
             batch = [(i, s) for i, s in jobs if endpoint(work.prompts[i], cfg.chat_template) == path]

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from grouppref.errors import ConfigError, RowError
-from grouppref.models.loading import load_causal_lm, load_tokenizer, model_label
+from grouppref.models.loading import load_causal_lm, load_tokenizer
 from grouppref.models.sampling import derive_seed, neutral_generation_config, sample_batch
+from grouppref.pipeline.generate.work import Draw, ModelSlot, ShardWork
 from grouppref.schemas import (
     Candidate,
     CandidateGroup,
@@ -31,39 +32,12 @@ from grouppref.schemas import (
 )
 
 if TYPE_CHECKING:
-    from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
+    from grouppref.pipeline.generate.config import GenerateConfig
     from grouppref.pipeline.generate.served import ServedSampler
 
 STAGE = "generate"
+__all__ = ["Draw", "ModelSlot", "PromptEncoder", "ShardGenerator", "load_encoders"]
 _UNBOUNDED = 1_000_000  # tokenizers without a limit report ~1e30 as model_max_length
-
-
-@dataclass(frozen=True)
-class ModelSlot:
-    """A model of the mix: its share of the config, the resolved path (None for a served
-    model), and its group slots."""
-
-    share: ModelShare
-    path: str | None
-    slots: range
-
-    @property
-    def name(self) -> str:
-        return self.share.name
-
-    @property
-    def served(self) -> bool:
-        return self.share.backend == "openai"
-
-    @property
-    def key(self) -> str:
-        """Unique within a config: backend, server and name."""
-        return "|".join(str(part) for part in self.share.key())
-
-    @property
-    def label(self) -> str:
-        """The model as records name it (the served name, or the path / Hub id)."""
-        return self.name if self.served else model_label(self.name)
 
 
 def context_length(path: str, tokenizer: Any) -> int | None:
@@ -158,20 +132,6 @@ class _Loaded:
     pad_id: int
 
 
-@dataclass(frozen=True)
-class Draw:
-    """A sampled slot: its text, tokens and log-prob (as :class:`~grouppref.schemas.Candidate`
-    records them), how it ended, its seed and attempt number."""
-
-    text: str
-    num_tokens: int | None
-    logp: float | None
-    eos: bool
-    seed: int
-    attempt: int
-    finish_reason: str | None = None  # served models: the server's finish_reason
-
-
 class ShardGenerator:
     """Generates the groups of a shard of prompts; holds the loaded models between shards.
 
@@ -224,7 +184,7 @@ class ShardGenerator:
             except RowError as err:
                 rejects.append(Reject(stage=STAGE, reason=f"prompt {prompt.prompt_id!r}: "
                                       f"{err.reason}", group_id=gids[i], field=err.field))
-        work = _Work(prompts, gids, encoded, {i: {} for i in encoded}, {})
+        work = ShardWork(prompts, gids, encoded, {i: {} for i in encoded}, {})
         pending = [(i, s) for i in encoded for s in range(self.config.k or 0)]
         self._first_round = (0, max(len(pending), 1))
         for attempt in range(self.config.max_resample + 1):
@@ -256,7 +216,7 @@ class ShardGenerator:
             out[key] = ids
         return out
 
-    def _fill(self, pending: list[tuple[int, int]], attempt: int, work: _Work) -> None:
+    def _fill(self, pending: list[tuple[int, int]], attempt: int, work: ShardWork) -> None:
         """Sample every pending ``(prompt index, slot)``: per model, in batches (in process) or
         all at once (served)."""
         for model in self.slots:
@@ -274,7 +234,7 @@ class ShardGenerator:
             self._fill_local(model, jobs, attempt, work)
 
     def _fill_local(self, model: ModelSlot, jobs: list[tuple[int, int]], attempt: int,
-                    work: _Work) -> None:
+                    work: ShardWork) -> None:
         cfg = self.config
         jobs.sort(key=lambda job: -len(work.encoded[job[0]][model.key]))  # stable: less padding
         loaded = self._model(model)
@@ -354,18 +314,6 @@ class ShardGenerator:
                 "model_load_seconds": round(self._load_seconds, 3),
                 "tokens_per_s": round(self._tokens / secs, 2) if secs else None,
                 "prompts_per_s": round(self._prompts / secs, 3) if secs else None}
-
-
-@dataclass
-class _Work:
-    """One shard in progress: prompts, group ids, token ids (in-process models, by slot key),
-    the draws so far and the prompts a server refused (index -> reason)."""
-
-    prompts: Sequence[Prompt]
-    gids: list[str]
-    encoded: dict[int, dict[str, list[int]]]
-    draws: dict[int, dict[int, Draw]]
-    refused: dict[int, str]
 
 
 def _bad_slots(draws: dict[int, Draw]) -> list[int]:
