@@ -30,9 +30,10 @@ def _server_params(specs: list[str]) -> dict[str, Any]:
 
 
 def _run(config: GenerateConfig, extras: dict[str, Any], force: bool) -> None:
-    from transformers.utils import logging as hf_logging
+    if any(m.backend == "transformers" for m in config.models):  # served only: no transformers
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # our own bar reports the stage
+        hf_logging.disable_progress_bar()  # our own bar reports the stage
     store = RunStore(extras["out"])
     if extras["import_file"] is not None:
         if config.source is not None or "models" in config.model_fields_set:

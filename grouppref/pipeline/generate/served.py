@@ -22,7 +22,7 @@ from grouppref.models.openai_api import (
     parse_sample,
     sample_body,
 )
-from grouppref.models.sampling import derive_seed
+from grouppref.models.seeds import derive_seed
 from grouppref.models.server_settings import ServerSettings, server_label
 from grouppref.pipeline.generate.work import Draw, ModelSlot, ShardWork
 from grouppref.runs.hashing import canonical_json

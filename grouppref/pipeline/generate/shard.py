@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from grouppref.errors import ConfigError, RowError
 from grouppref.models.loading import load_causal_lm, load_tokenizer
-from grouppref.models.sampling import derive_seed, neutral_generation_config, sample_batch
+from grouppref.models.seeds import derive_seed
 from grouppref.pipeline.generate.work import Draw, ModelSlot, ShardWork
 from grouppref.schemas import (
     Candidate,
@@ -155,6 +155,8 @@ class ShardGenerator:
 
     # -- models -----------------------------------------------------------------------------
     def _model(self, slot: ModelSlot) -> _Loaded:
+        from grouppref.models.sampling import neutral_generation_config  # torch: only when needed
+
         if slot.key not in self._loaded:
             t0 = time.perf_counter()
             model = load_causal_lm(slot.path, dtype=self.config.dtype, device=self.config.device)
@@ -235,6 +237,8 @@ class ShardGenerator:
 
     def _fill_local(self, model: ModelSlot, jobs: list[tuple[int, int]], attempt: int,
                     work: ShardWork) -> None:
+        from grouppref.models.sampling import sample_batch
+
         cfg = self.config
         jobs.sort(key=lambda job: -len(work.encoded[job[0]][model.key]))  # stable: less padding
         loaded = self._model(model)

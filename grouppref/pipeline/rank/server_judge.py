@@ -146,9 +146,12 @@ class ServerJudgeRanker:
         """Raise ``ConfigError`` when the named API-key variable is not set (no request yet)."""
         read_api_key(self.settings.server.api_key_env)
 
-    def load(self) -> None:
+    def connect(self) -> None:
         """Open the connection pool, check the model on the server and, for the log-prob modes,
-        that it returns top log-probs (one short request)."""
+        that it returns top log-probs (one short request). The rank stage calls it before it
+        opens the stage, so a bad URL, model or key leaves the run as it was."""
+        if self.pool is not None:
+            return
         self.pool = ServerPool({self.url: self.settings.server})
         self.pool.__enter__()
         self.pool.check_model(self.url, self.settings.model or "")
@@ -159,6 +162,10 @@ class ServerJudgeRanker:
                 raise ServerError(f"judge {self.settings.model!r} at {server_label(self.url)}: "
                                   f"{why}; the {self.settings.mode} mode reads the verdict's "
                                   "top log-probs (use mode rubric with a server without them)")
+
+    def load(self) -> None:
+        """Connect, unless :meth:`connect` already did."""
+        self.connect()
 
     def close(self) -> None:
         """Close the connection pool (keeping its usage counts)."""

@@ -136,15 +136,20 @@ def run_rank(store: RunStore, config: RankConfig, force: bool = False) -> StageR
     groups = [(i + 1, g) for i, g in enumerate(parsed) if isinstance(g, AnnotatedGroup)]
     fingerprint = sha256_text("|".join(_model_fingerprints(rankers)))
     previous = store.manifest(STAGE)  # a resumed run adds its server usage to this one's
-    stage = store.open_stage(STAGE, config, input_fingerprint=fingerprint, inputs=[config.input_stage],
-                             record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=force)
-    if stage.cached:
-        return stage
-    stage.add_rejects("input", [r for r in parsed if isinstance(r, Reject)])
-    annotators = [annotator_for(s) for s in config.rankers]
-    before = (previous.stats.get("servers") or []) if previous is not None and (
-        previous.status == "running" and stage.done_items(groups, config.shard_size)) else []
+    key: dict[str, Any] = {"input_fingerprint": fingerprint, "inputs": [config.input_stage],
+                           "stage_version": STAGE_VERSION}
     try:
+        if force or store.cached(STAGE, config, **key) is None:
+            for ranker in rankers:  # served judges: reach the server before the stage opens
+                if hasattr(ranker, "connect"):
+                    ranker.connect()
+        stage = store.open_stage(STAGE, config, record_type=AnnotatedGroup, force=force, **key)
+        if stage.cached:
+            return stage
+        stage.add_rejects("input", [r for r in parsed if isinstance(r, Reject)])
+        annotators = [annotator_for(s) for s in config.rankers]
+        before = (previous.stats.get("servers") or []) if previous is not None and (
+            previous.status == "running" and stage.done_items(groups, config.shard_size)) else []
         _rank_shards(stage, rankers, groups, config, annotators, before)
     finally:
         for ranker in rankers:  # served judges hold a connection pool
