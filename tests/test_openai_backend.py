@@ -304,6 +304,10 @@ def test_generate_counts_retries_and_rejects_refused_prompts(tmp_path: Path) -> 
     assert usage.retried == 2
     assert {r["headers"].get("Authorization") for r in state.requests} == {"Bearer sk-fake"}
     assert stage.counts.inputs == stage.counts.outputs + stage.counts.rejected
+    from grouppref.pipeline.report.stage import section_servers
+
+    table = section_servers(RunStore(tmp_path / "run"))  # the HTML report's server table
+    assert "Inference servers" in table and "429: 1, 503: 1" in table and FAKE_MODEL in table
 
 
 def test_backoff_is_jittered_exponential_and_honours_retry_after() -> None:
