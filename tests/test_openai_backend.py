@@ -25,7 +25,7 @@ from grouppref.models.server_settings import ServerSettings
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.generate.stage import run_generate
 from grouppref.runs.store import RunStore
-from grouppref.schemas import CandidateGroup, ChatMessage, Prompt
+from grouppref.schemas import AnnotatedGroup, CandidateGroup, ChatMessage, Prompt
 from grouppref.schemas.reports import ServerUsage
 from tests.fake_openai_server import MODEL as FAKE_MODEL
 from tests.fake_openai_server import TOKEN_LOGPROBS, fake_openai_server
@@ -105,6 +105,41 @@ def test_mixed_local_and_served_models_in_one_group(tmp_path: Path, llama_server
     assert served.source.params["backend"] == "openai" and "backend" not in local.source.params
     assert local.source.params["eos"] in (True, False) and served.behavior_logp is not None
 
+
+
+@pytest.mark.slow  # a `grouppref run` subprocess: two stages, torch imported
+def test_run_config_generates_and_judges_through_llama_server(tmp_path: Path,
+                                                              llama_server: str) -> None:
+    """The same keys in a `grouppref run` config: generate with `backend: openai` and a served
+    pointwise judge in `rank`; both stages record their server usage in their manifests."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Say hi."}\n{"prompt": "Name a colour."}\n')
+    config = tmp_path / "run.yaml"
+    config.write_text(f"""run_dir: {tmp_path / "run"}
+prompts: {{source: {prompts}}}
+generate:
+  k: 2
+  max_new_tokens: 4
+  backend: openai
+  models: [{{name: {MODEL_ALIAS}}}]
+  server: {{base_url: "{llama_server}", concurrency: 2, server_params: {json.dumps(NEUTRAL)}}}
+rank:
+  rankers:
+    - {{kind: judge, backend: openai, model: {MODEL_ALIAS},
+        server: {{base_url: "{llama_server}", concurrency: 2}}}}
+""")
+    ran = _cli(["run", str(config), "--until", "rank"])
+    assert ran.exit_code == 0, ran.output
+    store = RunStore(tmp_path / "run")
+    groups = store.load_records("generate", CandidateGroup)
+    assert len(groups) == 2 and all(c.source.params["backend"] == "openai"
+                                    for g in groups for c in g.candidates)
+    for stage in ("generate", "rank"):
+        [usage] = store.manifest(stage).stats["servers"]
+        assert usage["model"] == MODEL_ALIAS and usage["succeeded"] > 0, stage
+    ranked = store.load_records("rank", AnnotatedGroup)
+    assert all(r.annotator.id == f"judge:{MODEL_ALIAS}" for g in ranked for r in g.rankings)
+    assert sum(len(g.rankings) for g in ranked) == 2
 
 @dataclass
 class _Ran:
