@@ -107,6 +107,25 @@ def test_mixed_local_and_served_models_in_one_group(tmp_path: Path, llama_server
 
 
 
+
+def test_duplicate_served_candidates_are_resampled_then_rejected(tmp_path: Path,
+                                                                 llama_server: str) -> None:
+    """A llama.cpp grammar forces every answer to the same text: the duplicate slot is sampled
+    again max_resample times (new seeds, counted); the group, still below min_k, is rejected
+    with the reason."""
+    forced = {**NEUTRAL, "grammar": 'root ::= "same"'}
+    config = _config(llama_server, max_resample=2,
+                     server={"base_url": llama_server, "server_params": forced})
+    stage = run_generate(RunStore(tmp_path / "run"), config, prompts=_prompts()[:1],
+                         show_progress=False)
+    assert stage.records() == [] and stage.counts.rejected == 1
+    [reject] = stage.rejects()
+    assert reject.reason == ("prompt 'chat': only 1 distinct non-empty candidates after 2 "
+                             "re-samples; --min-k is 2")
+    assert stage.manifest.stats["resampled"] == 2
+    # GET /models + one probe + K=2 first samples + 2 re-samples of slot 1
+    assert _usage(stage).requests == 1 + 1 + 2 + 2
+
 @pytest.mark.slow  # a `grouppref run` subprocess: two stages, torch imported
 def test_run_config_generates_and_judges_through_llama_server(tmp_path: Path,
                                                               llama_server: str) -> None:
