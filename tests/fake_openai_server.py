@@ -5,15 +5,17 @@ claims server support runs against llama.cpp.
 
 It answers ``GET /v1/models`` (one model, ``fake``) and ``POST /v1/chat/completions`` /
 ``/v1/completions``: first the statuses queued in ``script`` (429 with ``Retry-After: 0``,
-503, ...), then 200 with a text made from the request's seed and two token log-probs
-(-0.5, -0.25). A prompt containing ``TOO LONG`` is refused with 400, as servers refuse
-prompts longer than their context.
+503, ..., or ``SLOW``: no answer for ``SLOW_S`` seconds, for request timeouts), then 200
+with a text made from the request's seed and two token log-probs (-0.5, -0.25). A prompt
+containing ``TOO LONG`` is refused with 400, as servers refuse prompts longer than their
+context.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from typing import Any
 
 MODEL = "fake"
 TOKEN_LOGPROBS = (-0.5, -0.25)
+SLOW, SLOW_S = 0, 2.0  # a script entry: answer only after SLOW_S seconds
 
 
 @dataclass
@@ -62,7 +65,10 @@ def _handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
             for key, value in (headers or {}).items():
                 self.send_header(key, value)
             self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (a request timeout)
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             if self.path.rstrip("/") == "/v1/models":
@@ -77,6 +83,9 @@ def _handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
                 state.requests.append({"path": self.path, "headers": dict(self.headers),
                                        "body": body})
                 status = state.script.pop(0) if state.script and not too_long else 200
+            if status == SLOW:
+                time.sleep(SLOW_S)
+                status = 200
             if too_long:
                 self._send(400, {"error": {"message": "prompt is longer than the context"}})
             elif status == 429:

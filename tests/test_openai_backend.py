@@ -28,7 +28,7 @@ from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, ChatMessage, Prompt
 from grouppref.schemas.reports import ServerUsage
 from tests.fake_openai_server import MODEL as FAKE_MODEL
-from tests.fake_openai_server import TOKEN_LOGPROBS, fake_openai_server
+from tests.fake_openai_server import SLOW, SLOW_S, TOKEN_LOGPROBS, fake_openai_server
 from tests.llama_server import MODEL_ALIAS, running_llama_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -325,6 +325,18 @@ def test_retries_429_and_503_then_succeeds_and_counts_them() -> None:
     assert usage.failures == {"429": 1, "503": 1}
     assert [r["body"]["seed"] for r in state.requests] == [7, 7, 7]
 
+
+
+def test_a_request_timeout_is_retried_and_counted() -> None:
+    with fake_openai_server(script=[SLOW]) as (url, state):
+        settings = ServerSettings(base_url=url, max_retries=2, request_timeout=SLOW_S / 4)
+        with ServerPool({url: settings}, backoff=FAST_BACKOFF) as pool:
+            [answer] = pool.post(url, "/completions", [{"model": FAKE_MODEL, "prompt": "hi",
+                                                        "seed": 3}])
+            [usage] = pool.usage()
+    assert isinstance(answer, dict) and answer["choices"][0]["text"] == "answer 3"
+    assert (usage.requests, usage.succeeded, usage.retried) == (2, 1, 1)
+    assert usage.failures == {"timeout": 1} and len(state.requests) == 2
 
 def test_gives_up_after_max_retries_with_one_line() -> None:
     with fake_openai_server(script=[503] * 10) as (url, state):
