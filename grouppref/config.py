@@ -8,6 +8,7 @@ what was given and what is allowed, e.g.::
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
@@ -130,6 +131,20 @@ def _union_tag(error: dict[str, Any]) -> tuple[tuple[Any, ...], str, Any]:
     return error["loc"], error["msg"].removeprefix("Value error, "), error.get("input")
 
 
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s'\"]+@")
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with the ``user:password@`` part of any URL in it replaced by ``***@``, so that
+    an error about a bad URL never prints a password.
+
+    Example:
+        >>> redact_credentials("got 'http://me:secret@host/v1'")
+        "got 'http://***@host/v1'"
+    """
+    return _URL_CREDENTIALS.sub("***@", text)
+
+
 def format_validation_error(e: ValidationError, source: str, data: Any = None,
                             labels: dict[str, str] | None = None) -> str:
     """One line per problem: ``source: dotted.key: message (got X; allowed: ...)``.
@@ -143,7 +158,7 @@ def format_validation_error(e: ValidationError, source: str, data: Any = None,
         parts = _key_path(loc, data) if data is not None else [str(x) for x in loc]
         key = ".".join(parts) or "(top level)"
         key = (labels or {}).get(key, key)
-        shown = f"; got {given!r}" if not isinstance(given, dict | list) else ""
+        shown = redact_credentials(f"; got {given!r}") if not isinstance(given, dict | list) else ""
         allowed = _allowed(error)
         if allowed and allowed.removeprefix("; allowed: ") in message:
             allowed = ""  # the message lists them already

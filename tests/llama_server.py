@@ -57,13 +57,14 @@ def _server_command(model_path: Path, alias: str, port: int, extra_args: Sequenc
             "--model_alias", alias, "--host", HOST, "--port", str(port), *extra_args]
 
 
-def _wait_until_serving(server: LlamaServer, timeout: float) -> None:
+def _wait_until_serving(server: LlamaServer, timeout: float, api_key: str | None = None) -> None:
     """Return once ``GET /v1/models`` lists the alias; fail the test with the log otherwise."""
     deadline = time.monotonic() + timeout
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     if procs.wait_for_port(HOST, server.port, server.process, timeout):
         while time.monotonic() < deadline and server.process.poll() is None:
             try:
-                listed = httpx.get(f"{server.base_url}/models", timeout=5).json()
+                listed = httpx.get(f"{server.base_url}/models", headers=headers, timeout=5).json()
                 if any(m.get("id") == server.model for m in listed.get("data", [])):
                     return
             except (httpx.HTTPError, ValueError):
@@ -77,17 +78,20 @@ def _wait_until_serving(server: LlamaServer, timeout: float) -> None:
 
 @contextmanager
 def running_llama_server(log_path: Path, model_path: Path | None = None, alias: str = MODEL_ALIAS,
-                         extra_args: Sequence[str] = (),
-                         timeout: float = STARTUP_TIMEOUT_S) -> Iterator[LlamaServer]:
-    """Start llama.cpp's server on a free loopback port, wait for it, stop it on exit."""
+                         extra_args: Sequence[str] = (), timeout: float = STARTUP_TIMEOUT_S,
+                         port: int | None = None, api_key: str | None = None
+                         ) -> Iterator[LlamaServer]:
+    """Start llama.cpp's server on a loopback port (a free one unless given: a restarted server
+    can take its predecessor's), requiring ``api_key`` when given; wait for it, stop it on exit."""
     if importlib.util.find_spec("llama_cpp") is None:
         missing_requirement("llama-cpp-python[server] (the serve extra)", SERVE_FIX)
-    port = procs.free_port(HOST)
+    port = port or procs.free_port(HOST)
+    extra_args = [*extra_args, *(["--api_key", api_key] if api_key else [])]
     cmd = _server_command(model_path or embedded_gguf(), alias, port, extra_args)
     process = procs.spawn(cmd, dict(os.environ), log_path, cwd=log_path.parent, detach=False)
     server = LlamaServer(port, alias, process, log_path)
     try:
-        _wait_until_serving(server, timeout)
+        _wait_until_serving(server, timeout, api_key)
         yield server
     finally:
         procs.terminate([process.pid])

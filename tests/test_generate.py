@@ -21,7 +21,6 @@ from grouppref.commands import generate as generate_cmd
 from grouppref.errors import ConfigError, RowError, StageError
 from grouppref.models.loading import EMBEDDED_NAME, ModelNotFoundError, load_causal_lm, load_tokenizer
 from grouppref.models.sampling import (
-    Sample,
     SeededSampler,
     derive_seed,
     gumbel_argmax,
@@ -29,7 +28,7 @@ from grouppref.models.sampling import (
     sample_batch,
 )
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
-from grouppref.pipeline.generate.shard import PromptEncoder, _bad_slots, _Draw
+from grouppref.pipeline.generate.shard import Draw, PromptEncoder, _bad_slots
 from grouppref.pipeline.generate.stage import run_generate
 from grouppref.pipeline.imports.config import ImportConfig
 from grouppref.pipeline.imports.stage import run_import_candidates
@@ -176,8 +175,8 @@ def test_duplicates_are_resampled_then_the_group_rejected(tmp_path: Path, tiny_l
 
 
 def test_bad_slots_flags_empty_and_repeated_texts():
-    def draw(text: str) -> _Draw:
-        return _Draw(Sample([1], -1.0, True), text, 0, 0)
+    def draw(text: str) -> Draw:
+        return Draw(text, 1, -1.0, True, 0, 0)
 
     draws = {0: draw("Red"), 1: draw("  red "), 2: draw(" \n"), 3: draw("blue"), 4: draw("RED")}
     assert _bad_slots(draws) == [1, 2, 4]

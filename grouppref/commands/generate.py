@@ -8,16 +8,25 @@ from typing import Annotated, Any
 import typer
 
 from grouppref.commands.options import Custom, Extra, config_command, help_of
-from grouppref.commands.output import print_stage
+from grouppref.commands.output import print_server_usage, print_stage
 from grouppref.config import validate
 from grouppref.errors import ConfigError
+from grouppref.models.server_settings import ServerSettings, parse_server_param
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.imports.config import ImportConfig
 from grouppref.runs.store import RunStore
 
+MODEL_HELP = (help_of(GenerateConfig, "models") + " NAME is a Hub id or local path (in process), "
+              "or, as openai:NAME[@URL][:COUNT], a model served by an OpenAI-compatible server "
+              "(URL: its base URL, default --base-url). Default: the embedded SmolLM2.")
+
 
 def _models(specs: list[str]) -> list[dict[str, Any]]:
     return [ModelShare.parse(spec).model_dump(exclude_none=True) for spec in specs]
+
+
+def _server_params(specs: list[str]) -> dict[str, Any]:
+    return dict(parse_server_param(spec) for spec in specs)
 
 
 def _run(config: GenerateConfig, extras: dict[str, Any], force: bool) -> None:
@@ -34,12 +43,15 @@ def _run(config: GenerateConfig, extras: dict[str, Any], force: bool) -> None:
             "mapping": config.mapping.model_dump(exclude_unset=True)}, "--import")
         print_stage(run_import_candidates(store, imported, force=force))
         return
-    from transformers.utils import logging as hf_logging
+    if any(m.backend == "transformers" for m in config.models):  # served only: no transformers
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # our own bar reports the stage
+        hf_logging.disable_progress_bar()  # our own bar reports the stage
     from grouppref.pipeline.generate.stage import run_generate
 
-    print_stage(run_generate(store, config, force=force, show_progress=not extras["quiet"]))
+    stage = run_generate(store, config, force=force, show_progress=not extras["quiet"])
+    print_stage(stage)
+    print_server_usage(stage.manifest.stats)
 
 
 generate = config_command(
@@ -55,12 +67,15 @@ generate = config_command(
             show_default=False)], None),
         Extra("quiet", Annotated[bool, typer.Option("--quiet", help="No progress bar.")], False),
     ],
-    flatten={"mapping": "{}-column"},
+    flatten={"mapping": "{}-column", "server": "{}"},
     rename={"source": "--prompts", "mapping.metadata_columns": "--metadata-column",
             "mapping.metadata": "--metadata-object-column",
             "mapping.prompt_id": "--id-column", "mapping.duplicate_ids": "--duplicate-ids"},
-    custom={"models": Custom("--model", help_of(GenerateConfig, "models") + " Default: the "
-                             "embedded SmolLM2.", _models, multiple=True, metavar="NAME[:COUNT]")})
+    custom={"models": Custom("--model", MODEL_HELP, _models, multiple=True,
+                             metavar="[openai:]NAME[@URL][:COUNT]"),
+            "server.server_params": Custom(
+                "--server-param", help_of(ServerSettings, "server_params") + " One KEY=VALUE "
+                "(VALUE is YAML) per option.", _server_params, multiple=True, metavar="KEY=VALUE")})
 
 
 def register(app: typer.Typer) -> None:

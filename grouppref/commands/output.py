@@ -51,3 +51,15 @@ def print_counts(label: str, counts: dict[str, int], where: Path | str) -> None:
     partial = f", {counts['partial']} partly rejected" if counts.get("partial") else ""
     out.print(f"[green]{label}[/]: {counts['inputs']} in, {counts['outputs']} out, "
               f"{counts['rejected']} rejected{partial} -> {where}")
+
+
+def print_server_usage(stats: dict[str, Any]) -> None:
+    """One line per served model from a manifest's ``stats["servers"]`` (stdout)."""
+    from grouppref.schemas.reports import ServerUsage
+
+    for item in stats.get("servers") or []:
+        u = ServerUsage.model_validate(item)
+        failed = ", ".join(f"{n}x {cause}" for cause, n in sorted(u.failures.items()))
+        out.print(f"  {u.model} at {u.server}: {u.requests} requests ({u.retried} retried, "
+                  f"{u.refused} refused{'; failures: ' + failed if failed else ''}), "
+                  f"{u.prompt_tokens} prompt + {u.completion_tokens} completion tokens")

@@ -8,15 +8,17 @@ import typer
 
 from grouppref.commands.core import RunArg
 from grouppref.commands.options import Custom, Extra, config_command, help_of
-from grouppref.commands.output import out, print_stage
+from grouppref.commands.output import out, print_server_usage, print_stage
 from grouppref.errors import ConfigError
+from grouppref.models.server_settings import ServerSettings
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.settings import JudgeRankerSettings, parse_ranker_spec, parse_weights
 from grouppref.runs.store import RunStore
 
 RANKER_HELP = ("Ranker SPEC, repeatable: reward:PATH_OR_ID | rule:CHECK[;CHECK...] with CHECK = "
                "[WEIGHT*]length=N (chars; Nw: words) | regex=PATTERN | keywords=a,b | verify; verify | "
-               "similarity[:MODEL] | judge[:MODEL].")
+               "similarity[:MODEL] | judge[:MODEL] | judge:openai:NAME@URL (a judge served by an "
+               "OpenAI-compatible server; URL: its base URL, e.g. http://127.0.0.1:8000/v1).")
 ENSEMBLE_HELP = ("Weighted ensemble as an extra ranking: KEY=WEIGHT,... with keys the ranker "
                  "kinds (reward, rule, verify, similarity, judge; judge-2 for a second judge).")
 
@@ -26,7 +28,8 @@ def _rankers(specs: list[str]) -> list[dict[str, Any]]:
 
 
 def _prepare(data: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]:
-    """``--judge-mode`` and ``--batch-size`` apply to every ranker they fit."""
+    """``--judge-mode`` and ``--batch-size`` apply to every ranker they fit; ``--api-key-env``
+    and ``--concurrency`` to every served judge."""
     if not data.get("rankers"):
         raise ConfigError("no ranker: add --ranker SPEC (e.g. --ranker verify) or --config FILE")
     for settings in data["rankers"]:
@@ -36,6 +39,11 @@ def _prepare(data: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]:
             settings["mode"] = extras["judge_mode"]
         if extras["batch_size"] and settings.get("kind") != "rule":
             settings["batch_size"] = extras["batch_size"]
+        if settings.get("kind") == "judge" and settings.get("backend") == "openai":
+            server = settings.setdefault("server", {})
+            for option in ("api_key_env", "concurrency"):
+                if extras[option] is not None and isinstance(server, dict):
+                    server[option] = extras[option]
     return data
 
 
@@ -47,6 +55,7 @@ def _run(config: RankConfig, extras: dict[str, Any], force: bool) -> None:
     for aid, n in stage.manifest.stats.get("rankers", {}).items():
         out.print(f"  {aid}: {n['ranked']} ranked, {n['skipped']} skipped, "
                   f"{n['with_ties']} with ties")
+    print_server_usage(stage.manifest.stats)
 
 
 rank = config_command(
@@ -54,9 +63,15 @@ rank = config_command(
     doc="Rank every group of RUN/generate with automatic rankers into RUN/rank.",
     extras=[
         Extra("run", RunArg),
-        Extra("judge_mode", Annotated[Literal["pointwise", "pairwise"] | None, typer.Option(
+        Extra("judge_mode", Annotated[Literal["pointwise", "pairwise", "rubric"] | None, typer.Option(
             "--judge-mode", help=help_of(JudgeRankerSettings, "mode"), show_default=False)],
               None),
+        Extra("api_key_env", Annotated[str | None, typer.Option(
+            "--api-key-env", help="Served judges: " + help_of(ServerSettings, "api_key_env"),
+            show_default=False)], None),
+        Extra("concurrency", Annotated[int | None, typer.Option(
+            "--concurrency", help="Served judges: " + help_of(ServerSettings, "concurrency"),
+            show_default=False)], None),
         Extra("batch_size", Annotated[int | None, typer.Option(
             "--batch-size", help="Sequences per forward pass of every model ranker.",
             show_default=False)], None),

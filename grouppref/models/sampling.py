@@ -19,7 +19,6 @@ How this departs from a plain ``model.generate(do_sample=True)``:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,12 +33,10 @@ from transformers import (
 )
 
 from grouppref.errors import StageError
+from grouppref.models.seeds import derive_seed
 
-
-def derive_seed(base: int, *parts: str | int) -> int:
-    """A 63-bit seed from a base seed and any identifying parts (stable across runs/machines)."""
-    text = "\x1f".join([str(base), *map(str, parts)])
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big") >> 1
+__all__ = ["Sample", "SeededSampler", "derive_seed", "gumbel_argmax", "left_pad",
+           "neutral_generation_config", "sample_batch"]
 
 
 def gumbel_argmax(scores: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

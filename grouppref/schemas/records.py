@@ -237,6 +237,10 @@ class Ranking(Record):
     scores: dict[str, FiniteFloat] | None = Field(
         default=None, description="Per-candidate scores behind the ranking, if any."
     )
+    metadata: Metadata | None = Field(
+        default=None, description="What the annotator said beyond the scores, e.g. an LLM "
+        "judge's rating and rationale per candidate (rating:<candidate_id>, rationale:<...>)."
+    )
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
 
     @model_validator(mode="after")

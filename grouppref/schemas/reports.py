@@ -177,3 +177,23 @@ class EvalReport(_Report):
 def report_of(model: type[_Report], stats: dict[str, Any]) -> Any:
     """``stats`` (a manifest's) validated as ``model``."""
     return model.model_validate(stats)
+
+
+# -- inference servers (generate, rank) -----------------------------------------------------------
+class ServerUsage(_Report):
+    """What one stage asked of one model on an OpenAI-compatible server (manifest
+    ``stats["servers"]``): requests, retries, failures and tokens, summed over every session
+    that worked on the stage's output (a killed session counts up to its last finished shard)."""
+
+    server: str = Field(description="host:port/path of the server (no credentials, no query).")
+    model: str = Field(description="The model name as served.")
+    requests: int = Field(default=0, description="HTTP requests sent, retries included.")
+    succeeded: int = Field(default=0, description="Requests answered 200.")
+    retried: int = Field(default=0, description="Requests sent again after a failure.")
+    refused: int = Field(default=0, description="Requests refused for good (HTTP 400/413/422): "
+                         "their rows were rejected.")
+    failures: dict[str, int] = Field(default_factory=dict, description="Failed attempts by "
+                                     "cause: an HTTP status, 'timeout' or 'connection'.")
+    prompt_tokens: int = Field(default=0, description="Prompt tokens the server reported.")
+    completion_tokens: int = Field(default=0, description="Completion tokens it reported.")
+    request_seconds: float = Field(default=0.0, description="Sum of the requests' wall times.")

@@ -4,7 +4,9 @@ re-sample empty or duplicate candidates, and build the groups (or rejects, with 
 A group's K slots are split between models (``ModelSlot.slots``). Each slot is sampled with the
 seed ``derive_seed(run seed, group id, model, slot, attempt)``; a slot whose text is empty or
 repeats an earlier slot's (normalised) text is sampled again with the next attempt number, at
-most ``max_resample`` times.
+most ``max_resample`` times. Models in process (transformers) are sampled in batches here;
+served models (an OpenAI-compatible server) through :mod:`grouppref.pipeline.generate.served`,
+all of a round's requests in flight at once (up to the server's ``concurrency``).
 """
 
 from __future__ import annotations
@@ -15,13 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from grouppref.errors import ConfigError, RowError
-from grouppref.models.loading import load_causal_lm, load_tokenizer, model_label
-from grouppref.models.sampling import (
-    Sample,
-    derive_seed,
-    neutral_generation_config,
-    sample_batch,
-)
+from grouppref.models.loading import load_causal_lm, load_tokenizer
+from grouppref.models.seeds import derive_seed
+from grouppref.pipeline.generate.work import Draw, ModelSlot, ShardWork
 from grouppref.schemas import (
     Candidate,
     CandidateGroup,
@@ -35,18 +33,11 @@ from grouppref.schemas import (
 
 if TYPE_CHECKING:
     from grouppref.pipeline.generate.config import GenerateConfig
+    from grouppref.pipeline.generate.served import ServedSampler
 
 STAGE = "generate"
+__all__ = ["Draw", "ModelSlot", "PromptEncoder", "ShardGenerator", "load_encoders"]
 _UNBOUNDED = 1_000_000  # tokenizers without a limit report ~1e30 as model_max_length
-
-
-@dataclass(frozen=True)
-class ModelSlot:
-    """A model of the mix: the name as configured, the resolved path, and its group slots."""
-
-    name: str
-    path: str
-    slots: range
 
 
 def context_length(path: str, tokenizer: Any) -> int | None:
@@ -121,11 +112,14 @@ class PromptEncoder:
 
 
 def load_encoders(slots: Sequence[ModelSlot], config: GenerateConfig) -> dict[str, PromptEncoder]:
-    """One :class:`PromptEncoder` per model (tokenizer and config only, no weights)."""
+    """One :class:`PromptEncoder` per model in process, by slot key (tokenizer and config only,
+    no weights); served models encode their prompts on the server."""
     encoders = {}
     for slot in slots:
+        if slot.served:
+            continue
         tokenizer = load_tokenizer(slot.path, padding_side="left")
-        encoders[slot.name] = PromptEncoder(
+        encoders[slot.key] = PromptEncoder(
             slot.name, tokenizer, context_length(slot.path, tokenizer), config.max_new_tokens,
             config.chat_template, config.truncate_prompts)
     return encoders
@@ -138,23 +132,21 @@ class _Loaded:
     pad_id: int
 
 
-@dataclass(frozen=True)
-class _Draw:
-    """A sampled slot: the sample, its decoded text, its seed and attempt number."""
-
-    sample: Sample
-    text: str
-    seed: int
-    attempt: int
-
-
 class ShardGenerator:
-    """Generates the groups of a shard of prompts; holds the loaded models between shards."""
+    """Generates the groups of a shard of prompts; holds the loaded models between shards.
+
+    Args:
+        slots (Sequence[ModelSlot]): the models of the mix and their group slots.
+        encoders (dict[str, PromptEncoder]): by slot key, for the models in process.
+        config (GenerateConfig): the stage's settings.
+        served (ServedSampler | None): samples the served models (None: there are none).
+    """
 
     def __init__(self, slots: Sequence[ModelSlot], encoders: dict[str, PromptEncoder],
-                 config: GenerateConfig) -> None:
+                 config: GenerateConfig, served: ServedSampler | None = None) -> None:
         self.slots, self.encoders, self.config = list(slots), encoders, config
-        self.slot_model = {s: m.name for m in self.slots for s in m.slots}
+        self.served = served
+        self.slot_model = {s: m for m in self.slots for s in m.slots}
         self.on_batch: Callable[[float, float], None] | None = None  # (tokens/s, shard share)
         self._first_round = (0, 1)  # (slots sampled, slots to sample) in attempt 0
         self._loaded: dict[str, _Loaded] = {}
@@ -162,24 +154,25 @@ class ShardGenerator:
         self._seconds = self._load_seconds = 0.0
 
     # -- models -----------------------------------------------------------------------------
-    def _model(self, name: str) -> _Loaded:
-        if name not in self._loaded:
+    def _model(self, slot: ModelSlot) -> _Loaded:
+        from grouppref.models.sampling import neutral_generation_config  # torch: only when needed
+
+        if slot.key not in self._loaded:
             t0 = time.perf_counter()
-            path = next(m.path for m in self.slots if m.name == name)
-            model = load_causal_lm(path, dtype=self.config.dtype, device=self.config.device)
-            tokenizer = self.encoders[name].tokenizer
+            model = load_causal_lm(slot.path, dtype=self.config.dtype, device=self.config.device)
+            tokenizer = self.encoders[slot.key].tokenizer
             eos = model.generation_config.eos_token_id
             eos_ids = sorted({*(eos if isinstance(eos, list) else [eos] if eos is not None else []),
                               *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None
                                 else [])})
             if not eos_ids:
-                raise ConfigError(f"model {name!r} defines no EOS token; cannot tell where a "
+                raise ConfigError(f"model {slot.name!r} defines no EOS token; cannot tell where a "
                                   "candidate ends")
             model.generation_config = neutral_generation_config(
                 eos_ids, tokenizer.pad_token_id, tokenizer.bos_token_id)
-            self._loaded[name] = _Loaded(model, eos_ids, tokenizer.pad_token_id)
+            self._loaded[slot.key] = _Loaded(model, eos_ids, tokenizer.pad_token_id)
             self._load_seconds += time.perf_counter() - t0
-        return self._loaded[name]
+        return self._loaded[slot.key]
 
     # -- one shard --------------------------------------------------------------------------
     def run(self, prompts: Sequence[Prompt]) -> tuple[list[CandidateGroup], list[Reject]]:
@@ -193,69 +186,97 @@ class ShardGenerator:
             except RowError as err:
                 rejects.append(Reject(stage=STAGE, reason=f"prompt {prompt.prompt_id!r}: "
                                       f"{err.reason}", group_id=gids[i], field=err.field))
-        draws: dict[int, dict[int, _Draw]] = {i: {} for i in encoded}
+        work = ShardWork(prompts, gids, encoded, {i: {} for i in encoded}, {})
         pending = [(i, s) for i in encoded for s in range(self.config.k or 0)]
         self._first_round = (0, max(len(pending), 1))
         for attempt in range(self.config.max_resample + 1):
-            self._fill(pending, attempt, encoded, gids, draws)
-            pending = [(i, s) for i in encoded for s in _bad_slots(draws[i])]
+            self._fill(pending, attempt, work)
+            pending = [(i, s) for i in encoded if i not in work.refused
+                       for s in _bad_slots(work.draws[i])]
             if not pending:
                 break
         self._prompts += len(prompts)
         groups = []
         for i in encoded:
-            group = self._build(prompts[i], gids[i], draws[i], rejects)
+            if i in work.refused:
+                rejects.append(Reject(stage=STAGE, group_id=gids[i], field="prompt",
+                                      reason=f"prompt {prompts[i].prompt_id!r}: {work.refused[i]}"))
+                continue
+            group = self._build(prompts[i], gids[i], work.draws[i], rejects)
             if group is not None:
                 groups.append(group)
         return groups, rejects
 
     def _encode(self, prompt: Prompt, gid: str, rejects: list[Reject]) -> dict[str, list[int]]:
         out = {}
-        for name, encoder in self.encoders.items():
+        for key, encoder in self.encoders.items():
             ids, before = encoder.encode(prompt)
             if before is not None:
                 rejects.append(Reject(stage=STAGE, scope="part", group_id=gid, field="prompt",
                                       reason=f"prompt {prompt.prompt_id!r} truncated from {before} "
-                                      f"to its last {len(ids)} tokens for model {name!r}"))
-            out[name] = ids
+                                      f"to its last {len(ids)} tokens for model {encoder.name!r}"))
+            out[key] = ids
         return out
 
-    def _fill(self, pending: list[tuple[int, int]], attempt: int,
-              encoded: dict[int, dict[str, list[int]]], gids: list[str],
-              draws: dict[int, dict[int, _Draw]]) -> None:
-        """Sample every pending ``(prompt index, slot)``, batched per model, longest first."""
-        cfg = self.config
+    def _fill(self, pending: list[tuple[int, int]], attempt: int, work: ShardWork) -> None:
+        """Sample every pending ``(prompt index, slot)``: per model, in batches (in process) or
+        all at once (served)."""
         for model in self.slots:
-            jobs = [(i, s) for i, s in pending if self.slot_model[s] == model.name]
-            jobs.sort(key=lambda job: -len(encoded[job[0]][model.name]))  # stable: less padding
+            jobs = [(i, s) for i, s in pending if self.slot_model[s] is model]
             if not jobs:
                 continue
-            loaded = self._model(model.name)
-            tokenizer = self.encoders[model.name].tokenizer
-            for start in range(0, len(jobs), cfg.batch_size):
-                batch = jobs[start:start + cfg.batch_size]
-                seeds = [derive_seed(cfg.seed, gids[i], model.name, s, attempt) for i, s in batch]
+            if model.served:
                 t0 = time.perf_counter()
-                samples = sample_batch(
-                    loaded.model, [encoded[i][model.name] for i, _ in batch], seeds,
-                    temperature=cfg.temperature, top_p=cfg.top_p,
-                    max_new_tokens=cfg.max_new_tokens, eos_ids=loaded.eos_ids,
-                    pad_id=loaded.pad_id)
+                if self.served is None:
+                    raise RuntimeError(f"model {model.name!r} is served; give a ServedSampler")
+                self.served.sample(model, jobs, attempt, work, on_answer=lambda n, t0=t0: self._count(
+                    attempt, 1, n, 0.0, running=time.perf_counter() - t0))
                 self._seconds += time.perf_counter() - t0
-                for (i, s), seed, sample in zip(batch, seeds, samples, strict=True):
-                    body = sample.token_ids[:-1] if sample.eos else sample.token_ids
-                    text = tokenizer.decode(body, skip_special_tokens=True)
-                    draws[i][s] = _Draw(sample, text, seed, attempt)
-                    self._tokens += len(sample.token_ids)
-                self._sampled += len(batch)
-                self._resampled += len(batch) if attempt else 0
-                if not attempt:
-                    self._first_round = (self._first_round[0] + len(batch), self._first_round[1])
-                if self.on_batch is not None and self._seconds > 0:
-                    done, total = self._first_round
-                    self.on_batch(self._tokens / self._seconds, done / total)
+                continue
+            self._fill_local(model, jobs, attempt, work)
 
-    def _build(self, prompt: Prompt, gid: str, draws: dict[int, _Draw],
+    def _fill_local(self, model: ModelSlot, jobs: list[tuple[int, int]], attempt: int,
+                    work: ShardWork) -> None:
+        from grouppref.models.sampling import sample_batch
+
+        cfg = self.config
+        jobs.sort(key=lambda job: -len(work.encoded[job[0]][model.key]))  # stable: less padding
+        loaded = self._model(model)
+        tokenizer = self.encoders[model.key].tokenizer
+        for start in range(0, len(jobs), cfg.batch_size):
+            batch = jobs[start:start + cfg.batch_size]
+            seeds = [derive_seed(cfg.seed, work.gids[i], model.name, s, attempt) for i, s in batch]
+            t0 = time.perf_counter()
+            samples = sample_batch(
+                loaded.model, [work.encoded[i][model.key] for i, _ in batch], seeds,
+                temperature=cfg.temperature, top_p=cfg.top_p,
+                max_new_tokens=cfg.max_new_tokens, eos_ids=loaded.eos_ids,
+                pad_id=loaded.pad_id)
+            tokens = 0
+            for (i, s), seed, sample in zip(batch, seeds, samples, strict=True):
+                body = sample.token_ids[:-1] if sample.eos else sample.token_ids
+                text = tokenizer.decode(body, skip_special_tokens=True)
+                work.draws[i][s] = Draw(text, len(sample.token_ids), sample.logp, sample.eos,
+                                        seed, attempt)
+                tokens += len(sample.token_ids)
+            self._count(attempt, len(batch), tokens, time.perf_counter() - t0)
+
+    def _count(self, attempt: int, sampled: int, tokens: int, seconds: float,
+               running: float = 0.0) -> None:
+        """Count ``sampled`` draws of ``tokens`` tokens that took ``seconds`` (``running``: time
+        of the round still in progress, for the rate shown); report progress."""
+        self._seconds += seconds
+        self._tokens += tokens
+        self._sampled += sampled
+        self._resampled += sampled if attempt else 0
+        if not attempt:
+            self._first_round = (self._first_round[0] + sampled, self._first_round[1])
+        elapsed = self._seconds + running
+        if self.on_batch is not None and elapsed > 0:
+            done, total = self._first_round
+            self.on_batch(self._tokens / elapsed, done / total)
+
+    def _build(self, prompt: Prompt, gid: str, draws: dict[int, Draw],
                rejects: list[Reject]) -> CandidateGroup | None:
         """The group from its good slots; a reject when fewer than ``min_k`` remain."""
         cfg = self.config
@@ -271,23 +292,25 @@ class ShardGenerator:
             what = "empty" if not normalise_text(draws[s].text) else "duplicate"
             rejects.append(Reject(
                 stage=STAGE, scope="part", group_id=gid, field="candidates",
-                reason=f"slot {s} (model {self.slot_model[s]!r}) still {what} after "
+                reason=f"slot {s} (model {self.slot_model[s].label!r}) still {what} after "
                        f"{cfg.max_resample} re-samples; left out"))
         candidates = [self._candidate(gid, s, draws[s]) for s in good]
         return CandidateGroup(group_id=gid, prompt=prompt, candidates=candidates)
 
-    def _candidate(self, gid: str, slot: int, draw: _Draw) -> Candidate:
-        cfg = self.config
-        params = {"temperature": cfg.temperature, "top_p": cfg.top_p,
-                  "max_new_tokens": cfg.max_new_tokens, "run_seed": cfg.seed,
-                  "attempt": draw.attempt, "eos": draw.sample.eos}
-        source = CandidateSource(kind="model", model=model_label(self.slot_model[slot]),
-                                 params=params, seed=draw.seed)
+    def _candidate(self, gid: str, slot: int, draw: Draw) -> Candidate:
+        cfg, model = self.config, self.slot_model[slot]
+        params: dict[str, str | int | float | bool] = {
+            "temperature": cfg.temperature, "top_p": cfg.top_p,
+            "max_new_tokens": cfg.max_new_tokens, "run_seed": cfg.seed,
+            "attempt": draw.attempt, "eos": draw.eos}
+        if model.served and self.served is not None:
+            params.update(self.served.params(model, draw))
+        source = CandidateSource(kind="model", model=model.label, params=params, seed=draw.seed)
+        logp = None if draw.logp is None else min(draw.logp, 0.0)
         return Candidate(candidate_id=make_candidate_id(gid, draw.text), text=draw.text,
-                         source=source, num_tokens=len(draw.sample.token_ids),
-                         behavior_logp=min(draw.sample.logp, 0.0))
+                         source=source, num_tokens=draw.num_tokens, behavior_logp=logp)
 
-    def session_stats(self) -> dict[str, float | int]:
+    def session_stats(self) -> dict[str, float | int | None]:
         """Throughput of this process (a resumed run counts only its own work)."""
         secs = self._seconds
         return {"generated_tokens": self._tokens, "sampled": self._sampled,
@@ -297,7 +320,7 @@ class ShardGenerator:
                 "prompts_per_s": round(self._prompts / secs, 3) if secs else None}
 
 
-def _bad_slots(draws: dict[int, _Draw]) -> list[int]:
+def _bad_slots(draws: dict[int, Draw]) -> list[int]:
     """Slots whose text is empty or repeats an earlier slot's normalised text (slot order)."""
     seen: set[str] = set()
     bad = []

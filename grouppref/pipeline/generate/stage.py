@@ -6,22 +6,33 @@ What it writes: one group per prompt; prompts that cannot give ``min_k`` distinc
 or that do not fit the model's context, go to ``rejects.jsonl`` with the reason.
 
 Every candidate records its model, sampling settings, its own derived seed, ``num_tokens`` and
-``behavior_logp`` (see :mod:`grouppref.models.sampling`). Work is done in shards of prompts;
-a killed run resumes at the first missing shard and, because each candidate has its own seed,
-gives exactly the rows an uninterrupted run gives.
+``behavior_logp`` (see :mod:`grouppref.models.sampling`; for served models
+:mod:`grouppref.pipeline.generate.served`). Work is done in shards of prompts; a killed run
+resumes at the first missing shard and, because each candidate has its own seed, gives exactly
+the rows an uninterrupted run gives (for a served model: when its server honours seeds).
+
+Served models are checked (``/models`` and one probe request each) before the stage is opened,
+so a wrong URL, model name or key stops with one line and leaves the run as it was; a cached
+stage contacts no server. Requests and tokens per server and model go to the manifest's
+``stats["servers"]`` (:class:`~grouppref.schemas.reports.ServerUsage`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from grouppref.models.loading import is_embedded, model_fingerprint, resolve_model
+from grouppref.models.openai import ServerPool, merge_usage
 from grouppref.pipeline.generate.config import STAGE, STAGE_VERSION, GenerateConfig
+from grouppref.pipeline.generate.served import ServedSampler, server_settings
 from grouppref.pipeline.generate.shard import ModelSlot, ShardGenerator, load_encoders
 from grouppref.readers.prompts import read_prompts
 from grouppref.runs.hashing import fingerprint_records, sha256_text
+from grouppref.runs.manifest import Manifest
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import SHARDS, RunStore, StageRun
 from grouppref.schemas import CandidateGroup, Prompt, Reject, make_group_id
@@ -74,14 +85,24 @@ def _located(rejects: list[Reject], loaded: _Prompts) -> list[Reject]:
 
 
 def _model_slots(config: GenerateConfig) -> list[ModelSlot]:
-    """Resolve every model (fails fast on a bad name) and give each its slots 0..K-1."""
+    """Resolve every model in process (fails fast on a bad name) and give each model its slots
+    0..K-1 (served models are checked on their server, see :class:`ServedSampler`)."""
     slots, start = [], 0
     for share in config.models:
         count = share.count or 0
-        path = resolve_model(None if is_embedded(share.name) else share.name)
-        slots.append(ModelSlot(name=share.name, path=path, slots=range(start, start + count)))
+        path = None if share.backend == "openai" else resolve_model(
+            None if is_embedded(share.name) else share.name)
+        slots.append(ModelSlot(share=share, path=path, slots=range(start, start + count)))
         start += count
     return slots
+
+
+def _fingerprint(slot: ModelSlot) -> str:
+    """A model's part of the input fingerprint: its weights, or for a served model its server
+    and name (the weights behind a server cannot be seen: --force after changing them)."""
+    if slot.served:
+        return sha256_text(f"openai|{slot.share.base_url}|{slot.name}")
+    return model_fingerprint(slot.path)
 
 
 def run_generate(store: RunStore, config: GenerateConfig, prompts: Sequence[Prompt] | None = None,
@@ -110,30 +131,69 @@ def run_generate(store: RunStore, config: GenerateConfig, prompts: Sequence[Prom
     encoders = load_encoders(slots, config)  # tokenizers and contexts: cheap, before any model
     cfg = config if config.source is None else config.model_copy(
         update={"source": str(Path(config.source))})
-    fingerprint = sha256_text("|".join([loaded.fingerprint,
-                                        *(model_fingerprint(s.path) for s in slots)]))
+    fingerprint = sha256_text("|".join([loaded.fingerprint, *(_fingerprint(s) for s in slots)]))
     reads = ["prompts"] if prompts is None and config.source is None else []
-    stage = store.open_stage(STAGE, cfg, input_fingerprint=fingerprint, inputs=reads,
-                             record_type=CandidateGroup, stage_version=STAGE_VERSION, force=force)
-    if stage.cached:
-        return stage
-    stage.add_rejects("input", loaded.rejects)
-    worker = ShardGenerator(slots, encoders, config)
+    key: dict[str, Any] = {"input_fingerprint": fingerprint, "inputs": reads,
+                           "stage_version": STAGE_VERSION}
+    if not force and store.cached(STAGE, cfg, **key) is not None:
+        return store.open_stage(STAGE, cfg, record_type=CandidateGroup, **key)
+    with ExitStack() as stack:
+        served = None
+        if config.served():
+            pool = stack.enter_context(ServerPool(server_settings(config), seed=config.seed))
+            served = ServedSampler(pool, config)
+            served.check([s for s in slots if s.served], items)  # before the stage is opened
+        previous = store.manifest(STAGE)
+        stage = store.open_stage(STAGE, cfg, record_type=CandidateGroup, force=force, **key)
+        stage.add_rejects("input", loaded.rejects)
+        worker = ShardGenerator(slots, encoders, config, served)
+        usage = _Usage(served.pool if served else None,
+                       _usage_before(stage, previous, items, config.shard_size))
+        _run_shards(stage, worker, loaded, config.shard_size, show_progress, usage)
+        return stage.finish(inputs=loaded.rows, stats=_stats(stage, worker, usage.total()))
+
+
+@dataclass
+class _Usage:
+    """Server usage of the stage: this session's pool plus what the sessions it resumes used."""
+
+    pool: ServerPool | None
+    before: list[dict[str, Any]]
+
+    def total(self) -> list[dict[str, Any]] | None:
+        return None if self.pool is None else merge_usage(self.before, self.pool.usage())
+
+
+def _run_shards(stage: StageRun[CandidateGroup], worker: ShardGenerator, loaded: _Prompts,
+                shard_size: int, show_progress: bool, usage: _Usage) -> None:
+    """Generate and write every pending shard, with a progress bar (prompts, tokens/s)."""
+    items = loaded.items
     with stage_progress(disable=not show_progress) as bar:
-        done = stage.done_items(items, config.shard_size)
+        done = stage.done_items(items, shard_size)
         task = bar.add_task(STAGE, total=len(items), unit="prompts", completed=done)
-        for shard in stage.pending_shards(items, shard_size=config.shard_size):
+        for shard in stage.pending_shards(items, shard_size=shard_size):
             worker.on_batch = lambda tps, share, n=len(shard.items), at=done: bar.update(
                 task, completed=at + share * n, extra=f"{tps:,.0f} tokens/s")
             groups, rejects = worker.run(shard.items)
+            if (servers := usage.total()) is not None:  # saved with the shard: a resume adds to it
+                stage.manifest = stage.manifest.model_copy(update={"stats": {"servers": servers}})
             stage.write_shard(shard, groups, _located(rejects, loaded))
             done += len(shard.items)
             bar.update(task, completed=done)
-    return stage.finish(inputs=loaded.rows, stats=_stats(stage, worker))
 
 
-def _stats(stage: StageRun[CandidateGroup], worker: ShardGenerator) -> dict[str, object]:
-    """Manifest numbers: kept candidates and tokens (whole run) and this session's throughput."""
+def _usage_before(stage: StageRun[CandidateGroup], previous: Manifest | None,
+                  items: Sequence[Prompt], shard_size: int) -> list[dict[str, Any]]:
+    """Server usage recorded by the session this one resumes (none on a fresh start)."""
+    if previous is None or previous.status != "running" or not stage.done_items(items, shard_size):
+        return []
+    return list(previous.stats.get("servers") or [])
+
+
+def _stats(stage: StageRun[CandidateGroup], worker: ShardGenerator,
+           servers: list[dict[str, Any]] | None) -> dict[str, object]:
+    """Manifest numbers: kept candidates and tokens (whole run), this session's throughput, and
+    for served models the requests and tokens per server (every session)."""
     import pyarrow.parquet as pq
 
     kept_tokens = candidates = 0
@@ -141,5 +201,9 @@ def _stats(stage: StageRun[CandidateGroup], worker: ShardGenerator) -> dict[str,
         for row in pq.read_table(path, columns=["candidates"]).column(0).to_pylist():
             candidates += len(row)
             kept_tokens += sum(c["num_tokens"] or 0 for c in row)
-    return {"candidates": candidates, "candidate_tokens": kept_tokens, **worker.session_stats()}
+    stats: dict[str, object] = {"candidates": candidates, "candidate_tokens": kept_tokens,
+                                **worker.session_stats()}
+    if servers is not None:
+        stats["servers"] = servers
+    return stats
 

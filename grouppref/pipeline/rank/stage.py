@@ -18,9 +18,10 @@ from pydantic import ValidationError
 
 from grouppref.errors import StageError
 from grouppref.models.loading import model_fingerprint
+from grouppref.models.openai import merge_usage
 from grouppref.pipeline.rank import scoring as rs
 from grouppref.pipeline.rank.config import STAGE, STAGE_VERSION, EnsembleSettings, RankConfig
-from grouppref.pipeline.rank.rankers import Ranker, Skip, build_ranker
+from grouppref.pipeline.rank.rankers import Judged, Outcome, Ranker, Skip, build_ranker
 from grouppref.pipeline.rank.settings import (
     ANNOTATOR_KIND,
     RankerSettings,
@@ -36,12 +37,13 @@ from grouppref.schemas import AnnotatedGroup, Annotator, Ranking, Reject, from_r
 
 # -- rankings ------------------------------------------------------------------------------------
 def ranking_from_scores(annotator: Annotator, group: AnnotatedGroup, s: Sequence[float],
-                        tol: float) -> Ranking:
+                        tol: float, metadata: dict[str, Any] | None = None) -> Ranking:
     """A ranking of ``group`` from per-candidate scores (group order), ties within ``tol``."""
     ids = group.candidate_ids()
     return Ranking(annotator=annotator, group_id=group.group_id,
                    tiers=rs.scores_to_tiers(ids, s, tol),
-                   scores={cid: float(x) for cid, x in zip(ids, s, strict=True)})
+                   scores={cid: float(x) for cid, x in zip(ids, s, strict=True)},
+                   metadata=metadata or None)
 
 
 def ensemble_annotator(ensemble: EnsembleSettings, rankers: list[RankerSettings]) -> Annotator:
@@ -56,7 +58,7 @@ def ensemble_annotator(ensemble: EnsembleSettings, rankers: list[RankerSettings]
                      version=sha256_text(ensemble.model_dump_json())[:12])
 
 
-def _rank_group(group: AnnotatedGroup, outcomes: list[list[float] | Skip], config: RankConfig,
+def _rank_group(group: AnnotatedGroup, outcomes: list[Outcome], config: RankConfig,
                 annotators: list[Annotator], number: int) -> tuple[AnnotatedGroup, list[Reject]]:
     """The group with its new rankings (replacing same-id ones), and part-rejects for skips."""
     keys = ranker_keys(config.rankers)
@@ -67,8 +69,9 @@ def _rank_group(group: AnnotatedGroup, outcomes: list[list[float] | Skip], confi
         if isinstance(out, Skip):
             rejects.append(_part_reject(group, number, ann.id, out.reason))
             continue
+        notes, out = (out.metadata, out.scores) if isinstance(out, Judged) else (None, out)
         scored[key] = out
-        new.append(ranking_from_scores(ann, group, out, config.tie_tolerance))
+        new.append(ranking_from_scores(ann, group, out, config.tie_tolerance, notes))
     if config.ensemble is not None:
         ens = ensemble_annotator(config.ensemble, config.rankers)
         missing = [k for k in config.ensemble.weights if k not in scored]
@@ -132,12 +135,39 @@ def run_rank(store: RunStore, config: RankConfig, force: bool = False) -> StageR
     parsed = [_parse_row(row, i + 1, config.input_stage) for i, row in enumerate(rows)]
     groups = [(i + 1, g) for i, g in enumerate(parsed) if isinstance(g, AnnotatedGroup)]
     fingerprint = sha256_text("|".join(_model_fingerprints(rankers)))
-    stage = store.open_stage(STAGE, config, input_fingerprint=fingerprint, inputs=[config.input_stage],
-                             record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=force)
-    if stage.cached:
-        return stage
-    stage.add_rejects("input", [r for r in parsed if isinstance(r, Reject)])
-    annotators = [annotator_for(s) for s in config.rankers]
+    previous = store.manifest(STAGE)  # a resumed run adds its server usage to this one's
+    key: dict[str, Any] = {"input_fingerprint": fingerprint, "inputs": [config.input_stage],
+                           "stage_version": STAGE_VERSION}
+    try:
+        if force or store.cached(STAGE, config, **key) is None:
+            for ranker in rankers:  # served judges: reach the server before the stage opens
+                if hasattr(ranker, "connect"):
+                    ranker.connect()
+        stage = store.open_stage(STAGE, config, record_type=AnnotatedGroup, force=force, **key)
+        if stage.cached:
+            return stage
+        stage.add_rejects("input", [r for r in parsed if isinstance(r, Reject)])
+        annotators = [annotator_for(s) for s in config.rankers]
+        before = (previous.stats.get("servers") or []) if previous is not None and (
+            previous.status == "running" and stage.done_items(groups, config.shard_size)) else []
+        _rank_shards(stage, rankers, groups, config, annotators, before)
+    finally:
+        for ranker in rankers:  # served judges hold a connection pool
+            if hasattr(ranker, "close"):
+                ranker.close()
+    stage.finish(inputs=len(rows))
+    return _with_stats(store, stage, config, annotators, _server_usage(rankers, before))
+
+
+def _server_usage(rankers: list[Ranker], before: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Requests and tokens of the served judges: earlier sessions' plus this one's."""
+    return merge_usage(before, [u for r in rankers if hasattr(r, "usage") for u in r.usage()])
+
+
+def _rank_shards(stage: StageRun[AnnotatedGroup], rankers: list[Ranker],
+                 groups: list[tuple[int, AnnotatedGroup]], config: RankConfig,
+                 annotators: list[Annotator], before: list[dict[str, Any]]) -> None:
+    """Score and write every pending shard (models loaded before the first one)."""
     loaded = False
     with stage_progress() as bar:
         task = bar.add_task(STAGE, total=len(groups), unit="groups",
@@ -155,14 +185,15 @@ def run_rank(store: RunStore, config: RankConfig, force: bool = False) -> StageR
                                            number)
                 records.append(record)
                 rejects.extend(part)
+            if servers := _server_usage(rankers, before):  # saved with the shard (resume)
+                stage.manifest = stage.manifest.model_copy(update={"stats": {"servers": servers}})
             stage.write_shard(shard, records, rejects)
             bar.advance(task, len(shard.items))
-    stage.finish(inputs=len(rows))
-    return _with_stats(store, stage, config, annotators)
 
 
 def _with_stats(store: RunStore, stage: StageRun[AnnotatedGroup], config: RankConfig,
-                annotators: list[Annotator]) -> StageRun[AnnotatedGroup]:
+                annotators: list[Annotator],
+                servers: list[dict[str, Any]] | None = None) -> StageRun[AnnotatedGroup]:
     """Count, from the finished output (so a resumed run counts every shard), per annotator the
     groups ranked, skipped and with ties; write them into the manifest's stats."""
     ids = [a.id for a in annotators] + ([config.ensemble.name] if config.ensemble else [])
@@ -178,8 +209,11 @@ def _with_stats(store: RunStore, stage: StageRun[AnnotatedGroup], config: RankCo
         aid = (r.field or "").removeprefix("rankings[").removesuffix("]")
         if aid in per:
             per[aid]["skipped"] += 1
-    stats = {"rankers": per, "skipped": len(skipped), "tie_tolerance": config.tie_tolerance,
-             "groups_without_rankings": sum(not g.rankings for g in records)}
+    stats: dict[str, Any] = {"rankers": per, "skipped": len(skipped),
+                             "tie_tolerance": config.tie_tolerance,
+                             "groups_without_rankings": sum(not g.rankings for g in records)}
+    if servers:
+        stats["servers"] = servers
     stage.manifest = stage.manifest.model_copy(update={"stats": stats})
     store.write_manifest(stage.manifest)
     return stage

@@ -29,7 +29,7 @@ from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.manifest import read_rejects
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import ValidatedGroup  # noqa: E402
-from grouppref.schemas.reports import AggregateReport, EvalReport  # noqa: E402
+from grouppref.schemas.reports import AggregateReport, EvalReport, ServerUsage  # noqa: E402
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;
@@ -98,10 +98,27 @@ def section_counts(store: RunStore, max_reasons: int) -> str:
                     for (scope, reason), n in common.most_common(max_reasons)]
     out = _h2("Stages", "stages") + _table(
         ["stage", "status", "in", "out", "rejected", "partly rejected", "seconds"], rows)
+    out += section_servers(store)
     if reasons:
         out += "<h3>Most common reject reasons</h3>" + _table(
             ["stage", "rejected", "reason", "count"], reasons)
     return out
+
+
+def section_servers(store: RunStore) -> str:
+    """Requests and tokens per stage, server and model (stages that used inference servers)."""
+    rows = []
+    for m in store.manifests():
+        for item in m.stats.get("servers") or []:
+            u = ServerUsage.model_validate(item)
+            failed = ", ".join(f"{cause}: {n}" for cause, n in sorted(u.failures.items()))
+            rows.append([m.stage, u.server, u.model, u.requests, u.retried, u.refused,
+                         failed or "-", u.prompt_tokens, u.completion_tokens])
+    if not rows:
+        return ""
+    return "<h3>Inference servers</h3>" + _table(
+        ["stage", "server", "model", "requests", "retried", "refused", "failed attempts",
+         "prompt tokens", "completion tokens"], rows)
 
 
 def reject_kind(reason: str) -> str:

@@ -1,0 +1,192 @@
+"""``generate`` through an inference server: the in-process backend vs llama.cpp's
+OpenAI-compatible server at several concurrencies, and grouppref's overhead against a bare
+async client loop sending the same requests to the same server.
+
+For the same prompts and K:
+
+- **in process**: ``run_generate`` with the embedded SmolLM2 (transformers, batched);
+- **server, c = 1, 2, 4**: ``run_generate`` with ``--backend openai`` against
+  ``python -m llama_cpp.server`` serving the same model (its GGUF, Q4_1);
+- **bare loop, same c**: ``httpx.AsyncClient`` + a semaphore of c sending exactly the requests
+  grouppref sends for the candidates (same bodies, same per-candidate seeds, so the server does
+  the same work), and nothing else.
+
+grouppref's time is the whole ``run_generate`` call (``/models`` check, probe request, shards,
+the final dataset and manifest; model loading excluded for the in-process side). Re-sampling is
+off (``max_resample 0``) so both server sides send the same requests. Bare and grouppref runs
+alternate; the best of ``--repeats`` is compared, and the median of the paired runs' ratios.
+Prints candidates/s and tokens/s side by side and the ratio grouppref / bare loop per concurrency
+(target: >= 0.9), with ``uptime`` before and after (the ratio is the claim; absolute numbers
+depend on the machine and its load).
+
+Example (starts its own server on a free loopback port):
+    .venv/bin/python benchmarks/generate_server.py --n-prompts 32 --k 4 --max-new-tokens 64 \\
+        --concurrency 1 2 4 --repeats 3 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from grouppref.models.loading import embedded_gguf
+from grouppref.models.openai_api import CHAT, endpoint, parse_sample, sample_body
+from grouppref.models.seeds import derive_seed
+from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
+from grouppref.pipeline.generate.served import SEED_MASK
+from grouppref.pipeline.generate.stage import run_generate
+from grouppref.readers.prompts import read_prompts
+from grouppref.runs.store import RunStore
+from grouppref.schemas import Prompt, make_group_id
+
+DEMO = Path(__file__).resolve().parents[1] / "data" / "demo_prompts.jsonl"
+ALIAS = "smollm2"
+NEUTRAL = {"repeat_penalty": 1.0, "top_k": 0, "min_p": 0.0}  # temperature and top_p only
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def start_server(threads: int | None) -> tuple[subprocess.Popen, str]:
+    """llama.cpp's server on a free loopback port; returns it and its base URL once serving."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(embedded_gguf()),
+           "--model_alias", ALIAS, "--host", "127.0.0.1", "--port", str(port)]
+    if threads:
+        cmd += ["--n_threads", str(threads)]
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/v1"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/models", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise SystemExit("llama.cpp server did not start")
+
+
+def config(args: argparse.Namespace, url: str | None, concurrency: int = 1) -> GenerateConfig:
+    common = {"k": args.k, "max_new_tokens": args.max_new_tokens, "max_resample": 0,
+              "shard_size": args.shard_size, "temperature": 1.0, "top_p": 1.0}
+    if url is None:
+        return GenerateConfig(models=[ModelShare(name="embedded")], batch_size=args.batch_size,
+                              **common)
+    return GenerateConfig(backend="openai", models=[ModelShare(name=ALIAS)], server={
+        "base_url": url, "concurrency": concurrency, "server_params": NEUTRAL}, **common)
+
+
+def grouppref_run(prompts: list[Prompt], cfg: GenerateConfig) -> tuple[float, int, int]:
+    """Seconds (model loading excluded), candidates sampled, tokens generated."""
+    with tempfile.TemporaryDirectory() as run:
+        t0 = time.perf_counter()
+        stage = run_generate(RunStore(run), cfg, prompts, show_progress=False)
+        seconds = time.perf_counter() - t0
+    stats = stage.manifest.stats
+    return seconds - stats["model_load_seconds"], stats["sampled"], stats["generated_tokens"]
+
+
+def bare_bodies(prompts: list[Prompt], cfg: GenerateConfig) -> list[tuple[str, dict]]:
+    """Exactly the sampling requests grouppref sends (same seeds)."""
+    out = []
+    for prompt in prompts:
+        path = endpoint(prompt, cfg.chat_template)
+        for slot in range(cfg.k or 0):
+            seed = derive_seed(cfg.seed, make_group_id(prompt), ALIAS, slot, 0) & SEED_MASK
+            out.append((path, sample_body(
+                ALIAS, prompt, path, temperature=cfg.temperature, top_p=cfg.top_p,
+                max_tokens=cfg.max_new_tokens, seed=seed, stop=[], logprobs=True,
+                server_params=cfg.server.server_params)))
+    return out
+
+
+async def bare_loop(url: str, bodies: list[tuple[str, dict]], concurrency: int) -> tuple[float, int]:
+    """Seconds and generated tokens of a plain async loop over ``bodies``."""
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url + "/", timeout=600, limits=limits) as client:
+        async def one(path: str, body: dict) -> int:
+            async with gate:
+                answer = (await client.post(path.lstrip("/"), json=body)).json()
+            return parse_sample(answer, path, want_logprobs=True).num_tokens or 0
+
+        t0 = time.perf_counter()
+        tokens = await asyncio.gather(*(one(p, b) for p, b in bodies))
+        return time.perf_counter() - t0, sum(tokens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", default=str(DEMO))
+    parser.add_argument("--n-prompts", type=int, default=8)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--shard-size", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads in process and llama.cpp threads in the server")
+    parser.add_argument("--url", default=None, help="use this server (serving model "
+                        f"{ALIAS!r}) instead of starting one")
+    parser.add_argument("--skip-in-process", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    print(f"start: {uptime()}")
+    prompts = read_prompts(args.prompts).items[:args.n_prompts]
+    rows: list[tuple[str, float, int, int]] = []
+    if not args.skip_in_process:
+        import torch
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        best = min((grouppref_run(prompts, config(args, None)) for _ in range(args.repeats)),
+                   key=lambda r: r[0])
+        rows.append(("in process (transformers)", *best))
+    process, url = (None, args.url) if args.url else start_server(args.threads)
+    try:
+        bodies = bare_bodies(prompts, config(args, url))
+        asyncio.run(bare_loop(url, bodies[:1], 1))  # warm the server
+        ratios = []
+        for c in args.concurrency:
+            ours, bare = [], []
+            for _ in range(args.repeats):
+                bare.append(asyncio.run(bare_loop(url, bodies, c)))
+                ours.append(grouppref_run(prompts, config(args, url, c)))
+            best_ours, best_bare = min(ours, key=lambda r: r[0]), min(bare, key=lambda r: r[0])
+            rows.append((f"server, grouppref, c={c}", *best_ours))
+            rows.append((f"server, bare loop, c={c}", best_bare[0], len(bodies), best_bare[1]))
+            paired = sorted(b[0] / o[0] for b, o in zip(bare, ours, strict=True))
+            ratios.append((c, best_bare[0] / best_ours[0], statistics.median(paired)))
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(timeout=30)
+    print(f"settings: prompts={len(prompts)} k={args.k} max_new_tokens={args.max_new_tokens} "
+          f"repeats={args.repeats} threads={args.threads or 'default'} endpoint={CHAT}")
+    print(f"{'side':32s} {'seconds':>8s} {'candidates/s':>13s} {'tokens/s':>9s}")
+    for name, seconds, candidates, tokens in rows:
+        print(f"{name:32s} {seconds:8.1f} {candidates / seconds:13.2f} {tokens / seconds:9.1f}")
+    for c, best, median in ratios:
+        print(f"concurrency {c}: grouppref / bare loop = {best:.3f} best vs best, {median:.3f} "
+              "median of paired runs (target >= 0.9)")
+    print(f"end: {uptime()}")
+
+
+if __name__ == "__main__":
+    main()

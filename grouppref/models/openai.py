@@ -1,0 +1,331 @@
+"""A client for OpenAI-compatible inference servers: async httpx, many requests in flight,
+retries with backoff, the model checked before any work, and token usage counted.
+
+:class:`ServerPool` is what a stage uses: one event loop (``asyncio.Runner``) and one
+``httpx.AsyncClient`` (its connection pool) per server for the whole stage, driven from the
+stage's ordinary synchronous code::
+
+    with ServerPool({url: settings}) as pool:
+        pool.check_model(url, "Qwen/Qwen2.5-7B-Instruct")      # before any work
+        answers = pool.post(url, "/chat/completions", bodies)   # in order; concurrent
+
+Failures:
+
+- 429, 5xx (but 501), a timeout or a dropped connection: retried up to ``max_retries`` times
+  after ``uniform(0, min(cap, base * 2**attempt))`` seconds ("full jitter"), or after the
+  server's ``Retry-After`` when it sends one; then :class:`ServerError` (the stage stops; its
+  finished shards are kept and a re-run resumes).
+- 400 / 413 / 422: that request is refused for good; ``post`` returns the
+  :class:`RequestRefused` in its place and the caller rejects the row.
+- 401 / 403 / 404 and anything else: :class:`ServerError` at once.
+
+The API key is read from its environment variable when the pool opens and lives only in the
+clients' ``Authorization`` header; nothing here logs, prints or stores it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from grouppref.models.openai_api import RequestRefused, ServerError, error_message, usage_tokens
+from grouppref.models.server_settings import ServerSettings, read_api_key, server_label
+from grouppref.schemas.reports import ServerUsage
+
+if TYPE_CHECKING:
+    import httpx
+
+REFUSED = frozenset({400, 413, 422})
+BACKOFF_BASE_S, BACKOFF_CAP_S, RETRY_AFTER_CAP_S = 0.5, 30.0, 120.0
+
+__all__ = ["RequestRefused", "ServerError", "ServerPool", "ServerUnreachable", "backoff_delay",
+           "merge_usage"]
+
+
+def backoff_delay(attempt: int, retry_after: float | None, rng: random.Random,
+                  base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
+    """Seconds to wait before retry ``attempt`` (0-based): the server's ``Retry-After`` when
+    given (at most 120 s), else full jitter ``uniform(0, min(cap, base * 2**attempt))``."""
+    if retry_after is not None:
+        return min(max(retry_after, 0.0), RETRY_AFTER_CAP_S)
+    return rng.uniform(0.0, min(cap, base * 2.0 ** attempt))
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: use our own backoff
+
+
+@dataclass
+class _Counts:
+    """Usage of one model on one server (see :class:`ServerUsage`)."""
+
+    requests: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    refused: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+
+
+class ServerUnreachable(ServerError):
+    """No connection to the server (refused, reset, DNS)."""
+
+
+class _Client:
+    """One server: its ``httpx.AsyncClient``, a semaphore of ``concurrency`` and the counts."""
+
+    def __init__(self, url: str, settings: ServerSettings, api_key: str | None,
+                 rng: random.Random, backoff: tuple[float, float]) -> None:
+        self.url, self.settings, self.label = url, settings, server_label(url)
+        self._api_key, self._rng, self._backoff = api_key, rng, backoff
+        self.counts: dict[str, _Counts] = {}
+        self.http: httpx.AsyncClient | None = None
+        self.gate: asyncio.Semaphore | None = None
+
+    def __repr__(self) -> str:  # never the key
+        return f"_Client({self.label!r}, concurrency={self.settings.concurrency})"
+
+    async def open(self) -> None:
+        import httpx
+
+        n = self.settings.concurrency
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        timeout = httpx.Timeout(self.settings.request_timeout,
+                                connect=min(30.0, self.settings.request_timeout))
+        self.http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout,
+                                      limits=httpx.Limits(max_connections=n,
+                                                          max_keepalive_connections=n))
+        self.gate = asyncio.Semaphore(n)
+
+    async def close(self) -> None:
+        if self.http is not None:
+            await self.http.aclose()
+
+    def _fatal(self, status: int, text: str, what: str) -> ServerError:
+        message = error_message(status, text)
+        if status in (401, 403):
+            hint = (f"check the key in ${self.settings.api_key_env}" if self.settings.api_key_env
+                    else "this server needs an API key: pass --api-key-env VAR")
+            return ServerError(f"{self.label} refused the request ({message}); {hint}")
+        if status == 404:
+            return ServerError(f"{what} at {self.label}: not found ({message}); is the base URL "
+                               "right (it usually ends in /v1) and does the server offer it?")
+        return ServerError(f"{what} at {self.label} failed: {message}")
+
+    async def send(self, method: str, path: str, body: dict[str, Any] | None, model: str,
+                   retry_connect: bool = True) -> dict[str, Any]:
+        """One request with retries; the answer's JSON.
+
+        Raises:
+            RequestRefused: HTTP 400/413/422.
+            ServerUnreachable: no connection (at once when ``retry_connect`` is off).
+            ServerError: anything else that is not retried, or retries used up.
+        """
+        counts = self.counts.setdefault(model, _Counts())
+        what = f"{method} {path} (model {model!r})"
+        for attempt in range(self.settings.max_retries + 1):
+            outcome = await self._attempt(method, path, body, counts, what)
+            if isinstance(outcome, dict):
+                return outcome
+            cause, detail, retry_after = outcome
+            counts.failures[cause] += 1
+            if cause == "connection" and not retry_connect:
+                raise ServerUnreachable(f"cannot reach the server at {self.url} ({detail}): is "
+                                        "it running, and is the base URL right?")
+            if attempt < self.settings.max_retries:
+                counts.retried += 1
+                await asyncio.sleep(backoff_delay(attempt, retry_after, self._rng, *self._backoff))
+        error = ServerUnreachable if cause == "connection" else ServerError
+        raise error(f"{what} at {self.label} failed {self.settings.max_retries + 1} times "
+                    f"(last: {detail}); finished shards are kept: run the same command again "
+                    "to resume")
+
+    async def _attempt(self, method: str, path: str, body: dict[str, Any] | None,
+                       counts: _Counts, what: str
+                       ) -> dict[str, Any] | tuple[str, str, float | None]:
+        """One try: the answer, or ``(cause, detail, retry_after)`` of a failure worth a retry."""
+        import httpx
+
+        if self.http is None or self.gate is None:
+            raise RuntimeError("open() the client first")
+        async with self.gate:
+            t0 = time.perf_counter()
+            counts.requests += 1
+            try:
+                response = await self.http.request(method, path.lstrip("/"), json=body)
+            except httpx.TimeoutException:
+                return "timeout", f"no answer within {self.settings.request_timeout:g} s", None
+            except httpx.TransportError as e:
+                return "connection", f"{type(e).__name__}: {e}".rstrip(": "), None
+            finally:
+                counts.seconds += time.perf_counter() - t0
+        status = response.status_code
+        if status == 200:
+            return self._answer(response, counts, what)
+        if status in REFUSED:
+            counts.refused += 1
+            counts.failures[str(status)] += 1
+            raise RequestRefused(f"{self.label} refused {what}: "
+                                 f"{error_message(status, response.text)}")
+        if status in (408, 425, 429) or (500 <= status < 600 and status != 501):
+            return str(status), error_message(status, response.text), _retry_after(response)
+        counts.failures[str(status)] += 1
+        raise self._fatal(status, response.text, what)
+
+    def _answer(self, response: httpx.Response, counts: _Counts, what: str) -> dict[str, Any]:
+        try:
+            answer = response.json()
+        except ValueError as e:
+            raise ServerError(f"{what} at {self.label}: the answer is not JSON "
+                              f"({response.text[:120]!r})") from e
+        if not isinstance(answer, dict):
+            raise ServerError(f"{what} at {self.label}: the answer is not a JSON object")
+        counts.succeeded += 1
+        prompt_tokens, completion_tokens = usage_tokens(answer)
+        counts.prompt_tokens += prompt_tokens
+        counts.completion_tokens += completion_tokens
+        return answer
+
+
+class ServerPool:
+    """The servers a stage talks to (see the module docstring).
+
+    Args:
+        servers (Mapping[str, ServerSettings]): base URL -> its settings.
+        backoff (tuple[float, float]): ``(base, cap)`` seconds of the retry backoff.
+        seed (int): seed of the jitter (retries are the only randomness here).
+
+    Raises:
+        ConfigError: on entering, when a named ``api_key_env`` variable is not set.
+    """
+
+    def __init__(self, servers: Mapping[str, ServerSettings],
+                 backoff: tuple[float, float] = (BACKOFF_BASE_S, BACKOFF_CAP_S),
+                 seed: int = 0) -> None:
+        self._settings = dict(servers)
+        self._backoff, self._rng = backoff, random.Random(seed)
+        self._clients: dict[str, _Client] = {}
+        self._runner: asyncio.Runner | None = None
+
+    def __enter__(self) -> ServerPool:
+        keys = {url: read_api_key(s.api_key_env) for url, s in self._settings.items()}
+        self._clients = {url: _Client(url, s, keys[url], self._rng, self._backoff)
+                         for url, s in self._settings.items()}
+        self._runner = asyncio.Runner()
+        self._runner.__enter__()
+        for client in self._clients.values():
+            self._runner.run(client.open())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._runner is None:
+            return
+        for client in self._clients.values():
+            self._runner.run(client.close())
+        self._runner.__exit__(None, None, None)
+        self._runner = None
+
+    def _run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        if self._runner is None:
+            raise RuntimeError("use the ServerPool as a context manager")
+        return self._runner.run(coroutine)
+
+    def check_model(self, url: str, model: str) -> dict[str, Any]:
+        """The ``/models`` entry of ``model`` at ``url``.
+
+        Raises:
+            ServerError: unreachable, key refused, not an OpenAI base URL, or the model is not
+                served there (the message lists what is).
+        """
+        client = self._clients[url]
+        try:
+            listed = self._run(client.send("GET", "/models", None, model, retry_connect=False))
+        except RequestRefused as e:
+            raise ServerError(str(e)) from e
+        entries = listed.get("data")
+        if not isinstance(entries, list):
+            raise ServerError(f"GET {url}/models did not list models (is {url} an OpenAI "
+                              "base URL? it usually ends in /v1)")
+        ids = [e.get("id") for e in entries if isinstance(e, dict)]
+        if model not in ids:
+            shown = ", ".join(repr(i) for i in ids[:10]) + (", ..." if len(ids) > 10 else "")
+            raise ServerError(f"model {model!r} is not served at {client.label}; it serves: "
+                              f"{shown or 'nothing'}")
+        return next(e for e in entries if isinstance(e, dict) and e.get("id") == model)
+
+    def post(self, url: str, path: str, bodies: Sequence[dict[str, Any]],
+             on_answer: Callable[[int, dict[str, Any] | RequestRefused], None] | None = None
+             ) -> list[dict[str, Any] | RequestRefused]:
+        """Send every body (at most ``concurrency`` in flight); answers in the bodies' order,
+        with a :class:`RequestRefused` in place of a refused one. ``on_answer(i, answer)`` is
+        called as each one arrives (progress).
+
+        Raises:
+            ServerError: the first request that failed for good (the others are cancelled).
+        """
+        client = self._clients[url]
+
+        async def one(i: int, body: dict[str, Any]) -> dict[str, Any] | RequestRefused:
+            try:
+                answer: dict[str, Any] | RequestRefused = await client.send(
+                    "POST", path, body, str(body.get("model")))
+            except RequestRefused as refused:
+                answer = refused
+            if on_answer is not None:
+                on_answer(i, answer)
+            return answer
+
+        async def every() -> list[dict[str, Any] | RequestRefused]:
+            try:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(one(i, b)) for i, b in enumerate(bodies)]
+            except BaseExceptionGroup as eg:
+                raise _first(eg) from None
+            return [t.result() for t in tasks]
+
+        return self._run(every()) if bodies else []
+
+    def usage(self) -> list[ServerUsage]:
+        """This pool's usage per (server, model), in first-use order."""
+        return [ServerUsage(server=c.label, model=model, requests=n.requests,
+                            succeeded=n.succeeded, retried=n.retried, refused=n.refused,
+                            failures=dict(n.failures), prompt_tokens=n.prompt_tokens,
+                            completion_tokens=n.completion_tokens,
+                            request_seconds=round(n.seconds, 3))
+                for c in self._clients.values() for model, n in c.counts.items()]
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """The first leaf exception of a (possibly nested) exception group."""
+    first = group.exceptions[0]
+    return _first(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+def merge_usage(before: Sequence[dict[str, Any]], now: Sequence[ServerUsage]) -> list[dict[str, Any]]:
+    """Usage of earlier sessions (manifest JSON) plus this session's, per (server, model)."""
+    total: dict[tuple[str, str], ServerUsage] = {}
+    for item in [*(ServerUsage.model_validate(b) for b in before), *now]:
+        key = (item.server, item.model)
+        if key not in total:
+            total[key] = item.model_copy(deep=True)
+            continue
+        t = total[key]
+        failures = Counter(t.failures) + Counter(item.failures)
+        total[key] = t.model_copy(update={
+            "requests": t.requests + item.requests, "succeeded": t.succeeded + item.succeeded,
+            "retried": t.retried + item.retried, "refused": t.refused + item.refused,
+            "failures": dict(failures), "prompt_tokens": t.prompt_tokens + item.prompt_tokens,
+            "completion_tokens": t.completion_tokens + item.completion_tokens,
+            "request_seconds": round(t.request_seconds + item.request_seconds, 3)})
+    return [u.model_dump(mode="json") for u in total.values()]

@@ -1,0 +1,38 @@
+"""What the rankers and the rank stage share: the outcome of scoring one group (scores, a
+:class:`Judged` result with the judge's notes, or a :class:`Skip`), the error that skips a
+group, and the judge prompts, which are the same text in process and on a server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from grouppref.errors import GroupPrefError
+
+POINTWISE_TEMPLATE = ("Here is a request and a response.\n\n[Request]\n{prompt}\n\n[Response]\n"
+                      "{answer}\n\n{question} Answer with Yes or No.")
+PAIRWISE_TEMPLATE = ("Here is a request and two responses.\n\n[Request]\n{prompt}\n\n"
+                     "[Response A]\n{a}\n\n[Response B]\n{b}\n\nWhich response is better? "
+                     "Answer with A or B.")
+
+
+class RankerInputError(GroupPrefError):
+    """A ranker cannot score one group (too long, no reference): that group is skipped."""
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A group a ranker did not score, and why."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Judged:
+    """Scores of a group's candidates (group order) with what the judge said beyond them (a
+    served rubric judge's rating and rationale per candidate), kept in the ranking's metadata."""
+
+    scores: list[float]
+    metadata: dict[str, str | int | float | bool]
+
+
+Outcome = list[float] | Judged | Skip
