@@ -38,6 +38,7 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
         for i, value in enumerate(values):
             ctx.add_response(group, value, number, f"{many}[{i}]")
         return
+    ctx.response(row[one], number, one)  # a bad response rejects the row before it opens a group
     ctx.add_response(grouper.group(prompt, number, merge=True), row[one], number, one)
 
 
