@@ -11,11 +11,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from grouppref.commands.options import Custom, Extra, config_command
+from grouppref.commands.options import Custom, Extra, config_command, help_of
 from grouppref.commands.output import err, out, print_counts, print_stage
+from grouppref.commands.rank import ENSEMBLE_HELP, RANKER_HELP, parse_rankers
 from grouppref.errors import ConfigError
+from grouppref.pipeline.rank.settings import parse_weights
 from grouppref.schemas.reports import EvalReport, TrainStats
-from grouppref.train.config import EvalConfig, TrainConfig
+from grouppref.train.config import EvalConfig, RefreshConfig, TrainConfig
 
 DataArg = Annotated[str, typer.Argument(metavar="DATA",
     help="A run directory (reads RUN/validate), a saved dataset of ValidatedGroup rows, or a "
@@ -108,10 +110,17 @@ train = config_command(
             "--reference-cache", help="Folder of cached reference log-probs (default: "
             "RUN/train/reference in a run, else OUT/reference).", show_default=False)], None),
     ],
-    flatten={"data": "{}", "lora": "lora-{}"},
-    rename={"lora.target_modules": "--lora-target"},
+    flatten={"data": "{}", "lora": "lora-{}", "refresh": "refresh-{}"},
+    rename={"lora.target_modules": "--lora-target", "refresh.fresh_share": "--fresh-share",
+            "refresh.buffer": "--buffer"},
     custom={"importance_clip": Custom("--importance-clip", TrainConfig.model_fields[
-        "importance_clip"].description + " Format: LOW,HIGH.", _clip, metavar="LOW,HIGH")},
+        "importance_clip"].description + " Format: LOW,HIGH.", _clip, metavar="LOW,HIGH"),
+            "refresh.rankers": Custom(
+                "--refresh-ranker", help_of(RefreshConfig, "rankers") + " " + RANKER_HELP,
+                parse_rankers, multiple=True, metavar="SPEC"),
+            "refresh.ensemble": Custom(
+                "--refresh-ensemble", ENSEMBLE_HELP, lambda spec: {"weights": parse_weights(spec)},
+                metavar="KEY=WEIGHT,...")},
     force_help="Train again even when RUN/train is cached.")
 
 
