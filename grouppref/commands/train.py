@@ -80,9 +80,27 @@ def _print_stats(stats: TrainStats, model_dir: str) -> None:
         if any(c != "" for c in cells):
             table.add_row(name, *cells)
     out.print(table)
+    if stats.refresh:
+        _print_refresh(stats)
     if stats.groups.truncated_responses:
         err.print(f"{stats.groups.truncated_responses} responses were truncated to "
                   "max_response_length (--overflow reject drops them instead)")
+
+
+def _print_refresh(stats: TrainStats) -> None:
+    """One row per refresh round: what it added, the rankers' mean score of the policy's
+    samples, held-out pair accuracy, on-policy KL to the reference, where the time went."""
+    rankers = sorted({k for r in stats.refresh for k in r.scores})
+    table = Table(title="refresh rounds")
+    for col in ("round", "step", "groups", "added", "buffer", *rankers, "held-out acc.",
+                "KL ref", "gen s", "train s"):
+        table.add_column(col, justify="right")
+    for r in stats.refresh:
+        table.add_row(str(r.round), str(r.step), str(r.groups), str(r.added), str(r.buffer),
+                      *[_fmt(r.scores.get(k)) for k in rankers],
+                      _fmt(r.held_out.get("pair_accuracy")), _fmt(r.kl_ref),
+                      _fmt(r.seconds.get("generate")), _fmt(r.seconds.get("train")))
+    out.print(table)
 
 
 def _fmt(value: Any) -> str:

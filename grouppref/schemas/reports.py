@@ -155,10 +155,13 @@ class RefreshRound(_Report):
     kl_ref: float | None = Field(description="On-policy estimate of KL(policy || reference) per "
                                  "response: mean of log pi - log pi_ref over fresh candidates.")
     kl_ref_per_token: float | None = Field(description="The same per response token.")
+    groups_trained: dict[str, int] = Field(
+        default_factory=dict, description="Groups trained on since the previous round, per kind "
+        "(offline; fresh_newest: from the newest round then; fresh_older: from earlier rounds).")
     rho: dict[str, dict[str, float]] = Field(
         description="Importance weights applied since the previous round, per kind of group "
-        "(offline, fresh: sampled this round or the one before, older: earlier rounds): "
-        "candidates, mean and share clipped (empty without importance_clip).")
+        "(as in groups_trained): candidates with a behaviour log-prob, mean weight and share "
+        "clipped (empty without importance_clip).")
     seconds: dict[str, float] = Field(
         description="Wall time of the round by phase (generate, rank, aggregate, score: "
         "behaviour and reference log-probs, eval) and of the training since the previous "

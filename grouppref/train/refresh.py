@@ -46,9 +46,9 @@ from grouppref.runs.store import RunStore, Shard
 from grouppref.schemas import AnnotatedGroup, Reject, make_group_id
 from grouppref.schemas.reports import RefreshRound
 from grouppref.train.data import GroupBatch, TokenizedGroup, tokenize_groups
-from grouppref.train.eval import evaluate
+from grouppref.train.eval import evaluate, reduce_sums
 from grouppref.train.reference import ensure_reference, score_groups
-from grouppref.train.refresh_buffer import FreshBuffer, RhoStats, mix_batch
+from grouppref.train.refresh_buffer import KINDS, FreshBuffer, RhoStats, mix_batch
 from grouppref.train.refresh_round import (
     STAGE,
     RefreshPlan,
@@ -88,6 +88,8 @@ class Refresher:
         self.fresh_n = self.refresh.fresh_per_batch(self.config.batch_size)
         self.rounds: list[RefreshRound] = []
         self.done: set[int] = set()
+        self.trained = dict.fromkeys(KINDS, 0.0)  # groups trained on since the last round
+        self._logged: set[int] = set()  # steps whose refresh line is in metrics.jsonl
         self._kinds: list[str] = []
         self._reference: Any = None
         self._mark = time.perf_counter()
@@ -108,6 +110,7 @@ class Refresher:
                     shutil.rmtree(old, ignore_errors=True)
             acc.wait_for_everyone()
             return
+        self._logged = {r["step"] for r in self.run.log.records() if r["split"] == "refresh"}
         for step in range(0, self.run.state.step, self.refresh.every):
             self._round(step, replay=True)
         self._mark = time.perf_counter()
@@ -128,8 +131,13 @@ class Refresher:
         return mix_batch(batch, [d.group for d in drawn], self.run.pad_token_id, only)
 
     def observe(self, batch: GroupBatch, policy_logps: torch.Tensor) -> None:
-        """Count the importance weights the loss applied to this micro-batch."""
-        if self.rho is not None and len(self._kinds) == len(batch.group_ids):
+        """Count this micro-batch's groups by kind and the importance weights the loss
+        applied to them."""
+        if len(self._kinds) != len(batch.group_ids):
+            return
+        for kind in self._kinds:
+            self.trained[kind] += 1
+        if self.rho is not None:
             self.rho.add(policy_logps, batch, self._kinds)
 
     def close(self) -> None:
@@ -176,15 +184,18 @@ class Refresher:
         t3 = time.perf_counter()
         if hit is not None:
             stats = RefreshRound.model_validate({**hit.stats, "loaded": True})
-            if self.rho is not None and not replay:
-                self.rho.take()  # the stored round already reports the weights before it
+            if not replay:  # the stored round already reports the training before it
+                self._take_trained()
+                if self.rho is not None:
+                    self.rho.take()
         else:
             seconds = {"generate": made["generate_s"], "rank": made["rank_s"],
                        "aggregate": t2 - t1, "score": t3 - t2}
             stats = self._stats(round_, step, made, validated, filled, len(added), seconds, t0)
             self._write(name, round_, step, made, stats)
         self.rounds.append(stats)
-        if not replay:
+        if not replay and step not in self._logged:
+            self._logged.add(step)
             self.run.log.write(step, self.run.state.epoch_progress(self.run.steps_per_epoch),
                                "refresh", flat_metrics(stats))
         self._mark = time.perf_counter()
@@ -265,7 +276,14 @@ class Refresher:
             added=added, buffer=len(self.buffer), tokens_generated=made["tokens"],
             scores=mean_scores(made["groups"]), held_out=held_out, kl_ref=kl[0],
             kl_ref_per_token=kl[1], rho=self.rho.take() if self.rho is not None else {},
+            groups_trained=self._take_trained(),
             seconds={k: round(v, 3) for k, v in seconds.items()})
+
+    def _take_trained(self) -> dict[str, int]:
+        """Groups trained on per kind since the last round, over every process (a collective)."""
+        counts = reduce_sums([self.trained[k] for k in KINDS])
+        self.trained = dict.fromkeys(KINDS, 0.0)
+        return {k: int(v) for k, v in zip(KINDS, counts, strict=True)}
 
     def _held_out(self) -> dict[str, float]:
         run, config = self.run, self.config
@@ -335,6 +353,7 @@ def flat_metrics(stats: RefreshRound) -> dict[str, float]:
     out["kl_ref_per_token"] = math.nan if stats.kl_ref_per_token is None else stats.kl_ref_per_token
     out |= {f"score/{k}": v for k, v in stats.scores.items()}
     out |= {f"held_out/{k}": v for k, v in stats.held_out.items()}
+    out |= {f"trained/{k}": float(v) for k, v in stats.groups_trained.items()}
     out |= {f"rho/{kind}/{k}": v for kind, d in stats.rho.items() for k, v in d.items()}
     out |= {f"seconds/{k}": v for k, v in stats.seconds.items()}
     return out
