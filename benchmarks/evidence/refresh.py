@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -361,7 +362,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = settings(args.quick)
     shared = {k: v for k, v in cfg.items() if k != "seeds"}
     jobs = [{**shared, "seed": s} for s in cfg["seeds"]]
-    t0 = time.perf_counter()
+    t0, load_start = time.perf_counter(), os.getloadavg()
     cache = None if args.quick else Path(tempfile.gettempdir()) / "grouppref-evidence" / "refresh"
     runs = c.run_pool(run_job, jobs, args.workers, cache)
     summary = summarise(runs)
@@ -369,6 +370,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"experiment": "refresh", "quick": args.quick, "settings": cfg,
               "testbed": vars(c.Testbed()), "methods": list(METHODS),
               "environment": c.environment(), "wall_s": time.perf_counter() - t0,
+              "load_average": {"start": load_start, "end": os.getloadavg()},
               "summary": summary, "runs": runs}
     c.write_json(args.out / f"{name}.json", json.loads(json.dumps(result, default=float)))
     (args.out / f"{name}_table.md").write_text(table(summary) + "\n", encoding="utf-8")
