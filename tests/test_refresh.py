@@ -9,11 +9,8 @@ back on resume, and a 2-process DDP launch on gloo.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -33,6 +30,7 @@ from grouppref.train.data import TokenizedGroup, collate_groups
 from grouppref.train.refresh_buffer import FreshBuffer, RhoStats, concat_batches
 from grouppref.train.refresh_round import round_prompts
 from grouppref.train.trainer import train
+from tests.test_ddp import torchrun_cpu
 from tests.test_trainer import synthetic_group, synthetic_groups
 
 REPO = Path(__file__).resolve().parents[1]
@@ -347,22 +345,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_ddp_processes_share_one_buffer(tiny_lm_dir: Path, tmp_path: Path) -> None:
-    script = tmp_path / "ddp_refresh.py"
-    script.write_text(SCRIPT)
-    out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--standalone", str(script), str(tiny_lm_dir), str(out)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"torchrun timed out:\n{stdout[-3000:]}\n{stderr[-6000:]}")
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
+    out = torchrun_cpu(tmp_path, SCRIPT, tiny_lm_dir)
     b0, b1 = (json.loads((out / f"buffer-{r}.json").read_text()) for r in (0, 1))
     assert b0 == b1 and len(b0) == 5  # the same buffer on both processes, capped at 5
     assert {row[0] for row in b0} == {0, 1}
