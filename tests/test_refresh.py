@@ -23,7 +23,7 @@ from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.stage import run_aggregate
 from grouppref.runs.store import RunStore
-from grouppref.schemas import AnnotatedGroup, Prompt, ValidatedGroup, make_group_id
+from grouppref.schemas import AnnotatedGroup, ValidatedGroup
 from grouppref.schemas.arrow import to_dataset
 from grouppref.train.config import DataConfig, RefreshConfig, TrainConfig
 from grouppref.train.data import TokenizedGroup, collate_groups
@@ -31,7 +31,7 @@ from grouppref.train.refresh_buffer import FreshBuffer, RhoStats, concat_batches
 from grouppref.train.refresh_round import round_prompts
 from grouppref.train.trainer import train
 from tests.test_ddp import torchrun_cpu
-from tests.test_trainer import synthetic_group, synthetic_groups
+from tests.test_trainer import synthetic_groups
 
 REPO = Path(__file__).resolve().parents[1]
 PLAIN = DataConfig(chat_template=False, max_response_length=32)
@@ -216,25 +216,24 @@ def test_resume_reads_rounds_back_and_continues_exactly(tiny_lm_dir: Path, tmp_p
               resume=True)
 
 
-def _with_reference(prompt: Prompt, i: int) -> ValidatedGroup:
-    """A synthetic group whose prompt has the reference answer 4817 (the tiny random model
-    never writes it: verify ties every candidate)."""
-    group = synthetic_group(i, "train", random.Random(i))
-    prompt = Prompt(prompt_id=f"q{i}", text=f"What is 4800 + {17 + 0 * i} (case {i})?",
-                    reference="4817")
-    return group.model_copy(update={"prompt": prompt, "group_id": make_group_id(prompt)})
-
-
-def test_a_round_without_signal_trains_on_offline_groups(tiny_lm_dir: Path,
-                                                         tmp_path: Path) -> None:
-    groups = [_with_reference(Prompt(prompt_id="x", text="x"), i) for i in range(8)]
+def test_a_round_from_a_prompt_file_without_signal_trains_offline(tiny_lm_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """Prompts from refresh.source with reference answers (the offline groups have none); the
+    tiny random model never writes 4817, so verify ties every candidate: no signal."""
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"prompt_id": f"q{i}", "reference": "4817",
+                                          "prompt": f"What is 4800 + 17? (case {i})"}) + "\n"
+                              for i in range(6)))
     config = refresh_config(tiny_lm_dir, max_steps=2, refresh={
-        "rankers": [{"kind": "rule", "checks": [{"check": "verify"}]}]})
-    result = train(config, groups, tmp_path / "out")
+        "source": str(source), "rankers": [{"kind": "rule", "checks": [{"check": "verify"}]}]})
+    result = train(config, synthetic_groups(8, 0), tmp_path / "out")
     (first,) = result.stats.refresh
     assert first.groups == 4 and first.without_signal == 4 and first.added == 0
     assert first.scores == {"rule:verify": 0.0}
-    assert result.stats.steps == 2
+    written = RunStore(tmp_path / "out" / "refresh").load_records("round-000", AnnotatedGroup)
+    assert {g.prompt.reference for g in written} == {"4817"}
+    assert {g.prompt.prompt_id for g in written} <= {f"q{i}" for i in range(6)}
+    assert result.stats.steps == 2  # trained on the offline groups alone
 
 
 def test_bad_refresh_input_fails_before_any_model_loads(tiny_lm_dir: Path, tmp_path: Path) -> None:
