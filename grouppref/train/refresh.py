@@ -176,7 +176,8 @@ class Refresher:
             logps = self._behaviour(tokenized)
             tokenized = [dataclasses.replace(g, behavior_logps=list(logps[g.group_id]))
                          for g in tokenized]
-            made["groups"] = [with_behaviour(g, logps, tokenized) for g in groups]
+            kept = {g.group_id: g.candidate_ids for g in tokenized}
+            made["groups"] = [with_behaviour(g, logps, kept) for g in groups]
         filled = self._with_reference(tokenized)
         signal = {g.group_id for g in validated if has_signal(g)}
         added = [g for g in filled if g.group_id in signal]
@@ -313,15 +314,14 @@ def _autocast(mixed_precision: str) -> torch.dtype | None:
 
 
 def with_behaviour(group: AnnotatedGroup, logps: dict[str, list[float]],
-                   tokenized: list[TokenizedGroup]) -> AnnotatedGroup:
+                   kept: dict[str, list[str]]) -> AnnotatedGroup:
     """``group`` with each candidate's ``behavior_logp`` replaced by its re-scored log-prob
-    (``logps``: group id -> values in the order of the tokenized group's candidates), the
-    sampler's own value kept as ``source.params["sampled_logp"]``. Groups the trainer could
-    not tokenise (never trained on) keep the sampler's value."""
-    tok = next((t for t in tokenized if t.group_id == group.group_id), None)
-    if tok is None:
+    (``logps``: group id -> values for the candidate ids ``kept[group id]``, those the trainer
+    tokenised), the sampler's own value kept as ``source.params["sampled_logp"]``. Groups the
+    trainer could not tokenise (never trained on) keep the sampler's value."""
+    if group.group_id not in kept:
         return group
-    new = dict(zip(tok.candidate_ids, logps[group.group_id], strict=True))
+    new = dict(zip(kept[group.group_id], logps[group.group_id], strict=True))
     candidates = [c if c.candidate_id not in new else c.model_copy(update={
         "behavior_logp": min(new[c.candidate_id], 0.0),
         "source": c.source.model_copy(update={"params": {
