@@ -27,6 +27,7 @@ from grouppref.schemas import AnnotatedGroup, ValidatedGroup
 from grouppref.schemas.arrow import to_dataset
 from grouppref.train.config import DataConfig, RefreshConfig, TrainConfig
 from grouppref.train.data import TokenizedGroup, collate_groups
+from grouppref.train.refresh import on_policy_kl
 from grouppref.train.refresh_buffer import FreshBuffer, RhoStats, concat_batches
 from grouppref.train.refresh_round import round_prompts
 from grouppref.train.trainer import train
@@ -120,6 +121,27 @@ def test_round_prompts_are_distinct_and_cover_the_pool() -> None:
     assert all(len(set(r)) == 4 for r in rounds)
     assert set(rounds[0] + rounds[1] + rounds[2][:2]) == set(range(10))  # one pass = the pool
     assert rounds == [round_prompts(10, 4, r, seed=3) for r in range(5)]
+
+
+def test_on_policy_kl_is_k3_unbiased_and_never_negative() -> None:
+    # a policy and a reference over 3 one-token responses; candidates sampled from the policy
+    pi, ref = torch.tensor([0.6, 0.3, 0.1]), torch.tensor([0.2, 0.3, 0.5])
+    exact = float((pi * (pi / ref).log()).sum())
+    draws = torch.multinomial(pi, 30_000, replacement=True, generator=torch.Generator().manual_seed(0))
+    cands = [[int(t)] for t in draws]
+    group = TokenizedGroup(
+        group_id="g", prompt_ids=[1], cand_ids=cands, p_ij=[], w_ij=[], order=[],
+        ref_logps=[float(ref[t].log()) for t in draws], split=None,
+        behavior_logps=[float(pi[t].log()) for t in draws])
+    per_response, per_token = on_policy_kl([group])
+    assert per_response == pytest.approx(exact, rel=0.05) and per_token == per_response
+    # a few samples where the plain mean of log pi - log pi_ref is negative: k3 stays >= 0
+    few = TokenizedGroup(group_id="f", prompt_ids=[1], cand_ids=[[2], [2, 3]], p_ij=[], w_ij=[],
+                         order=[], ref_logps=[-1.0, -3.0], behavior_logps=[-1.5, -2.9], split=None)
+    assert sum(b - r for b, r in zip(few.behavior_logps, few.ref_logps)) < 0  # type: ignore[operator]
+    k3 = [torch.expm1(torch.tensor(0.5)) - 0.5, torch.expm1(torch.tensor(-0.1)) + 0.1]
+    assert on_policy_kl([few]) == pytest.approx((float(sum(k3)) / 2, float(k3[0] + k3[1] / 2) / 2))
+    assert on_policy_kl([]) == (None, None)
 
 
 @pytest.mark.parametrize(("over", "match"), [

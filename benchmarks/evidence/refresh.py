@@ -29,7 +29,7 @@ TRL: prompt + completion of each completion) and the tokens generated. Results a
 equal trained tokens (those of ``offline``'s whole run) and at equal wall time (the shortest
 run of the seed), by linear interpolation between evaluations.
 
-    .venv/bin/python -m benchmarks.evidence.refresh --workers 1
+    .venv/bin/python -m benchmarks.evidence.refresh --workers 1 [--seeds N]
     .venv/bin/python -m benchmarks.evidence.refresh --quick
 """
 
@@ -358,8 +358,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="tiny sizes for the CI smoke test")
     ap.add_argument("--out", type=Path, default=c.DOCS, help="folder for JSON, table, plot")
     ap.add_argument("--workers", type=int, default=1, help="processes (one torch thread each)")
+    ap.add_argument("--seeds", type=int, default=None, help="first N seeds only (default: all)")
     args = ap.parse_args(argv)
     cfg = settings(args.quick)
+    if args.seeds is not None:
+        cfg["seeds"] = cfg["seeds"][:args.seeds]
     shared = {k: v for k, v in cfg.items() if k != "seeds"}
     jobs = [{**shared, "seed": s} for s in cfg["seeds"]]
     t0, load_start = time.perf_counter(), os.getloadavg()

@@ -332,16 +332,20 @@ def with_behaviour(group: AnnotatedGroup, logps: dict[str, list[float]],
 
 
 def on_policy_kl(groups: list[TokenizedGroup]) -> tuple[float | None, float | None]:
-    """``KL(pi || pi_ref)`` estimated on candidates sampled from ``pi``: the mean over them of
-    ``log pi(y) - log pi_ref(y)`` (their behaviour and reference log-probs), per response and
-    per token. Unbiased at temperature 1 and top_p 1 (else it measures the sampler's shift)."""
-    diffs = [(b - r, (b - r) / max(len(ids), 1))
+    """``KL(pi || pi_ref)`` estimated on candidates sampled from ``pi`` with Schulman's k3
+    estimator: the mean over them of ``e^d - 1 - d``, ``d = log pi_ref(y) - log pi(y)`` (their
+    reference and behaviour log-probs), per response and per token (each response's term over
+    its length). Unbiased like the plain mean of ``-d`` but never negative, so a few samples
+    cannot report a negative KL. Exact at temperature 1 and top_p 1 (else it measures the
+    sampler's shift as well)."""
+    terms = [(k3, k3 / max(len(ids), 1))
              for g in groups for b, r, ids in zip(g.behavior_logps, g.ref_logps or [], g.cand_ids,
                                                   strict=False)
-             if b is not None]
-    if not diffs:
+             if b is not None
+             for k3 in (math.expm1(min(r - b, 50.0)) - (r - b),)]
+    if not terms:
         return None, None
-    return (sum(d for d, _ in diffs) / len(diffs), sum(d for _, d in diffs) / len(diffs))
+    return (sum(t for t, _ in terms) / len(terms), sum(t for _, t in terms) / len(terms))
 
 
 def flat_metrics(stats: RefreshRound) -> dict[str, float]:
