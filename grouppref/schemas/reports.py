@@ -153,8 +153,8 @@ class RefreshRound(_Report):
     held_out: dict[str, float] = Field(description="Held-out metrics of the policy at this step "
                                        "(pair_accuracy, margin, kl, ...; empty: no held-out split).")
     kl_ref: float | None = Field(description="On-policy estimate of KL(policy || reference) per "
-                                 "response: k3 estimate, mean of e^d - 1 - d with d = log pi_ref - log pi, over "
-                                 "fresh candidates (never negative).")
+                                 "response: k3 estimate, mean of e^d - 1 - d with "
+                                 "d = log pi_ref - log pi, over fresh candidates (never negative).")
     kl_ref_per_token: float | None = Field(description="The same per response token.")
     groups_trained: dict[str, int] = Field(
         default_factory=dict, description="Groups trained on since the previous round, per kind "
