@@ -399,7 +399,7 @@ def test_evidence_quick_mode(tmp_path: Path) -> None:
         assert methods["offline"]["rounds"] == 0
         assert methods["grpo"]["curve"][-1]["tokens_trained"] >= run["budget"]["tokens_trained"]
         assert set(methods["refresh_fast"]["rho"]) >= {"offline", "fresh_newest"}
-    for budget in ("equal_tokens", "equal_wall"):
+    for budget in ("equal_tokens", "equal_wall", "equal_kl"):
         block = result["summary"]["budgets"][budget]
         assert set(block["methods"]) == set(experiment.METHODS)
         ci = block["vs_offline"]["refresh_fast"]["reward_gain"]

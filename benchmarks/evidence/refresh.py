@@ -27,7 +27,9 @@ gain of its samples in reference-std units, pair accuracy of its implicit reward
 wall time (evaluation excluded), the tokens trained (prompt + candidate tokens of each batch;
 TRL: prompt + completion of each completion) and the tokens generated. Results are read at
 equal trained tokens (those of ``offline``'s whole run) and at equal wall time (the shortest
-run of the seed), by linear interpolation between evaluations.
+run of the seed), and at equal KL(policy || reference) (offline's at its end: how much reward
+each method buys per distance from the reference), by linear interpolation between
+evaluations.
 
     .venv/bin/python -m benchmarks.evidence.refresh --workers 1 [--seeds N]
     .venv/bin/python -m benchmarks.evidence.refresh --quick
@@ -260,13 +262,16 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
 # -- summary ----------------------------------------------------------------------------------
 def at(curve: list[dict[str, Any]], axis: str, x: float, metric: str) -> float:
-    """``metric`` at ``axis`` = x by linear interpolation of the curve (held past its end)."""
-    xs = [p[axis] for p in curve]
+    """``metric`` at ``axis`` = x by linear interpolation of the curve (held past its end);
+    an axis that is not monotone (KL) is read as its running maximum, i.e. where the curve
+    first reaches x."""
+    xs = np.maximum.accumulate([p[axis] for p in curve])
     return float(np.interp(x, xs, [p[metric] for p in curve]))
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per budget (equal trained tokens, equal wall time) and metric: mean ± std per method and
+    """Per budget (equal trained tokens, equal wall time, equal KL to the reference: those of
+    offline's whole run, the shortest run, offline's final KL) and metric: mean ± std per method and
     paired differences (95% t intervals) against offline and against grpo."""
     out: dict[str, Any] = {"budgets": {}}
     values: dict[str, dict[str, dict[str, list[float]]]] = {}
@@ -275,8 +280,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         tokens = m["offline"]["curve"][-1]["tokens_trained"]
         wall = min(r["curve"][-1]["wall_s"] for r in m.values())
         run["budget"] = {"tokens_trained": tokens, "wall_s": wall}
+        kl = m["offline"]["curve"][-1]["kl"]
+        run["budget"]["kl"] = kl
         for budget, axis, x in (("equal_tokens", "tokens_trained", tokens),
-                                ("equal_wall", "wall_s", wall)):
+                                ("equal_wall", "wall_s", wall), ("equal_kl", "kl", kl)):
             for method in METHODS:
                 for metric in METRICS:
                     values.setdefault(budget, {}).setdefault(method, {}).setdefault(
@@ -297,7 +304,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                         + r["methods"][method].get("tokens_generated_offline", 0) for r in runs])}
                     for method in METHODS}
     out["budget_values"] = {k: c.mean_std([r["budget"][k] for r in runs])
-                            for k in ("tokens_trained", "wall_s")}
+                            for k in ("tokens_trained", "wall_s", "kl")}
     return out
 
 
