@@ -33,15 +33,16 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
-def test_two_cpu_processes_keep_replicas_equal(tiny_lm_dir: Path, tmp_path: Path) -> None:
-    script = tmp_path / "ddp_train.py"
-    script.write_text(SCRIPT)
-    out = tmp_path / "out"
+def torchrun_cpu(tmp_path: Path, source: str, model: Path, processes: int = 2) -> Path:
+    """Run the script ``source`` with arguments ``MODEL OUT`` under ``torchrun
+    --nproc_per_node PROCESSES`` on the CPU (gloo); fail the test with the processes' output
+    unless it exits 0 within 10 minutes. Returns ``OUT`` (``tmp_path / "out"``)."""
+    script, out = tmp_path / "ddp_script.py", tmp_path / "out"
+    script.write_text(source)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--standalone", str(script), str(tiny_lm_dir), str(out)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+           "--standalone", str(script), str(model), str(out)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -51,6 +52,12 @@ def test_two_cpu_processes_keep_replicas_equal(tiny_lm_dir: Path, tmp_path: Path
         stdout, stderr = proc.communicate()
         pytest.fail(f"torchrun timed out:\n{stdout[-3000:]}\n{stderr[-6000:]}")
     assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
+    return out
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_keep_replicas_equal(tiny_lm_dir: Path, tmp_path: Path) -> None:
+    out = torchrun_cpu(tmp_path, SCRIPT, tiny_lm_dir)
     r0, r1 = torch.load(out / "replica-0.pt"), torch.load(out / "replica-1.pt")
     initial = torch.cat([p.flatten() for p in _load(tiny_lm_dir).parameters()])
     assert torch.equal(r0, r1)  # gradients were all-reduced: the replicas agree bit for bit

@@ -1,4 +1,4 @@
-"""Build the instruction-following prompts of the IFEval-style experiment (docs/evidence.md §6).
+"""Build the instruction-following prompts of the IFEval-style experiment.
 
 Prompts are topic x task x constraints, with 1 or 2 verifiable constraints each, all meetable
 in a short answer (<= 48 tokens). Each prompt's constraints go into its metadata as IFEval ids

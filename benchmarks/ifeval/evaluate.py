@@ -1,4 +1,4 @@
-"""Held-out constraint satisfaction of a model (docs/evidence.md §6): for every held-out prompt,
+"""Held-out constraint satisfaction of a model: for every held-out prompt,
 one greedy answer and S samples (temperature T), each checked with the package's constraint
 checks (:mod:`grouppref.pipeline.rank.constraints`, the same checks the rule ranker used to rank
 the training groups), and the KL divergence to the reference model along each answer.

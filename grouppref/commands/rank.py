@@ -23,7 +23,8 @@ ENSEMBLE_HELP = ("Weighted ensemble as an extra ranking: KEY=WEIGHT,... with key
                  "kinds (reward, rule, verify, similarity, judge; judge-2 for a second judge).")
 
 
-def _rankers(specs: list[str]) -> list[dict[str, Any]]:
+def parse_rankers(specs: list[str]) -> list[dict[str, Any]]:
+    """``--ranker SPEC`` values as ranker settings (also ``train --refresh-ranker``)."""
     return [parse_ranker_spec(spec).model_dump(mode="json") for spec in specs]
 
 
@@ -76,7 +77,7 @@ rank = config_command(
             "--batch-size", help="Sequences per forward pass of every model ranker.",
             show_default=False)], None),
     ],
-    custom={"rankers": Custom("--ranker", RANKER_HELP, _rankers, multiple=True, metavar="SPEC"),
+    custom={"rankers": Custom("--ranker", RANKER_HELP, parse_rankers, multiple=True, metavar="SPEC"),
             "ensemble": Custom("--ensemble", ENSEMBLE_HELP,
                                lambda spec: {"weights": parse_weights(spec)},
                                metavar="KEY=WEIGHT,...")})

@@ -11,11 +11,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from grouppref.commands.options import Custom, Extra, config_command
+from grouppref.commands.options import Custom, Extra, config_command, help_of
 from grouppref.commands.output import err, out, print_counts, print_stage
+from grouppref.commands.rank import ENSEMBLE_HELP, RANKER_HELP, parse_rankers
 from grouppref.errors import ConfigError
+from grouppref.pipeline.rank.settings import parse_weights
 from grouppref.schemas.reports import EvalReport, TrainStats
-from grouppref.train.config import EvalConfig, TrainConfig
+from grouppref.train.config import EvalConfig, RefreshConfig, TrainConfig
 
 DataArg = Annotated[str, typer.Argument(metavar="DATA",
     help="A run directory (reads RUN/validate), a saved dataset of ValidatedGroup rows, or a "
@@ -78,9 +80,27 @@ def _print_stats(stats: TrainStats, model_dir: str) -> None:
         if any(c != "" for c in cells):
             table.add_row(name, *cells)
     out.print(table)
+    if stats.refresh:
+        _print_refresh(stats)
     if stats.groups.truncated_responses:
         err.print(f"{stats.groups.truncated_responses} responses were truncated to "
                   "max_response_length (--overflow reject drops them instead)")
+
+
+def _print_refresh(stats: TrainStats) -> None:
+    """One row per refresh round: what it added, the rankers' mean score of the policy's
+    samples, held-out pair accuracy, on-policy KL to the reference, where the time went."""
+    rankers = sorted({k for r in stats.refresh for k in r.scores})
+    table = Table(title="refresh rounds")
+    for col in ("round", "step", "groups", "added", "buffer", *rankers, "held-out acc.",
+                "KL ref", "gen s", "train s"):
+        table.add_column(col, justify="right")
+    for r in stats.refresh:
+        table.add_row(str(r.round), str(r.step), str(r.groups), str(r.added), str(r.buffer),
+                      *[_fmt(r.scores.get(k)) for k in rankers],
+                      _fmt(r.held_out.get("pair_accuracy")), _fmt(r.kl_ref),
+                      _fmt(r.seconds.get("generate")), _fmt(r.seconds.get("train")))
+    out.print(table)
 
 
 def _fmt(value: Any) -> str:
@@ -108,10 +128,17 @@ train = config_command(
             "--reference-cache", help="Folder of cached reference log-probs (default: "
             "RUN/train/reference in a run, else OUT/reference).", show_default=False)], None),
     ],
-    flatten={"data": "{}", "lora": "lora-{}"},
-    rename={"lora.target_modules": "--lora-target"},
+    flatten={"data": "{}", "lora": "lora-{}", "refresh": "refresh-{}"},
+    rename={"lora.target_modules": "--lora-target", "refresh.fresh_share": "--fresh-share",
+            "refresh.buffer": "--buffer"},
     custom={"importance_clip": Custom("--importance-clip", TrainConfig.model_fields[
-        "importance_clip"].description + " Format: LOW,HIGH.", _clip, metavar="LOW,HIGH")},
+        "importance_clip"].description + " Format: LOW,HIGH.", _clip, metavar="LOW,HIGH"),
+            "refresh.rankers": Custom(
+                "--refresh-ranker", help_of(RefreshConfig, "rankers") + " " + RANKER_HELP,
+                parse_rankers, multiple=True, metavar="SPEC"),
+            "refresh.ensemble": Custom(
+                "--refresh-ensemble", ENSEMBLE_HELP, lambda spec: {"weights": parse_weights(spec)},
+                metavar="KEY=WEIGHT,...")},
     force_help="Train again even when RUN/train is cached.")
 
 

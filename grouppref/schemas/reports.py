@@ -143,6 +143,44 @@ class ReferenceInfo(_Report):
     entry: str
 
 
+class RefreshRound(_Report):
+    """One refresh round of training (``RUN/train/refresh/round-NNN`` manifest stats, one
+    ``split: refresh`` line of ``metrics.jsonl`` and an entry of ``TrainStats.refresh``)."""
+
+    round: int
+    step: int = Field(description="Optimizer steps done when the round sampled (the policy's step).")
+    prompts: int = Field(description="Prompts sampled this round (all processes).")
+    groups: int = Field(description="Fresh groups generated and ranked (written to the round).")
+    rejected: int = Field(description="Prompts without a group (too long, too few distinct "
+                          "candidates).")
+    without_signal: int = Field(description="Groups whose aggregate decides no pair (every "
+                                "candidate tied): written, not trained on.")
+    added: int = Field(description="Fresh groups added to the buffer.")
+    buffer: int = Field(description="Fresh groups in the buffer after the round.")
+    tokens_generated: int
+    scores: dict[str, float] = Field(description="Mean score of the fresh candidates per ranker "
+                                     "(annotator id): the rankers' reward of the current policy.")
+    held_out: dict[str, float] = Field(description="Held-out metrics of the policy at this step "
+                                       "(pair_accuracy, margin, kl, ...; empty: no held-out split).")
+    kl_ref: float | None = Field(description="On-policy estimate of KL(policy || reference) per "
+                                 "response: k3 estimate, mean of e^d - 1 - d with "
+                                 "d = log pi_ref - log pi, over fresh candidates (never negative).")
+    kl_ref_per_token: float | None = Field(description="The same per response token.")
+    groups_trained: dict[str, int] = Field(
+        default_factory=dict, description="Groups trained on since the previous round, per kind "
+        "(offline; fresh_newest: from the newest round then; fresh_older: from earlier rounds).")
+    rho: dict[str, dict[str, float]] = Field(
+        description="Importance weights applied since the previous round, per kind of group "
+        "(as in groups_trained): candidates with a behaviour log-prob, mean weight and share "
+        "clipped (empty without importance_clip).")
+    seconds: dict[str, float] = Field(
+        description="Wall time of the round by phase (generate, rank, aggregate, score: "
+        "behaviour and reference log-probs, eval) and of the training since the previous "
+        "round (train).")
+    loaded: bool = Field(default=False, description="Read back from disk on resume, not sampled "
+                         "again.")
+
+
 class TrainStats(_Report):
     """What a training run measured (``RUN/train`` manifest stats and ``metrics.json``)."""
 
@@ -155,6 +193,8 @@ class TrainStats(_Report):
     groups: GroupCounts
     reference: ReferenceInfo
     seconds: float
+    refresh: list[RefreshRound] = Field(default_factory=list, description="Refresh rounds, in "
+                                        "order (empty without refresh).")
 
 
 class EvalReport(_Report):

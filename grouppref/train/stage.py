@@ -67,7 +67,8 @@ def run_train(store: RunStore, config: TrainConfig, force: bool = False, *,
         stage = store.open_stage(STAGE, settings, inputs=[INPUT_STAGE], record_type=ValidatedGroup,
                                  stage_version=STAGE_VERSION, force=True)
     result = train(config, data.groups, out, resume=resume,
-                   reference_cache=reference_cache or store.stage_dir(STAGE) / "reference")
+                   reference_cache=reference_cache or store.stage_dir(STAGE) / "reference",
+                   refresh_dir=store.stage_dir(STAGE) / "refresh")
     if stage is not None:
         used = set(result.used)
         records = [g for g in data.groups if g.group_id in used]

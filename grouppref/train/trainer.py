@@ -72,6 +72,7 @@ class _Run:
     log: checkpoint.MetricsLog
     objective: Objective
     last_train: dict[str, float] = field(default_factory=dict)
+    refresh: Any = None  # a grouppref.train.refresh.Refresher when config.refresh is set
 
 
 # -- one step ---------------------------------------------------------------------------------
@@ -81,6 +82,8 @@ def _micro_step(run: _Run, batch: GroupBatch, window: checkpoint.Window) -> None
     acc, config = run.accelerator, run.config
     with acc.accumulate(run.model):
         out = step_loss(run.model, batch, run.objective, share_prefix=config.share_prefix)
+        if run.refresh is not None:
+            run.refresh.observe(batch, out.logps)
         acc.backward(out.loss.mean())
         if acc.sync_gradients:
             norm = acc.clip_grad_norm_(run.model.parameters(), config.max_grad_norm)
@@ -136,6 +139,8 @@ def _loop(run: _Run) -> None:
         loader = (acc.skip_first_batches(run.loader, state.batch_in_epoch)
                   if state.batch_in_epoch else run.loader)
         for batch in loader:
+            if run.refresh is not None:  # runs a refresh round when due, adds fresh groups
+                batch = run.refresh.mix(batch, state)
             _micro_step(run, batch, window)
             state.batch_in_epoch += 1
             if acc.sync_gradients:
@@ -240,7 +245,9 @@ def _build_run(config: TrainConfig, accelerator: Any, model: Any, train_set: lis
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    loader = DataLoader(train_set, batch_size=config.batch_size, shuffle=True,  # type: ignore[arg-type]
+    batch_size = (config.refresh.offline_per_batch(config.batch_size) if config.refresh
+                  else config.batch_size)  # refresh: fresh groups fill the rest of each batch
+    loader = DataLoader(train_set, batch_size=batch_size, shuffle=True,  # type: ignore[arg-type]
                         collate_fn=partial(collate_groups, pad_token_id=pad_token_id))
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     steps_per_epoch = math.ceil(len(loader) / config.grad_accum)
@@ -276,7 +283,8 @@ def _save_model(run: _Run, tokenizer: Any) -> Any:
 
 
 def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | Path, *,
-          resume: bool | str | Path = False, reference_cache: Path | None = None) -> TrainResult:
+          resume: bool | str | Path = False, reference_cache: Path | None = None,
+          refresh_dir: Path | None = None) -> TrainResult:
     """Train ``config.model`` on ``groups`` with the configured group loss.
 
     Args:
@@ -290,6 +298,8 @@ def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | 
             ``out_dir/checkpoints``; a path: from that checkpoint.
         reference_cache (Path | None): folder of reference log-prob caches
             (default ``out_dir/reference``).
+        refresh_dir (Path | None): where refresh rounds are written (default
+            ``out_dir/refresh``; see :mod:`grouppref.train.refresh`).
 
     Returns:
         TrainResult: the trained model, tokenizer, final metrics and rejects.
@@ -311,6 +321,11 @@ def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | 
         checkpoint.check_compatible(ckpt, config)
     tokenizer = load_tokenizer(config.model, padding_side="right")
     train_set, held_out, rejects = split_groups(groups, tokenizer, config)
+    plan = None
+    if config.refresh is not None:  # refresh: checked before any model loads
+        from grouppref.train.refresh_round import plan_refresh
+
+        plan = plan_refresh(config, groups, tokenizer, accelerator.distributed_type.value)
     policy = load_causal_lm(config.model, device=str(accelerator.device))
     if config.disable_dropout:
         _disable_dropout(policy)
@@ -323,6 +338,12 @@ def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | 
         run.state = checkpoint.load(accelerator, ckpt, config)
     run.log.open(fresh=ckpt is None, after_step=run.state.step)
     accelerator.init_trackers("grouppref", config=checkpoint.flat_config(config))
+    if plan is not None:
+        from grouppref.train.refresh import Refresher
+
+        run.refresh = Refresher(plan, run, tokenizer, refresh_dir or out_dir / "refresh",
+                                reference_cache or out_dir / "reference")
+        run.refresh.start(fresh=ckpt is None)
     if held_out and run.state.step == 0:
         _log_eval(run)
     _loop(run)
@@ -338,7 +359,10 @@ def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | 
         "reference": {"model": ref_info.model, "cached": ref_info.cached,
                       "entry": str(ref_info.entry)},
         "seconds": round(time.perf_counter() - t0, 3),
+        "refresh": [r.model_dump(mode="json") for r in run.refresh.rounds] if run.refresh else [],
     }))
+    if run.refresh is not None:
+        run.refresh.close()
     if accelerator.is_main_process:
         (out_dir / "metrics.json").write_text(stats.model_dump_json(indent=2) + "\n")
     accelerator.end_training()

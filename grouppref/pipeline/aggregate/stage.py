@@ -13,19 +13,28 @@ the consensus order's hard targets; ``pair_targets="auto"`` (the default) picks 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.aggregate.config import INPUT_STAGES, STAGE, STAGE_VERSION, AggregateConfig
-from grouppref.pipeline.aggregate.fit import fit_groups, resolve_targets, with_targets
-from grouppref.pipeline.aggregate.outcome import build_report, decide, group_outcome, slot_weights
+from grouppref.pipeline.aggregate.fit import BTFit, fit_groups, resolve_targets, with_targets
+from grouppref.pipeline.aggregate.outcome import (
+    Decisions,
+    build_report,
+    decide,
+    group_outcome,
+    slot_weights,
+)
 from grouppref.pipeline.aggregate.parse import ParsedInput, encode_rankings, parse_rows
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import AggregateReport
 from grouppref.stats import bt
-from grouppref.stats.reliability import estimate_reliability, noise_rate
+from grouppref.stats.reliability import Reliability, estimate_reliability, noise_rate
 
 REPORT = "report.json"
 
@@ -53,6 +62,36 @@ def _kind_weights(parsed: ParsedInput, config: AggregateConfig) -> torch.Tensor:
                         dtype=bt.DTYPE)
 
 
+@dataclass
+class Aggregation:
+    """The fit of every parsed group: annotator reliability, the BT fit (numpy) and what
+    the noise rules decide for each group."""
+
+    rel: Reliability
+    fit: BTFit
+    dec: Decisions
+    targets: Literal["soft", "hard"]  # the pair targets written (resolve_targets)
+
+
+def fit_parsed(parsed: ParsedInput, config: AggregateConfig) -> Aggregation:
+    """Reliability -> weighted per-group BT fit -> noise-rule decisions, for all groups at once
+    (the aggregate stage's numerics; the trainer's refresh rounds use them too). Turn the
+    result into rows with :func:`~grouppref.pipeline.aggregate.outcome.group_outcome`."""
+    ranks, ann, valid = encode_rankings(parsed)
+    with bt.torch_threads(1):  # many tiny problems: threads only add contention
+        rel = estimate_reliability(
+            ranks, ann, _kind_weights(parsed, config), alpha=config.prior_strength,
+            iterations=config.reliability_iterations, min_groups=config.min_groups_for_reliability,
+            unreliable_tau=config.unreliable_tau, z=config.unreliable_z,
+            drop=config.drop_unreliable, batch_size=config.batch_size, max_iter=config.max_iter,
+            tie_tol=config.tie_tolerance)
+        slot_w = slot_weights(ann, rel.annotator_weight)
+        targets = resolve_targets(config, noise_rate(rel))
+        fit = with_targets(fit_groups(ranks, slot_w, valid, config), targets)
+    fit_np = fit.numpy()
+    return Aggregation(rel=rel, fit=fit_np, dec=decide(ann, rel, fit_np, config), targets=targets)
+
+
 def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
                   ) -> StageRun[ValidatedGroup]:
     """Aggregate the rankings of every group of the input stage into ValidatedGroups.
@@ -78,19 +117,8 @@ def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
         return stage
     parsed = parse_rows(rows, source, STAGE)
     stage.add_rejects("input", parsed.rejects)
-    ranks, ann, valid = encode_rankings(parsed)
-    with bt.torch_threads(1):  # many tiny problems: threads only add contention
-        rel = estimate_reliability(
-            ranks, ann, _kind_weights(parsed, config), alpha=config.prior_strength,
-            iterations=config.reliability_iterations, min_groups=config.min_groups_for_reliability,
-            unreliable_tau=config.unreliable_tau, z=config.unreliable_z,
-            drop=config.drop_unreliable, batch_size=config.batch_size, max_iter=config.max_iter,
-            tie_tol=config.tie_tolerance)
-        slot_w = slot_weights(ann, rel.annotator_weight)
-        targets = resolve_targets(config, noise_rate(rel))
-        fit = with_targets(fit_groups(ranks, slot_w, valid, config), targets)
-    fit_np = fit.numpy()
-    dec = decide(ann, rel, fit_np, config)
+    agg = fit_parsed(parsed, config)
+    rel, fit_np, dec, targets = agg.rel, agg.fit, agg.dec, agg.targets
     indices = list(range(len(parsed.groups)))
     with stage_progress() as bar:
         task = bar.add_task(STAGE, total=len(indices), unit="groups",

@@ -174,6 +174,12 @@ class ShardGenerator:
             self._load_seconds += time.perf_counter() - t0
         return self._loaded[slot.key]
 
+    def attach(self, name: str, model: Any, eos_ids: Sequence[int], pad_id: int) -> None:
+        """Sample model ``name``'s slots from ``model``, already loaded (e.g. a policy being
+        trained), instead of loading it. Its generation config must be neutral
+        (:func:`~grouppref.models.sampling.neutral_generation_config`): the caller owns it."""
+        self._loaded[name] = _Loaded(model, list(eos_ids), pad_id)
+
     # -- one shard --------------------------------------------------------------------------
     def run(self, prompts: Sequence[Prompt]) -> tuple[list[CandidateGroup], list[Reject]]:
         """The groups of ``prompts`` and the rejects (whole prompts or left-out slots)."""

@@ -58,9 +58,14 @@ def ensemble_annotator(ensemble: EnsembleSettings, rankers: list[RankerSettings]
                      version=sha256_text(ensemble.model_dump_json())[:12])
 
 
-def _rank_group(group: AnnotatedGroup, outcomes: list[Outcome], config: RankConfig,
-                annotators: list[Annotator], number: int) -> tuple[AnnotatedGroup, list[Reject]]:
-    """The group with its new rankings (replacing same-id ones), and part-rejects for skips."""
+def rank_group(group: AnnotatedGroup, outcomes: list[Outcome], config: RankConfig,
+               annotators: list[Annotator], number: int) -> tuple[AnnotatedGroup, list[Reject]]:
+    """The group with its new rankings (replacing same-id ones), and part-rejects for skips.
+
+    ``outcomes`` holds one entry per ranker of ``config`` (scores in candidate order, a judge's
+    answers, or a :class:`Skip`); ``number`` is the group's 1-based input row (for the
+    rejects). Also used by the trainer's refresh rounds
+    (:mod:`grouppref.train.refresh_round`)."""
     keys = ranker_keys(config.rankers)
     new: list[Ranking] = []
     rejects: list[Reject] = []
@@ -181,8 +186,8 @@ def _rank_shards(stage: StageRun[AnnotatedGroup], rankers: list[Ranker],
             outcomes = [r.score(batch) for r in rankers]  # (rankers, groups)
             records, rejects = [], []
             for j, (number, group) in enumerate(shard.items):
-                record, part = _rank_group(group, [o[j] for o in outcomes], config, annotators,
-                                           number)
+                record, part = rank_group(group, [o[j] for o in outcomes], config, annotators,
+                                          number)
                 records.append(record)
                 rejects.extend(part)
             if servers := _server_usage(rankers, before):  # saved with the shard (resume)
