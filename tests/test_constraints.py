@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from grouppref.cli import app
 from grouppref.pipeline.imports.config import ImportConfig
-from grouppref.pipeline.imports.stage import run_import
+from grouppref.pipeline.imports.stage import run_import_candidates
 from grouppref.pipeline.rank import constraints as cs
 from grouppref.pipeline.rank.rankers import RuleRanker, Skip
 from grouppref.pipeline.rank.settings import ConstraintsCheck, RuleRankerSettings, parse_ranker_spec
@@ -186,7 +186,7 @@ def test_rank_command_with_constraints(tmp_path: Path) -> None:
     src = tmp_path / "groups.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = tmp_path / "run"
-    run_import(RunStore(run), ImportConfig(source=str(src)))
+    run_import_candidates(RunStore(run), ImportConfig(source=str(src)))
     res = CliRunner().invoke(app, ["rank", str(run), "--ranker", "rule:constraints"])
     assert res.exit_code == 0, res.output
     (group,) = RunStore(run).load_records("rank", AnnotatedGroup)

@@ -195,7 +195,7 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
         none = torch.zeros(0, dtype=torch.bool)
         return Reliability(annotator_weight=empty, tau=empty, tau_se=empty, groups=empty,
                            votes=empty, loo_disagreement=empty, flip_rate=empty,
-                           unreliable=none, dropped=none)
+                           unreliable=none, dropped=none, tie_rate=empty, tied_share=None)
     annotator_w = kind_w.clone()
     unreliable = torch.zeros(n, dtype=torch.bool)
     for _ in range(max(iterations, 1)):  # one pass even without weighting: tau is reported

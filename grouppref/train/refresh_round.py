@@ -251,10 +251,10 @@ def sample_groups(plan: RefreshPlan, model: Any, tokenizer: Any, prompts: Sequen
         seed=derive_seed(config.seed, "refresh") % 2**31, batch_size=refresh.batch_size,
         chat_template=config.data.chat_template)
     encoder = _encoder(config, tokenizer, label, plan.context)
-    generator = ShardGenerator([ModelSlot(label, label, range(refresh.k))], {label: encoder},
-                               gen_config)
+    slot = ModelSlot(gen_config.models[0], label, range(refresh.k))
+    generator = ShardGenerator([slot], {slot.key: encoder}, gen_config)
     with sampling_mode(model, tokenizer) as eos_ids:
-        generator.attach(label, model, eos_ids, tokenizer.pad_token_id)
+        generator.attach(slot.key, model, eos_ids, tokenizer.pad_token_id)
         groups, rejects = generator.run(list(prompts))
     tokens = int(generator.session_stats()["generated_tokens"])
     suffix = f"-r{round_:03d}"

@@ -174,11 +174,11 @@ class ShardGenerator:
             self._load_seconds += time.perf_counter() - t0
         return self._loaded[slot.key]
 
-    def attach(self, name: str, model: Any, eos_ids: Sequence[int], pad_id: int) -> None:
-        """Sample model ``name``'s slots from ``model``, already loaded (e.g. a policy being
+    def attach(self, key: str, model: Any, eos_ids: Sequence[int], pad_id: int) -> None:
+        """Sample the slots of the model with slot key ``key`` (:attr:`ModelSlot.key`) from ``model``, already loaded (e.g. a policy being
         trained), instead of loading it. Its generation config must be neutral
         (:func:`~grouppref.models.sampling.neutral_generation_config`): the caller owns it."""
-        self._loaded[name] = _Loaded(model, list(eos_ids), pad_id)
+        self._loaded[key] = _Loaded(model, list(eos_ids), pad_id)
 
     # -- one shard --------------------------------------------------------------------------
     def run(self, prompts: Sequence[Prompt]) -> tuple[list[CandidateGroup], list[Reject]]:
