@@ -1,0 +1,64 @@
+"""Hashes of settings, files and records: the halves of every cache key.
+
+A stage is cached when its *config hash* (the validated settings plus the stage version) and
+its *input fingerprint* (the bytes or records it read) are unchanged. Both are sha256 hex
+digests of canonical JSON, so equal values give equal keys on every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no spaces: equal values give equal strings."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def config_hash(config: BaseModel | dict[str, Any], stage_version: str) -> str:
+    """Hash of the validated settings plus the stage version (the cache key's config half).
+
+    Fields declared with ``Field(exclude=True)`` (runtime choices such as ``--wait``) are not
+    part of the dump, so they never change the key.
+    """
+    data = config.model_dump(mode="json") if isinstance(config, BaseModel) else config
+    return sha256_text(canonical_json({"config": data, "stage_version": stage_version}))
+
+
+def fingerprint_file(path: Path) -> str:
+    """sha256 of a file's bytes, or of every file under a directory (names included)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+        with file.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def fingerprint_records(records: Iterable[BaseModel]) -> str:
+    """sha256 over the canonical JSON of records, in order."""
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(canonical_json(record.model_dump(mode="json")).encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def fingerprint_inputs(external: str, stages: dict[str, str]) -> str:
+    """The input fingerprint of a stage: what it read from outside the run (a file's hash, or
+    ``""``) plus the output fingerprint of every stage of the run it read."""
+    if not stages:
+        return external
+    return sha256_text(canonical_json({"external": external, "stages": stages}))
