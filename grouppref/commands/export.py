@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from grouppref.commands.core import RunArg
+from grouppref.commands.core import AllowStale, RunArg
 from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, out, print_stage
 from grouppref.pipeline.export.config import ExportConfig
@@ -50,7 +50,8 @@ validate = config_command(
 def _run_export(config: ExportConfig, extras: dict[str, Any], force: bool) -> None:
     from grouppref.pipeline.export.stage import run_export
 
-    stage = run_export(RunStore(extras["run"]), config, force=force)
+    stage = run_export(RunStore(extras["run"]), config, force=force,
+                       allow_stale=extras["allow_stale"])
     for reject in stage.rejects()[:20]:
         err.print(f"[red]left out[/] {reject.one_line()}")
     report = ExportReport.model_validate(stage.manifest.stats)
@@ -65,7 +66,8 @@ def _run_export(config: ExportConfig, extras: dict[str, Any], force: bool) -> No
 export = config_command(
     ExportConfig, _run_export, name="export", section="export",
     doc="Export RUN/validate as groups or TRL pairs to a directory, a Parquet file or the Hub.",
-    extras=[Extra("run", RunArg)], rename={"to_dir": "--to", "private": "--private"},
+    extras=[Extra("run", RunArg), Extra("allow_stale", AllowStale, False)],
+    rename={"to_dir": "--to", "private": "--private"},
     force_help="Export again even when the same export of the same input exists.")
 
 

@@ -9,8 +9,10 @@ from typing import Any
 
 from rich.console import Console
 
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
+from grouppref.runs.progress import plain_width
+
+out = Console(soft_wrap=True, highlight=False, width=plain_width(stderr=False))
+err = Console(stderr=True, soft_wrap=True, highlight=False, width=plain_width(stderr=True))
 
 
 def print_stage(stage: Any, *, max_rejects: int = 20, name: str | None = None) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from grouppref.commands.core import PIPELINE_ORDER, RunArg
+from grouppref.commands.core import PIPELINE_ORDER, AllowStale, RunArg
 from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, out
 from grouppref.errors import StageError
@@ -47,13 +47,15 @@ def run(
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Override one setting: KEY.PATH=VALUE (VALUE is YAML), e.g. "
         "--set rank.rankers.0.model=path/to/rm (repeatable).", show_default=False)] = None,
+    allow_stale: AllowStale = False,
 ) -> None:
     """Run the stages of CONFIG in order; unchanged stages are skipped (cached)."""
     from grouppref.runner import check_stages, load_run_config, run_pipeline
 
     check_stages(start, until, force)  # before reading anything
     cfg = load_run_config(config, set_, run_dir)
-    outcome = run_pipeline(cfg, start=start, until=until, force=force, wait=wait, console=err)
+    outcome = run_pipeline(cfg, start=start, until=until, force=force, wait=wait, console=err,
+                           allow_stale=allow_stale, source=str(config))
     print_outcome(outcome, cfg.run_dir)
 
 
@@ -63,12 +65,13 @@ def _report(config: ReportConfig, extras: dict[str, Any], force: bool) -> None:
     store = RunStore(extras["run"])
     if not store.manifests():
         raise StageError(f"{extras['run']}: no stage has run here; give a run directory")
-    stage = run_report(store, config, force=force)
+    stage = run_report(store, config, force=force, allow_stale=extras["allow_stale"])
     out.print(f"report: {stage.outputs['html']}")
 
 
 report = config_command(
-    ReportConfig, _report, name="report", section="report", extras=[Extra("run", RunArg)],
+    ReportConfig, _report, name="report", section="report",
+    extras=[Extra("run", RunArg), Extra("allow_stale", AllowStale, False)],
     doc="Write the run's self-contained HTML report (no external requests).",
     force_help="Render again even when no stage changed.")
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from grouppref.commands.core import AllowStale
 from grouppref.commands.options import Custom, Extra, config_command
 from grouppref.commands.output import err, out, print_counts, print_stage
 from grouppref.errors import ConfigError
@@ -18,7 +19,8 @@ from grouppref.schemas.reports import EvalReport, TrainStats
 from grouppref.train.config import EvalConfig, TrainConfig
 
 DataArg = Annotated[str, typer.Argument(metavar="DATA",
-    help="A run directory (reads RUN/validate), a saved dataset of ValidatedGroup rows, or a "
+    help="A run directory (reads RUN/validate), anything `grouppref export` writes (a saved "
+    "dataset folder, Parquet files per split, a Hub-layout folder, groups or TRL pairs), or a "
     "Hub dataset id.", show_default=False)]
 
 
@@ -51,7 +53,8 @@ def _run_train(config: TrainConfig, extras: dict[str, Any], force: bool) -> None
     main = process_state().is_main_process
     if is_run(data):
         stage = run_train(RunStore(data), config, force=force, out_dir=where, resume=resume,
-                          reference_cache=extras["reference_cache"])
+                          reference_cache=extras["reference_cache"],
+                          allow_stale=extras["allow_stale"])
         if main:
             print_stage(stage, name="train")
             _print_stats(TrainStats.model_validate(stage.manifest.stats), stage.outputs["model"])
@@ -107,6 +110,7 @@ train = config_command(
         Extra("reference_cache", Annotated[Path | None, typer.Option(
             "--reference-cache", help="Folder of cached reference log-probs (default: "
             "RUN/train/reference in a run, else OUT/reference).", show_default=False)], None),
+        Extra("allow_stale", AllowStale, False),
     ],
     flatten={"data": "{}", "lora": "lora-{}"},
     rename={"lora.target_modules": "--lora-target"},
@@ -123,7 +127,7 @@ def _run_eval(config: EvalConfig, extras: dict[str, Any], force: bool) -> None:
 
     data = extras["data"]
     if is_run(data):
-        stage = run_eval(RunStore(data), config, force=force)
+        stage = run_eval(RunStore(data), config, force=force, allow_stale=extras["allow_stale"])
         report = EvalReport.model_validate(stage.manifest.stats)
         print_stage(stage, name="eval")
     else:
@@ -159,7 +163,8 @@ eval_command = config_command(
     extras=[Extra("data", DataArg),
             Extra("out", Annotated[Path | None, typer.Option(
                 "--out", help="Also write the report as JSON here (a run always writes "
-                "RUN/eval/metrics.json).", show_default=False)], None)],
+                "RUN/eval/metrics.json).", show_default=False)], None),
+            Extra("allow_stale", AllowStale, False)],
     flatten={"data": "{}"}, force_help="Re-run even when cached.")
 
 
