@@ -44,7 +44,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_lm_dir: Path) -> 
     cfg = load_run_config(EXAMPLE, [
         f"import.source={ROOT / 'examples' / 'data' / 'candidates.jsonl'}",
         f"export.0.to_dir={base / 'export' / 'groups'}",
-        f"export.1.parquet={base / 'export' / 'pairs.parquet'}",
+        f"export.1.parquet={base / 'export' / 'pairs'}",
         f"train={json.dumps(train)}", "eval={}"], run_dir=str(base / "run"))
     outcome = run_pipeline(cfg)
     assert outcome.status == "done" and "eval" in outcome.ran and outcome.report is not None
