@@ -71,6 +71,7 @@ class Row:
     number: int
     data: dict[str, Any]
     json_form: bool = False  # from a text file: dict fields are objects, not JSON strings
+    file: str | None = None  # the data file it came from, when the source has several
 
 
 @dataclass
@@ -84,8 +85,8 @@ class Published:
     rejects: list[Reject] = field(default_factory=list)  # rows that could not be read at all
 
     def where(self, row: Row) -> str:
-        """How a reject names the place of ``row``: the source and its split."""
-        return f"{self.source} ({row.split})"
+        """How a reject names the place of ``row``: its file (or the source) and its split."""
+        return f"{row.file or self.source} ({row.split})"
 
 
 @dataclass
@@ -131,6 +132,7 @@ def _datasets_error() -> tuple[type[Exception], ...]:
 
 
 def _dataset_rows(loaded: Any) -> Iterator[tuple[str, Any]]:
+    """``(split, dataset)`` of a loaded ``Dataset`` or ``DatasetDict``."""
     import datasets
 
     if isinstance(loaded, datasets.DatasetDict | dict):
@@ -139,17 +141,29 @@ def _dataset_rows(loaded: Any) -> Iterator[tuple[str, Any]]:
         yield "train", loaded
 
 
-def _open_folder(path: Path) -> list[tuple[str, Any]]:
+def _open_folder(path: Path, stage: str) -> tuple[list[Row], list[Reject]]:
+    """A ``save_to_disk`` folder, or data files per split as ``datasets`` (and the Hub) find
+    them: the README's ``configs``, else split names in the file names. The files are read
+    here, not through ``load_dataset``, whose cache of a local folder can hand back an earlier
+    export of the same name."""
     import datasets
 
     try:
         if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
-            return list(_dataset_rows(datasets.load_from_disk(str(path))))
-        return list(_dataset_rows(datasets.load_dataset(str(path))))
+            return _rows_of(_dataset_rows(datasets.load_from_disk(str(path)))), []
+        files = datasets.load_dataset_builder(str(path)).config.data_files or {}
     except _datasets_error() as e:
         raise InputFileError(f"{path}: not a dataset folder grouppref can read (a save_to_disk "
                              f"folder, or Parquet/JSON Lines files named by split with an "
                              f"optional README.md): {e}") from e
+    rows: list[Row] = []
+    rejects: list[Reject] = []
+    for split, names in files.items():
+        for name in names:
+            got, bad = _open_file(Path(name), stage, split)
+            rows += got
+            rejects += bad
+    return rows, rejects
 
 
 def _card_split(path: Path) -> str | None:
@@ -179,8 +193,11 @@ def file_split(path: Path) -> str:
     return _card_split(path) or "train"
 
 
-def _open_file(path: Path, stage: str) -> tuple[list[Row], list[Reject]]:
-    split = file_split(path)
+def _open_file(path: Path, stage: str, split: str | None = None
+               ) -> tuple[list[Row], list[Reject]]:
+    """The rows of one data file; ``split`` when the folder's layout says it, else
+    :func:`file_split`; a row's own ``split`` column wins."""
+    split = split or file_split(path)
     json_form = path.suffix != ".parquet"
     rows: list[Row] = []
     rejects: list[Reject] = []
@@ -190,7 +207,7 @@ def _open_file(path: Path, stage: str) -> tuple[list[Row], list[Reject]]:
         else:
             given = row.get("split")
             rows.append(Row(given if isinstance(given, str) and given else split, number, row,
-                            json_form))
+                            json_form, str(path)))
     return rows, rejects
 
 
@@ -247,10 +264,7 @@ def open_published(source: str | Path, stage: str = "read") -> Published:
     elif not path.exists():
         raise InputFileError(f"{text}: no such file or folder")
     else:
-        if path.is_dir():
-            rows = _rows_of(_open_folder(path))
-        else:
-            rows, rejects = _open_file(path, stage)
+        rows, rejects = _open_folder(path, stage) if path.is_dir() else _open_file(path, stage)
         fingerprint = fingerprint_file(path)
     if not rows:
         raise InputFileError(f"{text}: no rows" + (f" ({rejects[0].reason})" if rejects else ""))
