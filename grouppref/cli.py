@@ -10,6 +10,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from grouppref.commands import (
     aggregate,
@@ -65,7 +66,8 @@ def main() -> None:
     try:
         app()
     except GroupPrefError as e:
-        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False,
+                                   soft_wrap=True)
         sys.exit(2)
 
 

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
+from rich.markup import escape
 
 from grouppref.config import apply_set, read_config_file, validate
 from grouppref.errors import ConfigError
@@ -276,7 +277,7 @@ def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | No
             if step.spec is REPORT:
                 outcome.report = Path(stage.outputs["html"])
             state = "[yellow]cached[/]" if stage.cached else "[green]done[/]"
-            console.print(f"{step.stage:>9}: {state} {describe(stage)}", highlight=False,
+            console.print(f"{step.stage:>9}: {state} {escape(describe(stage))}", highlight=False,
                           soft_wrap=True)
     outcome.skipped = [s for s in selected if s not in outcome.ran + outcome.cached]
     finish_run_record(store, record, "done")

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from grouppref.commands.options import Extra, config_command
-from grouppref.commands.output import err, out, print_stage
+from grouppref.commands.output import err, esc, out, print_stage
 from grouppref.errors import ConfigError
 from grouppref.pipeline.prompts.config import PromptsConfig
 from grouppref.runs.store import RunStore
@@ -86,26 +86,26 @@ def inspect(run: RunArg) -> None:
     if not manifests:
         raise ConfigError(f"{run}: no stage has run here (no */manifest.json)")
     record = read_run_record(store)
-    table = Table(title=f"run {run}")
+    table = Table(title=f"run {esc(str(run))}")
     for col in ("stage", "status", "in", "out", "rejected", "partial", "seconds", "finished"):
         table.add_column(col, justify="right" if col in ("in", "out", "rejected", "partial",
                                                           "seconds") else "left")
     for m in manifests:
         c = m.counts
         status, style = _status(store, m, record)
-        table.add_row(m.stage, status, str(c.inputs), str(c.outputs), str(c.rejected),
+        table.add_row(esc(m.stage), esc(status), str(c.inputs), str(c.outputs), str(c.rejected),
                       str(c.partial), f"{m.seconds:.1f}" if m.seconds is not None else "-",
                       m.finished_at.strftime("%Y-%m-%d %H:%M:%S") if m.finished_at else "-",
                       style=style)
     out.print(table)
     if record is not None:
-        out.print(f"last `grouppref run`: {record.config} ({record.status}, started "
+        out.print(f"last `grouppref run`: {esc(record.config)} ({record.status}, started "
                   f"{record.started_at:%Y-%m-%d %H:%M:%S} UTC, config hash "
-                  f"{record.config_hash[:12]}; {store.root / RUN_FILE})")
+                  f"{record.config_hash[:12]}; {esc(str(store.root / RUN_FILE))})")
     for m in manifests:
         rejects = store.stage_dir(m.stage) / "rejects.jsonl"
         if rejects.exists() and rejects.stat().st_size:
-            err.print(f"rejects of {m.stage}: {rejects}")
+            err.print(f"rejects of {esc(m.stage)}: {esc(str(rejects))}")
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,7 @@ import typer
 
 from grouppref.commands.core import PIPELINE_ORDER, AllowStale, RunArg
 from grouppref.commands.options import Extra, config_command
-from grouppref.commands.output import err, out
+from grouppref.commands.output import err, esc, out
 from grouppref.errors import StageError
 from grouppref.pipeline.report.config import ReportConfig
 from grouppref.runs.store import RunStore
@@ -20,15 +20,16 @@ _STAGES = ", ".join(s for s in PIPELINE_ORDER if s != "import")
 def print_outcome(outcome: Any, run_dir: str) -> None:
     """The closing lines of a run: where everything is, or what it waits for."""
     if outcome.status == "waiting":
-        err.print(f"[yellow]{outcome.message}[/]")
-        err.print(f"state saved in {run_dir}; run the same command again to go on (or add --wait)")
+        err.print(f"[yellow]{esc(outcome.message)}[/]")
+        err.print(f"state saved in {esc(run_dir)}; run the same command again to go on (or add "
+                  "--wait)")
         return
-    out.print(f"[bold green]run complete[/]: {run_dir} (computed: "
+    out.print(f"[bold green]run complete[/]: {esc(run_dir)} (computed: "
               f"{', '.join(outcome.ran) or 'nothing'}; cached: "
               f"{', '.join(outcome.cached) or 'nothing'})")
     if outcome.report:
-        out.print(f"report: {outcome.report}")
-    out.print(f"inspect it: grouppref inspect {run_dir}")
+        out.print(f"report: {esc(str(outcome.report))}")
+    out.print(f"inspect it: grouppref inspect {esc(run_dir)}")
 
 
 def run(
@@ -66,7 +67,7 @@ def _report(config: ReportConfig, extras: dict[str, Any], force: bool) -> None:
     if not store.manifests():
         raise StageError(f"{extras['run']}: no stage has run here; give a run directory")
     stage = run_report(store, config, force=force, allow_stale=extras["allow_stale"])
-    out.print(f"report: {stage.outputs['html']}")
+    out.print(f"report: {esc(stage.outputs['html'])}")
 
 
 report = config_command(

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from grouppref.commands.core import AllowStale
 from grouppref.commands.options import Custom, Extra, config_command
-from grouppref.commands.output import err, out, print_counts, print_stage
+from grouppref.commands.output import err, esc, out, print_counts, print_stage
 from grouppref.errors import ConfigError
 from grouppref.schemas.reports import EvalReport, TrainStats
 from grouppref.train.config import EvalConfig, TrainConfig
@@ -65,13 +65,13 @@ def _run_train(config: TrainConfig, extras: dict[str, Any], force: bool) -> None
                             reference_cache=extras["reference_cache"])
     if main:
         for reject in outcome.rejects[:20]:
-            err.print(f"[red]reject[/] {reject.one_line()}")
+            err.print(f"[red]reject[/] {esc(reject.one_line())}")
         print_counts("train", outcome.counts, outcome.out_dir)
         _print_stats(outcome.stats, str(outcome.out_dir))
 
 
 def _print_stats(stats: TrainStats, model_dir: str) -> None:
-    table = Table(title=f"train -> {model_dir}")
+    table = Table(title=f"train -> {esc(model_dir)}")
     table.add_column("metric")
     for col in ("start (held-out)", "end (held-out)", "last train window"):
         table.add_column(col, justify="right")
@@ -133,7 +133,7 @@ def _run_eval(config: EvalConfig, extras: dict[str, Any], force: bool) -> None:
     else:
         source = load_groups(data, stage="eval")
         for reject in source.rejects:
-            err.print(f"[red]reject[/] {reject.one_line()}")
+            err.print(f"[red]reject[/] {esc(reject.one_line())}")
         report = compare_models(source.groups, config, cache_dir=cache_root() / "reference").report
     if extras["out"] is not None:
         extras["out"].write_text(report.model_dump_json(indent=2) + "\n")
@@ -142,11 +142,11 @@ def _run_eval(config: EvalConfig, extras: dict[str, Any], force: bool) -> None:
 
 def _print_eval(report: EvalReport) -> None:
     table = Table(title=f"eval on {report.groups} {report.split} groups (beta {report.beta}, "
-                  f"reference {report.ref_model})")
+                  f"reference {esc(str(report.ref_model))})")
     table.add_column("metric")
     roles = [r for r in ("baseline", "model") if r in report.metrics]
     for role in roles:
-        table.add_column(f"{role}: {getattr(report, role)}", justify="right", overflow="fold")
+        table.add_column(f"{role}: {esc(str(getattr(report, role)))}", justify="right")
     if report.delta:
         table.add_column("delta", justify="right")
     for name in sorted({k for s in report.metrics.values() for k in s} - {"groups"}):
