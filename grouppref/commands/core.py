@@ -69,7 +69,7 @@ def _status(store: RunStore, m: Any, record: Any) -> tuple[str, str | None]:
     from grouppref.runs.freshness import outside_run, stale_causes
 
     if outside_run(m, record):
-        return "not in this run (made before it by another config)", "dim"
+        return "not in this run (made before it, not by its config)", "dim"
     stale = stale_causes(store, m.stage) if m.status == "complete" else []
     if stale:
         return f"stale (input changed: {', '.join(stale)})", "yellow"

@@ -118,8 +118,13 @@ def write_run_record(store: RunStore, record: RunRecord) -> None:
 
 
 def start_run_record(store: RunStore, config: str, config_hash: str) -> RunRecord:
+    """A new record for a run starting now. When the last run had the same config, its stages
+    stay members: ``run CONFIG --until validate`` after a full run of CONFIG does not turn that
+    run's train and eval into stages of "another config"."""
+    last = read_run_record(store)
+    kept = last.stages if last is not None and last.config_hash == config_hash else []
     record = RunRecord(config=config, config_hash=config_hash, status="running",
-                       started_at=now())
+                       started_at=now(), stages=list(kept))
     write_run_record(store, record)
     return record
 
