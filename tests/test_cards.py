@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -113,12 +114,16 @@ def test_hub_id_of_a_model_reference(tmp_path: Path) -> None:
     assert hub_id(str(local)) is None and public_name(str(local)) == "my-model"
 
 
-@pytest.mark.slow  # trains the embedded SmolLM2 (LoRA) and a tiny LM one step each
-@pytest.mark.parametrize("lora", [True, False], ids=["embedded-lora-adapter", "tiny-full"])
+@pytest.mark.slow  # trains a tiny LM one step (with LoRA, and fully)
+@pytest.mark.parametrize("lora", [True, False], ids=["lora-adapter", "full"])
 def test_model_card_and_model_folder(tmp_path: Path, tiny_lm_dir: Path, lora: bool) -> None:
+    """The model starts from a folder of the Hugging Face cache (LoRA: its Hub id is known) or
+    from a plain local folder (full: no Hub id; only the folder's name is shown)."""
     store = _run(tmp_path, n=8)
+    base = tmp_path / "hub" / "models--acme--tiny-lm" / "snapshots" / "0123abc"
+    shutil.copytree(tiny_lm_dir, base)
     config = TrainConfig(
-        model="embedded" if lora else str(tiny_lm_dir), max_steps=1, batch_size=2, beta=0.2,
+        model=str(base if lora else tiny_lm_dir), max_steps=1, batch_size=2, beta=0.2,
         lora={"r": 4, "alpha": 8, "save": "adapter"} if lora else None,
         data={"max_prompt_length": 48, "max_response_length": 12})
     out = tmp_path / "model"
@@ -128,12 +133,12 @@ def test_model_card_and_model_folder(tmp_path: Path, tiny_lm_dir: Path, lora: bo
     assert "grouppref" in meta["tags"] and "gspo" in meta["tags"]
     assert meta["pipeline_tag"] == "text-generation" and "datasets" not in meta  # no Hub export
     if lora:
-        assert meta["base_model"] == EMBEDDED_HUB_ID and meta["library_name"] == "peft"
+        assert meta["base_model"] == "acme/tiny-lm" and meta["library_name"] == "peft"
         assert "lora" in meta["tags"]
         adapter = json.loads((out / "adapter_config.json").read_text())
-        assert adapter["base_model_name_or_path"] == EMBEDDED_HUB_ID  # never the cache path
-        assert f"Trained from [{EMBEDDED_HUB_ID}](https://huggingface.co/{EMBEDDED_HUB_ID})" \
-            in card
+        assert adapter["base_model_name_or_path"] == "acme/tiny-lm"  # never the cache path
+        assert "Trained from [acme/tiny-lm](https://huggingface.co/acme/tiny-lm) with" in card
+        assert 'from_pretrained("model")  # base: acme/tiny-lm' in card  # how to load it
     else:
         assert "base_model" not in meta and meta["library_name"] == "transformers"
         assert f"Trained from {tiny_lm_dir.name} with grouppref's `gspo` loss" in card
@@ -145,9 +150,14 @@ def test_model_card_and_model_folder(tmp_path: Path, tiny_lm_dir: Path, lora: bo
     evaluated = stage.manifest.stats["eval"]
     row = next(line for line in card.splitlines() if line.startswith("| pair_accuracy |"))
     assert row.split("|")[3].strip() == f"{evaluated['pair_accuracy']:.4g}"
-    # nothing local in what is published, and every file readable like the rest
-    for text in (card, *(p.read_text() for p in out.glob("*.json"))):
-        assert str(tmp_path) not in text and "models--" not in text and "/.cache/" not in text
+    # nothing local in what is published (the run's manifest keeps the full paths)
+    for path in [out / "README.md", *out.glob("*.json")]:
+        text = path.read_text()
+        assert str(tmp_path) not in text and "models--" not in text, path.name
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["reference"]["entry"] == Path(
+        stage.manifest.stats["reference"]["entry"]).name
+    # every file readable like the rest (safetensors alone writes weights 0600)
     umask = os.umask(0)
     os.umask(umask)
     modes = {p.name: p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}

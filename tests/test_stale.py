@@ -202,6 +202,24 @@ def test_run_with_another_config_marks_the_stages_it_did_not_make(tmp_path: Path
     assert _inspect_status(store)[later.name] == "complete"
 
 
+def test_a_stale_export_names_the_step_to_run_from(tmp_path: Path) -> None:
+    """Re-validating with another split makes the exports stale: the report says to run again
+    from the `export` step (a `run --from` value), not from a stage folder's name."""
+    from grouppref.pipeline.validate.config import ValidateConfig
+    from grouppref.pipeline.validate.stage import run_validate
+
+    exports = [{"format": "groups", "to_dir": str(tmp_path / "groups")}]
+    config = import_config(tmp_path, "a", exports)
+    run_pipeline(load_run_config(config), source=str(config))
+    store = RunStore(tmp_path / "run")
+    run_validate(store, ValidateConfig(test_fraction=0.5, seed=1))
+    exported = next(m.stage for m in store.manifests() if m.stage.startswith("export/"))
+    assert stale_causes(store, exported) == ["validate"]
+    with pytest.raises(StageError, match=rf"{exported} \(input changed: validate\); re-run "
+                       r"them \(`grouppref run CONFIG --from export`\)"):
+        run_report(store)
+
+
 def test_a_partial_run_of_the_same_config_keeps_its_other_stages(tmp_path: Path) -> None:
     exports = [{"format": "trl-pairs", "to_dir": str(tmp_path / "pairs")}]
     config = import_config(tmp_path, "a", exports)

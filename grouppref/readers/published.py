@@ -6,8 +6,10 @@ Containers (:func:`open_published`), decided from what is on disk, never by aski
 * a folder saved with ``save_to_disk`` (``export --to``): every split it holds;
 * a folder in the Hub's layout: ``README.md`` whose YAML ``configs`` map splits to files and
   ``data/<split>-*.parquet`` (``export --hub --dry-run``, a cloned Hub repo), or files named by
-  split (``train.parquet``, ``test.parquet``: ``export --parquet DIR``); read by
-  ``datasets.load_dataset(folder)``, i.e. with the Hub's own rules for split names;
+  split (``train.parquet``, ``test.parquet``: ``export --parquet DIR``); the files of each
+  split are resolved by ``datasets``' own rules (the card's ``configs``, split names) and read
+  by our readers, not ``load_dataset``, whose cache of a local folder can return an earlier
+  export;
 * one file (``.parquet``, ``.jsonl``, ``.json``, ``.csv``): its split is the row's ``split``
   column, else the file name (``test.parquet``, ``test-00000-of-00001.parquet``), else the one
   split named by the card beside it (``FILE.md``), else ``train``;

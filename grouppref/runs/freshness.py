@@ -59,6 +59,12 @@ def rerun_chain(store: RunStore, stage: str) -> list[str]:
     return [m.stage for m in store.lineage(stage) if stale_causes(store, m.stage)]
 
 
+def step_of(stage: str) -> str:
+    """The pipeline step a stage folder belongs to, as ``run --from`` takes it
+    (``export/dir-groups-ac2183`` -> ``export``)."""
+    return stage.split("/")[0]
+
+
 def require_fresh(store: RunStore, stage: str, *, allow_stale: bool, use: str) -> list[str]:
     """Refuse a stale ``stage`` (one line naming what changed and what to re-run) unless
     ``allow_stale``; returns the causes (empty when current) so the caller can record them.
@@ -78,7 +84,7 @@ def require_fresh(store: RunStore, stage: str, *, allow_stale: bool, use: str) -
         chain = rerun_chain(store, stage)
         raise StageError(
             f"{store.root}: {stage} is stale (input changed: {', '.join(causes)}): re-run "
-            f"{', '.join(chain)} first (`grouppref run CONFIG --from {chain[0]}`, or each "
+            f"{', '.join(chain)} first (`grouppref run CONFIG --from {step_of(chain[0])}`, or each "
             f"command), or pass --allow-stale to {use} anyway")
     return causes
 

@@ -62,6 +62,15 @@ def public_name(reference: str | None) -> str:
     return hub_id(reference) or Path(str(reference).rstrip("/")).name
 
 
+def public_stats(stats: TrainStats) -> TrainStats:
+    """``stats`` as the model folder publishes them (``metrics.json``): the reference model by
+    its public name and its log-prob cache entry by its key (the folder name), never a local
+    path; the run's manifest keeps the full ones."""
+    ref = stats.reference
+    return stats.model_copy(update={"reference": ref.model_copy(update={
+        "model": public_name(ref.model), "entry": Path(ref.entry).name})})
+
+
 def trained_on(source: str, format: str, store: Any = None,
                stale: list[str] | None = None, unreadable: int = 0) -> TrainedOn:
     """Describe the training data: a Hub dataset id, or a run / file by its name only; a run's

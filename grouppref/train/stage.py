@@ -21,7 +21,7 @@ from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import TrainStats
 from grouppref.train.config import TrainConfig
 from grouppref.train.distributed import process_state
-from grouppref.train.model_card import finish_model_folder, trained_on
+from grouppref.train.model_card import finish_model_folder, public_name, trained_on
 from grouppref.train.sources import load_groups
 from grouppref.train.trainer import train
 
@@ -110,7 +110,8 @@ def train_dataset(source: str | Path, config: TrainConfig, out_dir: str | Path, 
     if process_state().is_main_process:
         write_rejects(out / "rejects.jsonl", rejects)
         (out / "source.json").write_text(canonical_json(
-            {"source": data.source, "format": data.format, "fingerprint": data.fingerprint})
+            {"source": public_name(data.source), "format": data.format,
+             "fingerprint": data.fingerprint})
             + "\n")
         finish_model_folder(out, config, result.stats, trained_on(
             data.source, data.format, unreadable=sum(r.scope == "row" for r in data.rejects)))

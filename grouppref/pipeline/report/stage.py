@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from grouppref.errors import StageError
 from grouppref.pipeline.report.config import STAGE, ReportConfig
-from grouppref.runs.freshness import rerun_chain, run_manifests, stale_causes, stale_note
+from grouppref.runs.freshness import rerun_chain, run_manifests, stale_causes, stale_note, step_of
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.manifest import Manifest, read_rejects
 from grouppref.runs.store import RunStore, StageRun
@@ -343,11 +343,11 @@ def run_report(store: RunStore, config: ReportConfig | None = None, force: bool 
     view = RunView(store)
     stale = view.stale()
     if stale and not allow_stale:
-        first = next(iter(stale))
+        step = step_of(rerun_chain(store, next(iter(stale)))[0])
         raise StageError(
             f"{store.root}: {len(stale)} stage(s) the report would describe are stale: "
             + "; ".join(f"{s} (input changed: {', '.join(c)})" for s, c in stale.items())
-            + f"; re-run them (`grouppref run CONFIG --from {rerun_chain(store, first)[0]}`), or "
+            + f"; re-run them (`grouppref run CONFIG --from {step}`), or "
             "pass --allow-stale to report them under a warning")
     described = [m for m in view.manifests if m.status == "complete"]
     # any stage re-run (even with the same output: new timings) renders the report again
