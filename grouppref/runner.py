@@ -16,6 +16,11 @@ When the config does not name ``aggregate.input_stage``, aggregate reads the las
 stage the config has: label, else simulate, else rank, else import. With an ``import`` section
 (``RUN/import``, groups with their rankings), ``rank`` reads ``import`` unless its
 ``input_stage`` says otherwise.
+
+The run writes ``RUN/run.json`` as it goes (:class:`~grouppref.runs.freshness.RunRecord`): the
+config, its hash, and every stage this run produced, reused or read. Stages already in the
+directory that this config does not produce (made by another config) are thereby marked as not
+part of this run: ``grouppref inspect`` says so and the report leaves them out.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
+from rich.markup import escape
 
 from grouppref.config import apply_set, read_config_file, validate
 from grouppref.errors import ConfigError
@@ -40,6 +46,8 @@ from grouppref.pipeline.rank.config import RANK, RankConfig
 from grouppref.pipeline.report.config import REPORT, ReportConfig
 from grouppref.pipeline.simulate.config import SIMULATE, SimulateConfig
 from grouppref.pipeline.validate.config import VALIDATE, ValidateConfig
+from grouppref.runs.freshness import add_stages, finish_run_record, start_run_record
+from grouppref.runs.hashing import config_hash
 from grouppref.runs.rejects import all_rejected
 from grouppref.runs.stage import StageSpec, Waiting
 from grouppref.runs.store import RunStore, StageRun
@@ -86,8 +94,18 @@ class RunConfig(BaseModel):
     def _one_source(self) -> RunConfig:
         if self.generate is not None and self.import_ is not None:
             raise ValueError("give either 'generate' or 'import', not both")
-        if self.generate is None and self.import_ is None:
-            raise ValueError("give a 'generate' or an 'import' section: a run needs candidates")
+        sources = [f"{name}.source" for name, section in (("aggregate", self.aggregate),
+                                                          ("validate", self.validation))
+                   if section is not None and section.source]
+        if len(sources) > 1:
+            raise ValueError("give either aggregate.source (re-aggregate the rankings of a "
+                             "published dataset) or validate.source (use its aggregate as "
+                             "it is), not both")
+        published = bool(sources)
+        if self.generate is None and self.import_ is None and not published:
+            raise ValueError("give a 'generate' or an 'import' section, or start from a "
+                             "published dataset (validate.source or aggregate.source): a run "
+                             "needs candidates")
         return self
 
 
@@ -161,7 +179,10 @@ def _one(attr: str) -> Callable[[RunConfig], list[BaseModel]]:
 
 def _aggregate(config: RunConfig) -> list[BaseModel]:
     agg = config.aggregate
-    if agg is None or agg.input_stage is not None:
+    if agg is not None and agg.source is None and config.validation is not None \
+            and config.validation.source is not None:
+        return []  # validate reads a published dataset: nothing to aggregate
+    if agg is None or agg.input_stage is not None or agg.source is not None:
         return [agg] if agg else []
     last = "label" if config.label else "simulate" if config.simulate else (
         "rank" if config.rank else "import" if config.import_ else None)
@@ -209,17 +230,24 @@ def describe(stage: StageRun[Any]) -> str:
 
 
 def _run_step(step: Step, store: RunStore, section: BaseModel, force: bool, wait: bool,
-              console: Console) -> StageRun[Any]:
+              console: Console, allow_stale: bool = False) -> StageRun[Any]:
     if step.spec is LABEL:  # human work: it may wait, and it talks while it does
         from grouppref.labeling.stage import run_label
 
         return run_label(store, section, force=force, wait=wait, console=console)  # type: ignore[arg-type]
+    if step.spec.name in ALLOW_STALE:
+        return step.spec.function()(store, section, force=force, allow_stale=allow_stale)
     return step.spec.run(store, section, force=force)
+
+
+# the stages that refuse stale input unless told (--allow-stale)
+ALLOW_STALE = {EXPORT.name, TRAIN.name, EVAL.name, REPORT.name}
 
 
 def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | None = None,
                  force: list[str] | None = None, wait: bool = False,
-                 console: Console | None = None) -> RunOutcome:
+                 console: Console | None = None, allow_stale: bool = False,
+                 source: str = "") -> RunOutcome:
     """Run the configured stages from ``start`` to ``until`` in order (see the module docstring).
 
     Args:
@@ -229,6 +257,8 @@ def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | No
         force (list[str] | None): stages to re-run even when cached ("all": every stage).
         wait (bool): poll Argilla until enough human rankings are in instead of stopping.
         console (Console | None): where progress lines go (default: stderr).
+        allow_stale (bool): let export, train, eval and report use stale input (they say so).
+        source (str): the config file, recorded in ``RUN/run.json``.
 
     Returns:
         RunOutcome: ``done``, or ``waiting`` with the message of the label stage.
@@ -244,24 +274,29 @@ def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | No
     store = RunStore(config.run_dir)
     store.root.mkdir(parents=True, exist_ok=True)
     outcome = RunOutcome(status="done")
+    record = start_run_record(store, source, config_hash(config, "run"))
     for step in PIPELINE:
         if step.stage not in selected:
             continue
         for section in step.sections(config):
             try:
-                stage = _run_step(step, store, section, step.stage in forced, wait, console)
+                stage = _run_step(step, store, section, step.stage in forced, wait, console,
+                                  allow_stale)
             except Waiting as waiting:
                 outcome.status, outcome.message = "waiting", str(waiting)
+                finish_run_record(store, record, "waiting")
                 return outcome
+            record = add_stages(store, record, [stage.name])
             done = outcome.cached if stage.cached else outcome.ran
             if step.stage not in done:
                 done.append(step.stage)
             if step.spec is REPORT:
                 outcome.report = Path(stage.outputs["html"])
             state = "[yellow]cached[/]" if stage.cached else "[green]done[/]"
-            console.print(f"{step.stage:>9}: {state} {describe(stage)}", highlight=False,
+            console.print(f"{step.stage:>9}: {state} {escape(describe(stage))}", highlight=False,
                           soft_wrap=True)
             if (problem := all_rejected(stage)) is not None:  # nothing for the next stage
                 raise problem
     outcome.skipped = [s for s in selected if s not in outcome.ran + outcome.cached]
+    finish_run_record(store, record, "done")
     return outcome

@@ -93,7 +93,8 @@ def test_export_reads_only_fresh_validated_data(tmp_path: Path) -> None:
         run_export(store, ExportConfig(to_dir=str(tmp_path / "out")))
     run_validate(store, ValidateConfig())
     write_aggregate(tmp_path / "run", [make_validated("One?"), make_validated("Two?")])
-    with pytest.raises(StageError, match="aggregate changed after validate"):
+    with pytest.raises(StageError, match=r"validate is stale \(input changed: aggregate\): "
+                       r"re-run validate first .*--allow-stale"):
         run_export(store, ExportConfig(to_dir=str(tmp_path / "out")))
 
 
@@ -125,30 +126,42 @@ def test_consensus_pairs_skip_ties_and_against_and_light_pairs() -> None:
     assert skipped["not_best_worst"] == 2  # (a, b) and (c, d)
 
 
-def test_trl_pairs_parquet_with_split_column_and_rejects(tmp_path: Path) -> None:
+def test_trl_pairs_parquet_one_file_per_split_and_rejects(tmp_path: Path) -> None:
     all_tied = make_validated("All tied?", k=K)
     ids = all_tied.candidate_ids()
     all_tied = all_tied.model_copy(update={"consensus": [ids], "pairs": [
         PairPreference(winner=ids[0], loser=ids[1], p=0.5, weight=0.2)]})
     store = _run(tmp_path, n=6, extra=[all_tied])
-    out = tmp_path / "pairs.parquet"
+    out = tmp_path / "pairs"
     config = ExportConfig(format="trl-pairs", parquet=str(out))
     result, stage = _export(store, config)
-    ds = datasets.load_dataset("parquet", data_files=str(out), split="train")
-    assert set(ds.column_names) == {"prompt", "chosen", "rejected", "p", "weight", "group_id",
-                                    "chosen_id", "rejected_id", "split"}
-    assert len(ds) == 6 * K * (K - 1) // 2 and sorted(set(ds["split"])) == ["test", "train"]
+    assert result.files == ["train.parquet", "test.parquet", "README.md"]
+    # The Hugging Face convention: one file per split, so no test row lands in train.
+    dsd = datasets.load_dataset("parquet", data_files={s: str(out / f"{s}.parquet")
+                                                       for s in ("train", "test")})
+    assert {s: len(ds) for s, ds in dsd.items()} == result.rows
+    assert sum(result.rows.values()) == 6 * K * (K - 1) // 2
     groups = {g.group_id: g for g in store.load_records("validate", ValidatedGroup)}
-    for row in ds:
-        group = groups[row["group_id"]]
-        text = {c.candidate_id: c.text for c in group.candidates}
-        assert row["chosen"] == [{"role": "assistant", "content": text[row["chosen_id"]]}]
-        assert row["rejected"] == [{"role": "assistant", "content": text[row["rejected_id"]]}]
-        pair = next(p for p in group.pairs if (p.winner, p.loser) == (row["chosen_id"],
-                                                                     row["rejected_id"]))
-        assert (row["p"], row["weight"]) == (pair.p, pair.weight)
-        assert row["prompt"][-1] == {"role": "user", "content": group.prompt.messages[-1].content
-                                     if group.prompt.messages else group.prompt.text}
+    for split, ds in dsd.items():
+        assert set(ds.column_names) == {"prompt", "chosen", "rejected", "p", "weight",
+                                        "group_id", "chosen_id", "rejected_id"}
+        for row in ds:
+            group = groups[row["group_id"]]
+            assert group.split == split
+            text = {c.candidate_id: c.text for c in group.candidates}
+            assert row["chosen"] == [{"role": "assistant", "content": text[row["chosen_id"]]}]
+            assert row["rejected"] == [{"role": "assistant",
+                                        "content": text[row["rejected_id"]]}]
+            pair = next(p for p in group.pairs if (p.winner, p.loser) == (row["chosen_id"],
+                                                                         row["rejected_id"]))
+            assert (row["p"], row["weight"]) == (pair.p, pair.weight)
+            assert row["prompt"][-1] == {"role": "user", "content": group.prompt.messages[-1]
+                                         .content if group.prompt.messages else group.prompt.text}
+    # The folder loads like a Hub repo too: its README's `configs` name the files per split.
+    meta = _front_matter((out / "README.md").read_text())
+    assert meta["configs"][0]["data_files"] == [{"split": "train", "path": "train.parquet"},
+                                               {"split": "test", "path": "test.parquet"}]
+    assert {s: len(ds) for s, ds in datasets.load_dataset(str(out)).items()} == result.rows
     (reject,) = stage.rejects()
     assert reject.group_id == all_tied.group_id and "no consensus pair" in reject.reason
     assert result.skipped_pairs == {"tie_in_consensus": 1}
@@ -156,7 +169,21 @@ def test_trl_pairs_parquet_with_split_column_and_rejects(tmp_path: Path) -> None
     assert (counts.inputs, counts.outputs, counts.rejected) == (7, 6, 1)
     assert [r.group_id for r in read_rejects(stage.dir / "rejects.jsonl")] == [
         all_tied.group_id]
-    assert out.with_suffix(".md").read_text().startswith("---\n")
+
+
+def test_parquet_file_holds_the_split_it_is_asked_for(tmp_path: Path) -> None:
+    store = _run(tmp_path, n=8)
+    with pytest.raises(ValueError, match="a .parquet file holds one split; add --split"):
+        ExportConfig(parquet=str(tmp_path / "all.parquet"))
+    out = tmp_path / "heldout.parquet"
+    result, _ = _export(store, ExportConfig(parquet=str(out), split="test"))
+    test_groups = [g for g in store.load_records("validate", ValidatedGroup) if g.split == "test"]
+    assert result.rows == {"test": len(test_groups)} and result.groups == {"test": len(test_groups)}
+    assert sorted(from_dataset(datasets.Dataset.from_parquet(str(out)), ValidatedGroup),
+                  key=lambda g: g.group_id) == sorted(test_groups, key=lambda g: g.group_id)
+    meta = _front_matter(out.with_suffix(".md").read_text())
+    assert [s["name"] for s in meta["dataset_info"]["splits"]] == ["test"]
+    assert "configs" not in meta  # FILE.md is no repo README: nothing to point at
 
 
 def test_hub_dry_run_writes_the_hub_layout(tmp_path: Path) -> None:
@@ -198,11 +225,11 @@ def test_cli_export(tmp_path: Path) -> None:
     store = _run(tmp_path, n=4)
     app = typer.Typer()
     export_commands.register(app)
-    out = tmp_path / "cli.parquet"
+    out = tmp_path / "cli"
     result = CliRunner().invoke(app, ["export", str(store.root), "--parquet", str(out),
                                       "--format", "trl-pairs"], terminal_width=200)
     assert result.exit_code == 0, result.output
-    assert "export (trl-pairs)" in result.output and out.exists()
+    assert "export (trl-pairs)" in result.output and (out / "train.parquet").exists()
     bad = CliRunner().invoke(app, ["export", str(store.root), "--to", "a", "--parquet", "b"])
     assert isinstance(bad.exception, ConfigError)  # cli.main prints it as one line, exit 2
     assert "export: give exactly one of --to, --parquet, --hub" in str(bad.exception)

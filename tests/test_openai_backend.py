@@ -372,7 +372,7 @@ def test_generate_counts_retries_and_rejects_refused_prompts(tmp_path: Path) -> 
     assert stage.counts.inputs == stage.counts.outputs + stage.counts.rejected
     from grouppref.pipeline.report.stage import section_servers
 
-    table = section_servers(RunStore(tmp_path / "run"))  # the HTML report's server table
+    table = section_servers(RunStore(tmp_path / "run").manifests())  # the report's server table
     assert "Inference servers" in table and "429: 1, 503: 1" in table and FAKE_MODEL in table
 
 

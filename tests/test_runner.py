@@ -118,7 +118,7 @@ def test_cli_errors_are_one_line_per_problem_with_exit_code_2(tmp_path: Path) ->
 def import_config(tmp_path: Path, *sets: str) -> RunConfig:
     return load_run_config(EXAMPLE, [f"import.source={SOURCE}",
                                      f"export.0.to_dir={tmp_path / 'out' / 'groups'}",
-                                     f"export.1.parquet={tmp_path / 'out' / 'pairs.parquet'}",
+                                     f"export.1.parquet={tmp_path / 'out' / 'pairs'}",
                                      *sets], run_dir=str(tmp_path / "run"))
 
 
@@ -135,12 +135,12 @@ def test_second_run_is_cached_and_force_reruns_one_stage(tmp_path: Path) -> None
     assert first.skipped == ["prompts", "generate", "label", "train", "eval"]
     assert store.manifest("aggregate").config["input_stage"] == "simulate"
     before = manifests(store)
-    pairs = (tmp_path / "out" / "pairs.parquet").stat().st_mtime_ns
+    pairs = (tmp_path / "out" / "pairs" / "train.parquet").stat().st_mtime_ns
 
     again = run_pipeline(cfg)
     assert (again.ran, again.cached) == ([], [*chain, "report"])
     assert manifests(store) == before  # untouched, byte for byte
-    assert (tmp_path / "out" / "pairs.parquet").stat().st_mtime_ns == pairs
+    assert (tmp_path / "out" / "pairs" / "train.parquet").stat().st_mtime_ns == pairs
 
     forced = run_pipeline(cfg, force=["aggregate"])
     assert forced.ran == ["aggregate", "report"]
@@ -154,7 +154,7 @@ def test_second_run_is_cached_and_force_reruns_one_stage(tmp_path: Path) -> None
     changed = run_pipeline(import_config(tmp_path, "simulate.seed=1"), start="simulate",
                            until="export")
     assert changed.ran == ["simulate", "aggregate", "validate", "export"]
-    assert (tmp_path / "out" / "pairs.parquet").stat().st_mtime_ns != pairs
+    assert (tmp_path / "out" / "pairs" / "train.parquet").stat().st_mtime_ns != pairs
 
 
 def test_from_and_until_select_stages(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from grouppref.commands.core import RunArg
 from grouppref.commands.options import Custom, Extra, config_command, help_of
-from grouppref.commands.output import out, print_stage
+from grouppref.commands.output import esc, out, print_stage
 from grouppref.errors import ConfigError
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.simulate.config import SimulateConfig
@@ -69,7 +69,7 @@ def print_aggregate_report(report: AggregateReport) -> None:
     for a in report.annotators:
         status = "[red]dropped[/]" if a.dropped else "[yellow]unreliable[/]" if a.unreliable else "ok"
         tau = "-" if a.tau is None else f"{a.tau:.3f} ± {a.tau_se or 0:.3f}"
-        table.add_row(a.id, a.kind, str(a.groups), str(a.votes), tau, _num(a.flip_rate),
+        table.add_row(esc(a.id), a.kind, str(a.groups), str(a.votes), tau, _num(a.flip_rate),
                       f"{a.annotator_weight:.3f}", status)
     out.print(table)
     rules = Table(title="noise rules")
@@ -118,7 +118,7 @@ def _run_simulate(config: SimulateConfig, extras: dict[str, Any], force: bool) -
         table.add_column(col, justify="left" if col in ("annotator", "behavior") else "right",
                          overflow="fold")
     for aid, a in stage.manifest.stats.get("annotators", {}).items():
-        table.add_row(aid, a["behavior"], f"{a['flip_rate']:.3f}", _num(a["realised_flip_rate"]),
+        table.add_row(esc(aid), a["behavior"], f"{a['flip_rate']:.3f}", _num(a["realised_flip_rate"]),
                       str(a["pairs"]))
     out.print(table)
 

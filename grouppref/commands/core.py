@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from grouppref.commands.options import Extra, config_command
-from grouppref.commands.output import err, out, print_stage
+from grouppref.commands.output import err, esc, out, print_stage
 from grouppref.errors import ConfigError
 from grouppref.pipeline.prompts.config import PromptsConfig
 from grouppref.runs.store import RunStore
@@ -19,6 +19,9 @@ RunArg = Annotated[Path, typer.Argument(help="Run directory, e.g. runs/demo.", m
                                        show_default=False)]
 OutOpt = Annotated[Path, typer.Option("--out", help="Run directory to write into.",
                                       show_default=False)]
+AllowStale = Annotated[bool, typer.Option(
+    "--allow-stale", help="Use a stage's output even when it is stale (an upstream stage "
+    "changed after it ran); what is written says so.")]
 # the order of `grouppref run` (kept here so that `inspect` does not import the runner)
 PIPELINE_ORDER = ("prompts", "generate", "import", "rank", "simulate", "label", "aggregate",
                   "validate", "export", "train", "eval", "report")
@@ -62,31 +65,48 @@ def _order(stage: str) -> tuple[int, str]:
     return (PIPELINE_ORDER.index(head) if head in PIPELINE_ORDER else len(PIPELINE_ORDER), stage)
 
 
+def _status(store: RunStore, m: Any, record: Any) -> tuple[str, str | None]:
+    """A stage's status cell and row style: not in this run, stale, or its own status."""
+    from grouppref.runs.freshness import outside_run, stale_causes
+
+    if outside_run(m, record):
+        return "not in this run (made before it, not by its config)", "dim"
+    stale = stale_causes(store, m.stage) if m.status == "complete" else []
+    if stale:
+        return f"stale (input changed: {', '.join(stale)})", "yellow"
+    return m.status, None
+
+
 def inspect(run: RunArg) -> None:
-    """Show a run's stages in pipeline order: status (stale when an input changed since),
-    counts, rejects and timings."""
+    """Show a run's stages in pipeline order: status (stale when an input changed since, not in
+    this run when the last `grouppref run` did not make or read it), counts, rejects, timings."""
+    from grouppref.runs.freshness import RUN_FILE, read_run_record
+
     store = RunStore(run)
     manifests = sorted(store.manifests(), key=lambda m: _order(m.stage))
     if not manifests:
         raise ConfigError(f"{run}: no stage has run here (no */manifest.json)")
-    table = Table(title=f"run {run}")
+    record = read_run_record(store)
+    table = Table(title=f"run {esc(str(run))}")
     for col in ("stage", "status", "in", "out", "rejected", "partial", "seconds", "finished"):
         table.add_column(col, justify="right" if col in ("in", "out", "rejected", "partial",
-                                                          "seconds") else "left",
-                         overflow="fold", no_wrap=False)
+                                                          "seconds") else "left")
     for m in manifests:
         c = m.counts
-        stale = store.stale_inputs(m.stage) if m.status == "complete" else []
-        status = f"stale (input changed: {', '.join(stale)})" if stale else m.status
-        table.add_row(m.stage, status, str(c.inputs), str(c.outputs), str(c.rejected),
+        status, style = _status(store, m, record)
+        table.add_row(esc(m.stage), esc(status), str(c.inputs), str(c.outputs), str(c.rejected),
                       str(c.partial), f"{m.seconds:.1f}" if m.seconds is not None else "-",
                       m.finished_at.strftime("%Y-%m-%d %H:%M:%S") if m.finished_at else "-",
-                      style="yellow" if stale else None)
+                      style=style)
     out.print(table)
+    if record is not None:
+        out.print(f"last `grouppref run`: {esc(record.config)} ({record.status}, started "
+                  f"{record.started_at:%Y-%m-%d %H:%M:%S} UTC, config hash "
+                  f"{record.config_hash[:12]}; {esc(str(store.root / RUN_FILE))})")
     for m in manifests:
         rejects = store.stage_dir(m.stage) / "rejects.jsonl"
         if rejects.exists() and rejects.stat().st_size:
-            err.print(f"rejects of {m.stage}: {rejects}")
+            err.print(f"rejects of {esc(m.stage)}: {esc(str(rejects))}")
 
 
 def register(app: typer.Typer) -> None:

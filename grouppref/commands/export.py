@@ -7,9 +7,9 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from grouppref.commands.core import RunArg
+from grouppref.commands.core import AllowStale, RunArg
 from grouppref.commands.options import Extra, config_command
-from grouppref.commands.output import err, out, print_stage
+from grouppref.commands.output import err, esc, out, print_stage
 from grouppref.pipeline.export.config import ExportConfig
 from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.runs.store import RunStore
@@ -29,7 +29,7 @@ def _run_validate(config: ValidateConfig, extras: dict[str, Any], force: bool) -
         first = next((f for f in report.failures if f.check == check), None)
         where = f"row {first.row}" + (f", {first.field}" if first.field else "") if first else ""
         reason = first.reason.removeprefix(f"{check}: ") if first else ""
-        table.add_row(check, str(report.checks[check]), f"{where}: {reason}" if first else "",
+        table.add_row(check, str(report.checks[check]), esc(f"{where}: {reason}") if first else "",
                       style="red" if first else "")
     out.print(table)
     splits = ", ".join(f"{s}: {v['groups']} groups / {v['pairs']} pairs"
@@ -37,8 +37,8 @@ def _run_validate(config: ValidateConfig, extras: dict[str, Any], force: bool) -
     out.print(f"splits: {splits}; prompts in both splits: {report.prompt_overlap}")
     print_stage(stage, max_rejects=0)
     if report.rejected:
-        err.print(f"rejected rows, one per line: {stage.dir / 'rejects.jsonl'}; "
-                  f"report: {stage.dir / 'report.json'}")
+        err.print(f"rejected rows, one per line: {esc(str(stage.dir / 'rejects.jsonl'))}; "
+                  f"report: {esc(str(stage.dir / 'report.json'))}")
 
 
 validate = config_command(
@@ -50,22 +50,25 @@ validate = config_command(
 def _run_export(config: ExportConfig, extras: dict[str, Any], force: bool) -> None:
     from grouppref.pipeline.export.stage import run_export
 
-    stage = run_export(RunStore(extras["run"]), config, force=force)
+    stage = run_export(RunStore(extras["run"]), config, force=force,
+                       allow_stale=extras["allow_stale"])
     for reject in stage.rejects()[:20]:
-        err.print(f"[red]left out[/] {reject.one_line()}")
+        err.print(f"[red]left out[/] {esc(reject.one_line())}")
     report = ExportReport.model_validate(stage.manifest.stats)
     rows = ", ".join(f"{s}: {n}" for s, n in report.rows.items())
     skipped = f"; pairs left out: {report.skipped_pairs}" if report.skipped_pairs else ""
     cached = " [yellow](cached: same settings and input; --force exports again)[/]" if stage.cached else ""
-    out.print(f"[green]export[/] ({config.format}) {rows} rows{skipped} -> {report.location}{cached}")
+    out.print(f"[green]export[/] ({config.format}) {rows} rows{esc(skipped)} -> "
+              f"{esc(report.location)}{cached}")
     for name in report.files:
-        out.print(f"  {name}")
+        out.print(f"  {esc(name)}")
 
 
 export = config_command(
     ExportConfig, _run_export, name="export", section="export",
     doc="Export RUN/validate as groups or TRL pairs to a directory, a Parquet file or the Hub.",
-    extras=[Extra("run", RunArg)], rename={"to_dir": "--to", "private": "--private"},
+    extras=[Extra("run", RunArg), Extra("allow_stale", AllowStale, False)],
+    rename={"to_dir": "--to", "private": "--private"},
     force_help="Export again even when the same export of the same input exists.")
 
 

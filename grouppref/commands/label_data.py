@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from rich.table import Table
 
 from grouppref.commands.options import Custom, Extra, config_command, help_of
-from grouppref.commands.output import err, out, print_stage
+from grouppref.commands.output import err, esc, out, print_stage
 from grouppref.errors import ConfigError
 from grouppref.labeling.client import (
     ArgillaClient,
@@ -72,10 +72,10 @@ def _push(config: PushConfig, extras: dict[str, Any], force: bool) -> None:
     with client:
         report = push_run(RunStore(extras["run"]), _with_workspace(config, embedded_ws), client)
     for r in report.refused:
-        err.print(f"[red]refused[/] {r.one_line()}")
+        err.print(f"[red]refused[/] {esc(r.one_line())}")
     for d in report.datasets:
         state = "created" if d.created_dataset else "existing"
-        out.print(f"  {state} dataset {d.name!r} (K={d.k}): {d.groups} groups, {d.created} new, "
+        out.print(f"  {state} dataset {esc(repr(d.name))} (K={d.k}): {d.groups} groups, {d.created} new, "
                   f"{d.updated} updated, {len(d.refused)} refused", highlight=False)
     out.print(f"[green]label push[/]: {report.groups} groups from {report.source_stage} -> "
               f"{len(report.datasets)} dataset(s) in workspace {report.workspace!r}: "
@@ -122,7 +122,7 @@ def _status(config: TargetConfig, extras: dict[str, Any], force: bool) -> None:
     for col in ("annotator", "submitted", "draft", "discarded"):
         table.add_column(col, justify="left" if col == "annotator" else "right", overflow="fold")
     for user, counts in report.annotators.items():
-        table.add_row(user, str(counts["submitted"]), str(counts["draft"]),
+        table.add_row(esc(user), str(counts["submitted"]), str(counts["draft"]),
                       str(counts["discarded"]))
     out.print(table)
     out.print(f"records: {report.records}, completed {report.completed}, "

@@ -5,7 +5,10 @@ is not a terminal (long option names, annotator ids and paths stay whole).
 Every stage command ends in :func:`print_stage`: its rejects (stderr), the counts (stdout),
 the most common reject reasons (stderr) and, when every input row was rejected, one line
 naming the most common reason and exit code 2 (a stage that kept some rows exits 0).
-"""
+
+Both consoles read rich markup (``[red]reject[/]``), so text that comes from data or the user
+(a reject's ``[stage]``, a path, an id, an error message) goes through :func:`esc` first:
+unescaped, ``[export]`` would vanish and ``[/tmp/x]`` would raise a ``MarkupError``."""
 
 from __future__ import annotations
 
@@ -13,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as esc
 
+from grouppref.runs.progress import plain_width
 from grouppref.runs.rejects import all_rejected, reject_summary, where
 
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
+out = Console(soft_wrap=True, highlight=False, width=plain_width(stderr=False))
+err = Console(stderr=True, soft_wrap=True, highlight=False, width=plain_width(stderr=True))
 
 
 def print_stage(stage: Any, *, max_rejects: int = 20, name: str | None = None) -> None:
@@ -32,25 +36,25 @@ def print_stage(stage: Any, *, max_rejects: int = 20, name: str | None = None) -
     folder: Path = stage.dir
     label = name or stage.name
     if stage.cached:
-        err.print(f"[yellow]{label}: unchanged settings and input, skipped[/] (use --force to "
-                  f"re-run) -> {folder}")
+        err.print(f"[yellow]{esc(label)}: unchanged settings and input, skipped[/] (use --force to "
+                  f"re-run) -> {esc(str(folder))}")
     rejects = stage.rejects()
     for line in [r.one_line() for r in rejects][:max_rejects]:
-        err.print(f"[red]reject[/] {escape(line)}")
+        err.print(f"[red]reject[/] {esc(line)}")
     if len(rejects) > max_rejects:
-        err.print(f"... and {len(rejects) - max_rejects} more in {folder / 'rejects.jsonl'}")
+        err.print(f"... and {len(rejects) - max_rejects} more in {esc(str(folder / 'rejects.jsonl'))}")
     print_counts(label, stage.counts.model_dump(), folder)
     for scope, what in (("row", "rejected"), ("part", "partly rejected")):
         for n, r in reject_summary(rejects, scope):
-            err.print(f"  {what}: {n} x {escape(r.reason)} (first: {escape(where(r))})")
+            err.print(f"  {what}: {n} x {esc(r.reason)} (first: {esc(where(r))})")
     if (problem := all_rejected(stage, label)) is not None:
         raise problem
 
 
 def print_counts(label: str, counts: dict[str, int], where: Path | str) -> None:
     partial = f", {counts['partial']} partly rejected" if counts.get("partial") else ""
-    out.print(f"[green]{label}[/]: {counts['inputs']} in, {counts['outputs']} out, "
-              f"{counts['rejected']} rejected{partial} -> {where}")
+    out.print(f"[green]{esc(label)}[/]: {counts['inputs']} in, {counts['outputs']} out, "
+              f"{counts['rejected']} rejected{partial} -> {esc(str(where))}")
 
 
 def print_server_usage(stats: dict[str, Any]) -> None:
@@ -60,6 +64,6 @@ def print_server_usage(stats: dict[str, Any]) -> None:
     for item in stats.get("servers") or []:
         u = ServerUsage.model_validate(item)
         failed = ", ".join(f"{n}x {cause}" for cause, n in sorted(u.failures.items()))
-        out.print(f"  {u.model} at {u.server}: {u.requests} requests ({u.retried} retried, "
+        out.print(f"  {esc(u.model)} at {esc(u.server)}: {u.requests} requests ({u.retried} retried, "
                   f"{u.refused} refused{'; failures: ' + failed if failed else ''}), "
                   f"{u.prompt_tokens} prompt + {u.completion_tokens} completion tokens")

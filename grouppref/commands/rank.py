@@ -8,7 +8,7 @@ import typer
 
 from grouppref.commands.core import RunArg
 from grouppref.commands.options import Custom, Extra, config_command, help_of
-from grouppref.commands.output import out, print_server_usage, print_stage
+from grouppref.commands.output import esc, out, print_server_usage, print_stage
 from grouppref.errors import ConfigError
 from grouppref.models.server_settings import ServerSettings
 from grouppref.pipeline.rank.config import RankConfig
@@ -54,7 +54,7 @@ def _run(config: RankConfig, extras: dict[str, Any], force: bool) -> None:
     stage = run_rank(RunStore(extras["run"]), config, force=force)
     print_stage(stage)
     for aid, n in stage.manifest.stats.get("rankers", {}).items():
-        out.print(f"  {aid}: {n['ranked']} ranked, {n['skipped']} skipped, "
+        out.print(f"  {esc(aid)}: {n['ranked']} ranked, {n['skipped']} skipped, "
                   f"{n['with_ties']} with ties")
     print_server_usage(stage.manifest.stats)
 

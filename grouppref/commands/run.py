@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
-from grouppref.commands.core import PIPELINE_ORDER, RunArg
+from grouppref.commands.core import PIPELINE_ORDER, AllowStale, RunArg
 from grouppref.commands.options import Extra, config_command
-from grouppref.commands.output import err, out
+from grouppref.commands.output import err, esc, out
 from grouppref.errors import StageError
 from grouppref.pipeline.report.config import ReportConfig
 from grouppref.runs.store import RunStore
@@ -20,15 +20,16 @@ _STAGES = ", ".join(s for s in PIPELINE_ORDER if s != "import")
 def print_outcome(outcome: Any, run_dir: str) -> None:
     """The closing lines of a run: where everything is, or what it waits for."""
     if outcome.status == "waiting":
-        err.print(f"[yellow]{outcome.message}[/]")
-        err.print(f"state saved in {run_dir}; run the same command again to go on (or add --wait)")
+        err.print(f"[yellow]{esc(outcome.message)}[/]")
+        err.print(f"state saved in {esc(run_dir)}; run the same command again to go on (or add "
+                  "--wait)")
         return
-    out.print(f"[bold green]run complete[/]: {run_dir} (computed: "
+    out.print(f"[bold green]run complete[/]: {esc(run_dir)} (computed: "
               f"{', '.join(outcome.ran) or 'nothing'}; cached: "
               f"{', '.join(outcome.cached) or 'nothing'})")
     if outcome.report:
-        out.print(f"report: {outcome.report}")
-    out.print(f"inspect it: grouppref inspect {run_dir}")
+        out.print(f"report: {esc(str(outcome.report))}")
+    out.print(f"inspect it: grouppref inspect {esc(run_dir)}")
 
 
 def run(
@@ -47,13 +48,15 @@ def run(
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Override one setting: KEY.PATH=VALUE (VALUE is YAML), e.g. "
         "--set rank.rankers.0.model=path/to/rm (repeatable).", show_default=False)] = None,
+    allow_stale: AllowStale = False,
 ) -> None:
     """Run the stages of CONFIG in order; unchanged stages are skipped (cached)."""
     from grouppref.runner import check_stages, load_run_config, run_pipeline
 
     check_stages(start, until, force)  # before reading anything
     cfg = load_run_config(config, set_, run_dir)
-    outcome = run_pipeline(cfg, start=start, until=until, force=force, wait=wait, console=err)
+    outcome = run_pipeline(cfg, start=start, until=until, force=force, wait=wait, console=err,
+                           allow_stale=allow_stale, source=str(config))
     print_outcome(outcome, cfg.run_dir)
 
 
@@ -63,12 +66,13 @@ def _report(config: ReportConfig, extras: dict[str, Any], force: bool) -> None:
     store = RunStore(extras["run"])
     if not store.manifests():
         raise StageError(f"{extras['run']}: no stage has run here; give a run directory")
-    stage = run_report(store, config, force=force)
-    out.print(f"report: {stage.outputs['html']}")
+    stage = run_report(store, config, force=force, allow_stale=extras["allow_stale"])
+    out.print(f"report: {esc(stage.outputs['html'])}")
 
 
 report = config_command(
-    ReportConfig, _report, name="report", section="report", extras=[Extra("run", RunArg)],
+    ReportConfig, _report, name="report", section="report",
+    extras=[Extra("run", RunArg), Extra("allow_stale", AllowStale, False)],
     doc="Write the run's self-contained HTML report (no external requests).",
     force_help="Render again even when no stage changed.")
 

@@ -11,8 +11,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from grouppref.commands.core import AllowStale
 from grouppref.commands.options import Custom, Extra, config_command, help_of
-from grouppref.commands.output import err, out, print_counts, print_stage
+from grouppref.commands.output import err, esc, out, print_counts, print_stage
 from grouppref.commands.rank import ENSEMBLE_HELP, RANKER_HELP, parse_rankers
 from grouppref.errors import ConfigError
 from grouppref.pipeline.rank.settings import parse_weights
@@ -20,7 +21,8 @@ from grouppref.schemas.reports import EvalReport, TrainStats
 from grouppref.train.config import EvalConfig, RefreshConfig, TrainConfig
 
 DataArg = Annotated[str, typer.Argument(metavar="DATA",
-    help="A run directory (reads RUN/validate), a saved dataset of ValidatedGroup rows, or a "
+    help="A run directory (reads RUN/validate), anything `grouppref export` writes (a saved "
+    "dataset folder, Parquet files per split, a Hub-layout folder, groups or TRL pairs), or a "
     "Hub dataset id.", show_default=False)]
 
 
@@ -53,7 +55,8 @@ def _run_train(config: TrainConfig, extras: dict[str, Any], force: bool) -> None
     main = process_state().is_main_process
     if is_run(data):
         stage = run_train(RunStore(data), config, force=force, out_dir=where, resume=resume,
-                          reference_cache=extras["reference_cache"])
+                          reference_cache=extras["reference_cache"],
+                          allow_stale=extras["allow_stale"])
         if main:
             print_stage(stage, name="train")
             _print_stats(TrainStats.model_validate(stage.manifest.stats), stage.outputs["model"])
@@ -64,13 +67,13 @@ def _run_train(config: TrainConfig, extras: dict[str, Any], force: bool) -> None
                             reference_cache=extras["reference_cache"])
     if main:
         for reject in outcome.rejects[:20]:
-            err.print(f"[red]reject[/] {reject.one_line()}")
+            err.print(f"[red]reject[/] {esc(reject.one_line())}")
         print_counts("train", outcome.counts, outcome.out_dir)
         _print_stats(outcome.stats, str(outcome.out_dir))
 
 
 def _print_stats(stats: TrainStats, model_dir: str) -> None:
-    table = Table(title=f"train -> {model_dir}")
+    table = Table(title=f"train -> {esc(model_dir)}")
     table.add_column("metric")
     for col in ("start (held-out)", "end (held-out)", "last train window"):
         table.add_column(col, justify="right")
@@ -127,6 +130,7 @@ train = config_command(
         Extra("reference_cache", Annotated[Path | None, typer.Option(
             "--reference-cache", help="Folder of cached reference log-probs (default: "
             "RUN/train/reference in a run, else OUT/reference).", show_default=False)], None),
+        Extra("allow_stale", AllowStale, False),
     ],
     flatten={"data": "{}", "lora": "lora-{}", "refresh": "refresh-{}"},
     rename={"lora.target_modules": "--lora-target", "refresh.fresh_share": "--fresh-share",
@@ -150,13 +154,13 @@ def _run_eval(config: EvalConfig, extras: dict[str, Any], force: bool) -> None:
 
     data = extras["data"]
     if is_run(data):
-        stage = run_eval(RunStore(data), config, force=force)
+        stage = run_eval(RunStore(data), config, force=force, allow_stale=extras["allow_stale"])
         report = EvalReport.model_validate(stage.manifest.stats)
         print_stage(stage, name="eval")
     else:
         source = load_groups(data, stage="eval")
         for reject in source.rejects:
-            err.print(f"[red]reject[/] {reject.one_line()}")
+            err.print(f"[red]reject[/] {esc(reject.one_line())}")
         report = compare_models(source.groups, config, cache_dir=cache_root() / "reference").report
     if extras["out"] is not None:
         extras["out"].write_text(report.model_dump_json(indent=2) + "\n")
@@ -165,11 +169,11 @@ def _run_eval(config: EvalConfig, extras: dict[str, Any], force: bool) -> None:
 
 def _print_eval(report: EvalReport) -> None:
     table = Table(title=f"eval on {report.groups} {report.split} groups (beta {report.beta}, "
-                  f"reference {report.ref_model})")
+                  f"reference {esc(str(report.ref_model))})")
     table.add_column("metric")
     roles = [r for r in ("baseline", "model") if r in report.metrics]
     for role in roles:
-        table.add_column(f"{role}: {getattr(report, role)}", justify="right", overflow="fold")
+        table.add_column(f"{role}: {esc(str(getattr(report, role)))}", justify="right")
     if report.delta:
         table.add_column("delta", justify="right")
     for name in sorted({k for s in report.metrics.values() for k in s} - {"groups"}):
@@ -186,7 +190,8 @@ eval_command = config_command(
     extras=[Extra("data", DataArg),
             Extra("out", Annotated[Path | None, typer.Option(
                 "--out", help="Also write the report as JSON here (a run always writes "
-                "RUN/eval/metrics.json).", show_default=False)], None)],
+                "RUN/eval/metrics.json).", show_default=False)], None),
+            Extra("allow_stale", AllowStale, False)],
     flatten={"data": "{}"}, force_help="Re-run even when cached.")
 
 

@@ -1,4 +1,6 @@
-"""Progress bars with a rate, shared by every stage (rich)."""
+"""Progress bars with a rate, shared by every stage (rich), always on stderr: stdout carries
+results only, so ``> file`` and pipes stay clean. When stderr is not a terminal rich draws no
+live bar; the finished bars are printed once, when the progress stops."""
 
 from __future__ import annotations
 
@@ -14,6 +16,20 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.text import Text
+
+WIDE = 100_000  # columns of a console that is not a terminal: nothing is wrapped or cut
+
+
+def plain_width(stderr: bool) -> int | None:
+    """The width for a console on stdout / stderr: the terminal's (``None``: rich measures it)
+    on a terminal, else :data:`WIDE`, so tables and lines written to a file or a pipe keep
+    option names, annotator ids and paths whole instead of folding them at 80 columns."""
+    return None if Console(stderr=stderr).is_terminal else WIDE
+
+
+def stderr_console() -> Console:
+    """A console on stderr, for progress bars and notes."""
+    return Console(stderr=True, width=plain_width(stderr=True))
 
 
 class RateColumn(ProgressColumn):
@@ -33,7 +49,8 @@ class ExtraColumn(ProgressColumn):
 
 
 def stage_progress(console: Console | None = None, disable: bool = False) -> Progress:
-    """A rich ``Progress`` with description, bar, count, rate, elapsed and remaining time.
+    """A rich ``Progress`` with description, bar, count, rate, elapsed and remaining time, on
+    ``console`` (default: a console on stderr).
 
     Example:
         >>> with stage_progress() as bar:                       # doctest: +SKIP
@@ -48,6 +65,6 @@ def stage_progress(console: Console | None = None, disable: bool = False) -> Pro
         ExtraColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=console or Console(stderr=True),  # progress goes to stderr, results to stdout
+        console=console or stderr_console(),
         disable=disable,
     )

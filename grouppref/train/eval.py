@@ -33,6 +33,7 @@ import torch
 
 from grouppref.errors import ConfigError, StageError
 from grouppref.models.loading import load_causal_lm, load_tokenizer, model_fingerprint, model_label
+from grouppref.runs.freshness import require_fresh
 from grouppref.runs.hashing import sha256_text
 from grouppref.runs.manifest import Manifest
 from grouppref.runs.store import RunStore, Shard, StageRun
@@ -44,6 +45,7 @@ from grouppref.train.distributed import process_state
 from grouppref.train.logps import group_logps
 from grouppref.train.losses import best_worst, implicit_rewards, pair_accuracy
 from grouppref.train.reference import ensure_reference
+from grouppref.train.sources import load_groups
 
 Tensor = torch.Tensor
 STAGE = "eval"
@@ -323,25 +325,31 @@ def resolve_from_train(config: EvalConfig, train: Manifest | None) -> EvalConfig
     return config.model_copy(update=update)
 
 
-def run_eval(store: RunStore, config: EvalConfig, force: bool = False) -> StageRun[ValidatedGroup]:
+def run_eval(store: RunStore, config: EvalConfig, force: bool = False, *,
+             allow_stale: bool = False) -> StageRun[ValidatedGroup]:
     """The ``eval`` stage: compare the trained model with its starting point on RUN/validate's
     held-out split; writes ``RUN/eval/metrics.json`` and the groups scored.
 
     Raises:
-        StageError: RUN/validate is missing, or there is nothing to evaluate.
+        StageError: RUN/validate is missing or stale (or RUN/train is, when it is read; both
+            allowed with ``allow_stale``), or there is nothing to evaluate.
     """
-    store.require("validate")
+    data = load_groups(store.root, stage=STAGE, allow_stale=allow_stale)
     resolved = resolve_from_train(config, store.manifest("train"))
     models = [m for m in (resolved.model, resolved.baseline, resolved.ref_model) if m]
     fp = sha256_text("|".join(model_fingerprint(m) for m in models))
     reads = ["validate", *(["train"] if store.is_complete("train") else [])]
+    stale = data.stale + [c for c in (require_fresh(store, "train", allow_stale=allow_stale,
+                                                    use="evaluate it")
+                                      if "train" in reads else []) if c not in data.stale]
+    if stale:  # an evaluation of stale input is another output: it joins the cache key
+        fp = sha256_text(f"{fp}|stale:{','.join(stale)}")
     stage = store.open_stage(STAGE, resolved, input_fingerprint=fp, inputs=reads,
                              record_type=ValidatedGroup,
                              stage_version=STAGE_VERSION, force=force)
     if stage.cached:
         return stage
-    found = compare_models(store.load_records("validate", ValidatedGroup), resolved,
-                           cache_dir=stage.dir / "reference")
+    found = compare_models(data.groups, resolved, cache_dir=stage.dir / "reference")
     shard = Shard(index=0, start=0, items=found.used)
     stage.write_shard(shard, found.used, found.rejects)
     (stage.dir / "metrics.json").write_text(found.report.model_dump_json(indent=2) + "\n")

@@ -1,7 +1,8 @@
-"""The ``train`` stage: train on the groups of a run (``RUN/validate``) and record ``RUN/train``
-(cached like every stage; the model goes to ``RUN/train/model`` unless ``out_dir`` says
-otherwise), or train on a saved dataset / Hub id with :func:`train_dataset` (sources in
-:mod:`grouppref.train.sources`).
+"""The ``train`` stage: train on the groups of a run (``RUN/validate``, refused when stale unless
+``allow_stale``) and record ``RUN/train`` (cached like every stage; the model goes to
+``RUN/train/model`` unless ``out_dir`` says otherwise), or train on any published dataset
+(an export, a Hub id) with :func:`train_dataset` (sources in :mod:`grouppref.train.sources`).
+Either way the model folder gets its model card (:mod:`grouppref.train.model_card`).
 
 Under ``torchrun`` / ``accelerate launch`` every process runs the same call; each decides
 "cached or not" from the manifest alone, and only the main process writes it.
@@ -13,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grouppref.runs.hashing import canonical_json
+from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.manifest import write_rejects
 from grouppref.runs.store import RunStore, Shard, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import TrainStats
 from grouppref.train.config import TrainConfig
 from grouppref.train.distributed import process_state
+from grouppref.train.model_card import finish_model_folder, public_name, trained_on
 from grouppref.train.sources import load_groups
 from grouppref.train.trainer import train
 
@@ -34,7 +36,8 @@ def _stage_config(config: TrainConfig, out_dir: Path) -> dict[str, Any]:
 
 def run_train(store: RunStore, config: TrainConfig, force: bool = False, *,
               out_dir: str | Path | None = None, resume: bool | str | Path = False,
-              reference_cache: Path | None = None) -> StageRun[ValidatedGroup]:
+              reference_cache: Path | None = None,
+              allow_stale: bool = False) -> StageRun[ValidatedGroup]:
     """Train on the run's validated groups (see the module docstring).
 
     Args:
@@ -45,31 +48,38 @@ def run_train(store: RunStore, config: TrainConfig, force: bool = False, *,
         resume (bool | str | Path): continue from the latest (True) or a given checkpoint.
         reference_cache (Path | None): reference log-prob cache (default
             ``RUN/train/reference``).
+        allow_stale (bool): train on a stale validate output (the model card says so).
 
     Returns:
         StageRun[ValidatedGroup]: the groups used; ``manifest.stats`` are the training
         metrics, ``manifest.outputs["model"]`` the model folder.
 
     Raises:
-        StageError: validate has not run, or no group is trainable.
+        StageError: validate has not run, is stale, or no group is trainable.
     """
-    data = load_groups(store.root)
+    data = load_groups(store.root, allow_stale=allow_stale)
     out = Path(out_dir) if out_dir is not None else store.stage_dir(STAGE) / "model"
     settings = _stage_config(config, out)
+    # a model trained on stale data carries a card that says so: another output, another key
+    marker = sha256_text(canonical_json({"stale": data.stale})) if data.stale else ""
     if not force and not resume:
-        hit = store.cached(STAGE, settings, inputs=[INPUT_STAGE], stage_version=STAGE_VERSION)
+        hit = store.cached(STAGE, settings, input_fingerprint=marker, inputs=[INPUT_STAGE],
+                           stage_version=STAGE_VERSION)
         if hit is not None:
             return StageRun(store, hit, ValidatedGroup, cached=True)
     state = process_state()
     state.wait_for_everyone()  # every process has decided before the manifest changes
     stage = None
     if state.is_main_process:
-        stage = store.open_stage(STAGE, settings, inputs=[INPUT_STAGE], record_type=ValidatedGroup,
-                                 stage_version=STAGE_VERSION, force=True)
+        stage = store.open_stage(STAGE, settings, input_fingerprint=marker, inputs=[INPUT_STAGE],
+                                 record_type=ValidatedGroup, stage_version=STAGE_VERSION,
+                                 force=True)
     result = train(config, data.groups, out, resume=resume,
                    reference_cache=reference_cache or store.stage_dir(STAGE) / "reference",
                    refresh_dir=store.stage_dir(STAGE) / "refresh")
     if stage is not None:
+        finish_model_folder(out, config, result.stats,
+                            trained_on(str(store.root), "run", store, data.stale))
         used = set(result.used)
         records = [g for g in data.groups if g.group_id in used]
         stage.write_shard(Shard(index=0, start=0, items=records), records, result.rejects)
@@ -92,8 +102,8 @@ class TrainOutcome:
 def train_dataset(source: str | Path, config: TrainConfig, out_dir: str | Path, *,
                   resume: bool | str | Path = False,
                   reference_cache: Path | None = None) -> TrainOutcome:
-    """Train on a saved dataset or Hub id (not a run): the model, ``rejects.jsonl`` (reading +
-    tokenising) and ``source.json`` go to ``out_dir``."""
+    """Train on a published dataset or Hub id (not a run): the model, its card, ``rejects.jsonl``
+    (reading + tokenising) and ``source.json`` go to ``out_dir``."""
     data = load_groups(source)
     out = Path(out_dir)
     result = train(config, data.groups, out, resume=resume, reference_cache=reference_cache)
@@ -101,7 +111,11 @@ def train_dataset(source: str | Path, config: TrainConfig, out_dir: str | Path, 
     if process_state().is_main_process:
         write_rejects(out / "rejects.jsonl", rejects)
         (out / "source.json").write_text(canonical_json(
-            {"source": data.source, "fingerprint": data.fingerprint}) + "\n")
+            {"source": public_name(data.source), "format": data.format,
+             "fingerprint": data.fingerprint})
+            + "\n")
+        finish_model_folder(out, config, result.stats, trained_on(
+            data.source, data.format, unreadable=sum(r.scope == "row" for r in data.rejects)))
     counts = {"inputs": data.rows, "outputs": len(result.used),
               "rejected": sum(r.scope == "row" for r in rejects)}
     return TrainOutcome(stats=result.stats, out_dir=out, counts=counts, rejects=rejects)

@@ -35,6 +35,7 @@ from grouppref.train.data import GroupBatch, TokenizedGroup, collate_groups, tok
 from grouppref.train.distributed import cpu_launch
 from grouppref.train.eval import evaluate, reward_metrics
 from grouppref.train.loop import Objective, step_loss
+from grouppref.train.model_card import public_stats
 from grouppref.train.reference import ReferenceInfo, ensure_reference, require_reference
 from grouppref.train.trim import trim_for_loss
 
@@ -364,7 +365,8 @@ def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | 
     if run.refresh is not None:
         run.refresh.close()
     if accelerator.is_main_process:
-        (out_dir / "metrics.json").write_text(stats.model_dump_json(indent=2) + "\n")
+        published = public_stats(stats)  # no local path in the folder one publishes
+        (out_dir / "metrics.json").write_text(published.model_dump_json(indent=2) + "\n")
     accelerator.end_training()
     return TrainResult(model=model, tokenizer=tokenizer, stats=stats, out_dir=out_dir,
                        rejects=rejects, used=[g.group_id for g in train_set + held_out])

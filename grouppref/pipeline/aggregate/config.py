@@ -33,6 +33,10 @@ class AggregateConfig(BaseModel):
     input_stage: str | None = Field(default=None, description="Stage to read AnnotatedGroups "
                                     "from; default: the first complete of label, simulate, rank, "
                                     "import.")
+    source: str | None = Field(default=None, description="Aggregate this dataset instead of a "
+                               "stage of the run: groups with rankings, e.g. a `grouppref "
+                               "export` in groups format (any container) or a Hub id; their "
+                               "rankings are aggregated again.")
     prior_strength: float = Field(default=0.1, gt=0, description="L2 prior alpha on strengths "
                                   "(choix.opt_pairwise's alpha: prior variance 1/(2 alpha)).")
     kind_weights: dict[AnnotatorKind, float] = Field(
@@ -93,6 +97,8 @@ class AggregateConfig(BaseModel):
 
 
 def _reads(config: AggregateConfig) -> tuple[str, ...]:
+    if config.source:
+        return ()
     return (config.input_stage,) if config.input_stage else INPUT_STAGES
 
 

@@ -14,7 +14,7 @@ the consensus order's hard targets; ``pair_targets="auto"`` (the default) picks 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -29,6 +29,7 @@ from grouppref.pipeline.aggregate.outcome import (
     slot_weights,
 )
 from grouppref.pipeline.aggregate.parse import ParsedInput, encode_rankings, parse_rows
+from grouppref.readers.published import annotated_rows, open_published
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
@@ -55,6 +56,30 @@ def resolve_input(store: RunStore, config: AggregateConfig) -> str:
     raise StageError(f"{store.root}: none of {list(INPUT_STAGES)} has completed; run "
                      "`grouppref rank`, `grouppref simulate`, `grouppref label pull` or "
                      "`grouppref import` first")
+
+
+@dataclass
+class _Input:
+    """What aggregate reads: rows, rejects made reading them, where from, the cache key's input
+    half (external fingerprint, stages of the run read) and the settings as recorded."""
+
+    rows: list[dict[str, Any]]
+    rejects: list[Reject]
+    source: str
+    fingerprint: str
+    reads: list[str]
+    config: AggregateConfig
+
+
+def _input(store: RunStore, config: AggregateConfig) -> _Input:
+    if config.source:  # a published dataset, read instead of a stage of the run
+        published = open_published(config.source, STAGE)
+        return _Input(annotated_rows(published), published.rejects, published.source,
+                      published.fingerprint, [], config)
+    source = resolve_input(store, config)
+    store.require(source)
+    return _Input(list(store.load_dataset(source)), [], source, "", [source],
+                  config.model_copy(update={"input_stage": source}))
 
 
 def _kind_weights(parsed: ParsedInput, config: AggregateConfig) -> torch.Tensor:
@@ -97,26 +122,27 @@ def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
     """Aggregate the rankings of every group of the input stage into ValidatedGroups.
 
     Bad rankings become part-rejects (the rest of the group is kept); unusable rows and rows
-    dropped by a noise rule become row rejects; ``inputs == outputs + rejected``.
+    dropped by a noise rule become row rejects; ``inputs == outputs + rejected``. With
+    ``config.source`` the groups and rankings of a published dataset are read instead of a
+    stage of the run (:mod:`grouppref.readers.published`).
 
     Raises:
-        StageError: no input stage has completed.
+        StageError: no input stage has completed (and no source is given).
+        InputFileError: ``source`` cannot be read, or holds no rankings (TRL pairs).
         ConfigError: the settings leave no annotator kind with a positive weight.
         ConvergenceError: a fit did not converge (raise ``max_iter`` or ``prior_strength``).
     """
     if not any(w > 0 for w in config.kind_weights.values()):
         raise ConfigError("aggregate: every kind weight is 0; give at least one kind (e.g. "
                           "human=1) a positive weight")
-    source = resolve_input(store, config)
-    store.require(source)
-    rows = list(store.load_dataset(source))
-    cfg = config.model_copy(update={"input_stage": source})
-    stage = store.open_stage(STAGE, cfg, inputs=[source],
-                             record_type=ValidatedGroup, stage_version=STAGE_VERSION, force=force)
+    got = _input(store, config)
+    stage = store.open_stage(STAGE, got.config, input_fingerprint=got.fingerprint,
+                             inputs=got.reads, record_type=ValidatedGroup,
+                             stage_version=STAGE_VERSION, force=force)
     if stage.cached:
         return stage
-    parsed = parse_rows(rows, source, STAGE)
-    stage.add_rejects("input", parsed.rejects)
+    parsed = parse_rows(got.rows, got.source, STAGE)
+    stage.add_rejects("input", got.rejects + parsed.rejects)
     agg = fit_parsed(parsed, config)
     rel, fit_np, dec, targets = agg.rel, agg.fit, agg.dec, agg.targets
     indices = list(range(len(parsed.groups)))
@@ -128,8 +154,9 @@ def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
             stage.write_shard(shard, [o for o in outcomes if isinstance(o, ValidatedGroup)],
                               [o for o in outcomes if isinstance(o, Reject)])
             bar.advance(task, len(shard.items))
-    report = build_report(parsed, rel, fit_np, dec, config, source, targets)
-    done = stage.finish(inputs=parsed.inputs, stats=report.summary.model_dump(mode="json"))
+    report = build_report(parsed, rel, fit_np, dec, config, got.source, targets)
+    done = stage.finish(inputs=parsed.inputs + len(got.rejects),
+                        stats=report.summary.model_dump(mode="json"))
     report.counts = done.counts.model_dump()
     (done.dir / REPORT).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return done

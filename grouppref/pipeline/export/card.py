@@ -3,12 +3,19 @@ was made (row counts, agreement and noise, validation checks, each stage's confi
 
 The YAML is built with ``huggingface_hub.DatasetCardData`` and ``datasets``' own helpers
 (``DatasetInfosDict``, ``MetadataConfigs``), so it is the metadata the Hub writes itself.
+
+What a card may publish (:func:`publishable`): secrets never (values of keys named like
+credentials, :data:`SECRET_KEYS`, and passwords inside URLs are replaced by ``***``; settings
+such as ``max_new_tokens`` or a ``keywords`` rule are not secrets and stay); local paths never
+(an absolute path, or a relative one that names a local file, becomes its file name; Hub ids
+stay as they are).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -19,10 +26,15 @@ from datasets.utils.metadata import MetadataConfigs
 from huggingface_hub import DatasetCardData
 
 from grouppref.pipeline.export.config import ExportConfig
+from grouppref.runs.freshness import stale_note
 from grouppref.runs.store import RunStore
 from grouppref.schemas.reports import ExportReport
 
-_SECRET = re.compile(r"key|token|secret|password|passwd|credential", re.IGNORECASE)
+SECRET_KEYS = frozenset({"api_key", "apikey", "token", "access_token", "auth_token", "hf_token",
+                         "password", "passwd", "secret", "client_secret", "secret_key"})
+_URL_PASSWORD = re.compile(r"(?<=://)([^:/@\s]+):[^@/\s]+@")
+_PATH_SUFFIX = re.compile(r"\.(jsonl|ndjson|json|csv|parquet|arrow|ya?ml|toml|txt|gguf|"
+                          r"safetensors|bin|pt)$", re.IGNORECASE)
 _SIZES = [(1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
           (1_000_000, "100K<n<1M"), (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"),
           (1_000_000_000, "100M<n<1B")]
@@ -44,30 +56,59 @@ def size_category(n: int) -> str:
     return next((name for limit, name in _SIZES if n < limit), "n>1B")
 
 
-def redact(value: Any) -> Any:
-    """``value`` with every entry whose key looks like a secret replaced by ``'***'``."""
+def _secret_key(key: Any) -> bool:
+    return str(key).strip().lower().replace("-", "_") in SECRET_KEYS
+
+
+def _looks_like_path(text: str) -> bool:
+    """An absolute or home path, ``./x``, or a relative path (no spaces) naming a data or model
+    file or an existing local file or folder; ``owner/name`` Hub ids that are not local stay."""
+    if text.startswith(("/", "~", "./", "../")) or re.match(r"^[A-Za-z]:[\\/]", text):
+        return True
+    if ("/" not in text and "\\" not in text) or any(c.isspace() for c in text):
+        return False
+    return bool(_PATH_SUFFIX.search(text)) or Path(text).exists()
+
+
+def _publishable_text(text: str) -> str:
+    text = _URL_PASSWORD.sub(r"\1:***@", text)
+    if "://" not in text and "\n" not in text and _looks_like_path(text):
+        return Path(text.rstrip("/")).name or text
+    return text
+
+
+def publishable(value: Any) -> Any:
+    """``value`` fit for a public card: secrets redacted and local paths cut to their file
+    name (see the module docstring)."""
     if isinstance(value, dict):
-        return {k: "***" if _SECRET.search(str(k)) and v else redact(v) for k, v in value.items()}
+        return {k: "***" if _secret_key(k) and v else publishable(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [redact(v) for v in value]
+        return [publishable(v) for v in value]
+    if isinstance(value, str):
+        return _publishable_text(value)
     return value
 
 
-def card_data(dsd: datasets.DatasetDict, config: ExportConfig, hub: bool) -> DatasetCardData:
-    """The YAML metadata: license, task, size, tags, features and splits, and (for the Hub)
-    the ``configs`` entry that maps each split to its Parquet files."""
+def card_data(dsd: datasets.DatasetDict, config: ExportConfig,
+              data_files: dict[str, str] | None) -> DatasetCardData:
+    """The YAML metadata: license, task, size, tags, features and splits, and (for a repo whose
+    README sits beside Parquet files) the ``configs`` entry mapping each split to its files."""
+    license_fields = ({"license_name": config.license_name, "license_link": config.license_link}
+                      if config.license == "other" else {})
     data = DatasetCardData(
         license=config.license, task_categories=["text-generation"],
         size_categories=[size_category(sum(len(ds) for ds in dsd.values()))],
-        pretty_name=config.pretty_name, tags=["preference", "rlhf", "dpo", "grouppref"])
+        pretty_name=config.pretty_name, tags=["preference", "rlhf", "dpo", "grouppref"],
+        **{k: v for k, v in license_fields.items() if v})
     first = next(iter(dsd.values()))
     info = DatasetInfo(features=first.features)
     info.splits = SplitDict({s: SplitInfo(name=s, num_bytes=ds.data.nbytes,
                                                    num_examples=len(ds)) for s, ds in dsd.items()})
     DatasetInfosDict({"default": info}).to_dataset_card_data(data)
-    if hub:
+    if data_files:
         MetadataConfigs({"default": {"data_files": [
-            {"split": s, "path": f"data/{s}-*"} for s in dsd]}}).to_dataset_card_data(data)
+            {"split": s, "path": path} for s, path in data_files.items()]}}
+        ).to_dataset_card_data(data)
     return data
 
 
@@ -92,17 +133,32 @@ def _provenance(store: RunStore) -> list[str]:
                   f"{c.inputs} in, {c.outputs} out, {c.rejected} rejected; finished "
                   f"{m.finished_at:%Y-%m-%d %H:%M:%S} UTC; stage version {m.stage_version}."
                   if m.finished_at else f"status: {m.status}", "",
-                  "```yaml", yaml.safe_dump(redact(m.config), sort_keys=True).rstrip(), "```", ""]
+                  "```yaml", yaml.safe_dump(publishable(m.config), sort_keys=True).rstrip(),
+                  "```", ""]
     return lines
 
 
+def _license_line(config: ExportConfig) -> str:
+    if config.license is None:
+        return ("License: none given (export again with --license SPDX-ID, or --license other "
+                "--license-name NAME).")
+    if config.license == "other":
+        link = f" ({config.license_link})" if config.license_link else ""
+        return f"License: `{config.license_name}`{link}."
+    return f"License: `{config.license}`."
+
+
 def dataset_card(store: RunStore, dsd: datasets.DatasetDict, config: ExportConfig,
-                 report: ExportReport, hub: bool) -> str:
-    """The full ``README.md`` of an export of ``store``."""
+                 report: ExportReport, *, data_files: dict[str, str] | None = None,
+                 stale: dict[str, list[str]] | None = None) -> str:
+    """The full ``README.md`` of an export of ``store``; ``stale`` (stage -> changed upstream
+    stages) when it was made with ``--allow-stale``."""
     title = config.pretty_name or f"grouppref run {store.name}"
-    lines = ["## Splits", "", "| split | rows | groups |", "|---|---|---|"]
+    lines = [f"> **Warning.** {stale_note(stale)}", ""] if stale else []
+    lines += ["## Splits", "", "| split | rows | groups |", "|---|---|---|"]
     lines += [f"| {s} | {len(ds)} | {report.groups.get(s, 0)} |" for s, ds in dsd.items()]
-    lines += ["", "## Format", "", f"`{config.format}`: {_FORMATS[config.format]}", ""]
+    lines += ["", "## Format", "", f"`{config.format}`: {_FORMATS[config.format]}", "",
+              _license_line(config), ""]
     if config.format == "trl-pairs":
         skipped = report.skipped_pairs
         lines += [f"Pairs: `{config.pairs}`, min weight {config.min_weight}. Pairs left out: "
@@ -112,9 +168,9 @@ def dataset_card(store: RunStore, dsd: datasets.DatasetDict, config: ExportConfi
         manifest = store.manifest(stage)
         if manifest and manifest.stats:
             lines += [f"## {title_}", "", "| statistic | value |", "|---|---|",
-                      *_scalars(manifest.stats), ""]
+                      *_scalars(publishable(manifest.stats)), ""]
     lines += _provenance(store)
     body = "\n".join([f"# {title}", "", "Group-wise preference data made with grouppref.", "",
                       *lines]).rstrip() + "\n"
-    yaml_block = card_data(dsd, config, hub).to_yaml()
+    yaml_block = card_data(dsd, config, data_files).to_yaml()
     return f"---\n{yaml_block}\n---\n\n{body}"

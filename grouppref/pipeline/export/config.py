@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from grouppref.runs.hashing import sha256_text
 from grouppref.runs.stage import StageSpec
@@ -23,6 +23,28 @@ STAGE_VERSION = "1"
 SPLITS = ("train", "test")
 
 
+def hub_license(value: str) -> str:
+    """A license as the Hub's card metadata writes it: ``other``, or one SPDX id, lowercase.
+
+    Raises:
+        ValueError: not a single SPDX license id (``packaging``'s SPDX list).
+    """
+    from packaging.licenses import InvalidLicenseExpression, canonicalize_license_expression
+
+    text = value.strip()
+    if text.lower() == "other":
+        return "other"
+    try:
+        canonical = canonicalize_license_expression(text)
+    except InvalidLicenseExpression as e:
+        raise ValueError(f"license {value!r} is not an SPDX license id (e.g. cc-by-4.0, "
+                         "apache-2.0, mit); for another license give 'other' with "
+                         "license_name") from e
+    if " " in canonical:
+        raise ValueError(f"license {value!r}: give one SPDX id, not an expression")
+    return canonical.lower()
+
+
 class ExportConfig(BaseModel):
     """Settings of the ``export`` stage (exactly one of ``to_dir``, ``parquet``, ``hub``)."""
 
@@ -33,8 +55,13 @@ class ExportConfig(BaseModel):
         "'trl-pairs': TRL's prompt/chosen/rejected rows, one per consensus pair, with weight.")
     to_dir: str | None = Field(default=None, description="Write a DatasetDict with "
                                "save_to_disk and a README.md card into this directory.")
-    parquet: str | None = Field(default=None, description="Write one Parquet file with a "
-                                "'split' column (the card goes beside it as FILE.md).")
+    parquet: str | None = Field(default=None, description="Write Parquet, one file per split "
+                                "(the Hugging Face convention): a folder DIR gets "
+                                "DIR/train.parquet, DIR/test.parquet and the card DIR/README.md; "
+                                "a name ending in .parquet holds the one split --split names "
+                                "(the card goes beside it as FILE.md).")
+    split: Literal["train", "test"] | None = Field(default=None, description="Export only this "
+                                                   "split (default: every split).")
     hub: str | None = Field(default=None, description="Push to this Hub dataset repo "
                             "(owner/name); the token comes from HF_TOKEN or `hf auth login`.")
     dry_run: bool = Field(default=False, description="With hub: write the exact files the "
@@ -49,7 +76,13 @@ class ExportConfig(BaseModel):
     chat: Literal["auto", "always"] = Field(
         default="auto", description="trl-pairs: 'auto' writes chat turns when any prompt is "
         "chat (text prompts become one user turn), else plain strings; 'always' writes chat.")
-    license: str = Field(default="other", description="License id for the dataset card.")
+    license: str | None = Field(default=None, description="License of the dataset card: an "
+                                "SPDX id (e.g. cc-by-4.0, apache-2.0, mit), or 'other' with "
+                                "license_name (default: none given).")
+    license_name: str | None = Field(default=None, description="With license 'other': a short "
+                                     "slug naming the license (e.g. my-org-data-license).")
+    license_link: str | None = Field(default=None, description="With license 'other': a URL "
+                                     "or a file of the repo holding the license text.")
     pretty_name: str | None = Field(default=None, description="Title of the dataset card.")
     private: bool = Field(default=True, description="Hub: create the repo as private.")
     max_shard_size: str = Field(default="500MB",
@@ -64,6 +97,24 @@ class ExportConfig(BaseModel):
                              f"(got {', '.join(given) or 'none'})")
         if (self.dry_run or self.dry_run_dir) and not self.hub:
             raise ValueError("--dry-run only goes with --hub REPO")
+        if self.parquet and self.parquet.endswith(".parquet") and self.split is None:
+            raise ValueError(f"--parquet {self.parquet}: a .parquet file holds one split; add "
+                             "--split train or --split test, or give a folder (one file per "
+                             "split)")
+        return self
+
+    @field_validator("license")
+    @classmethod
+    def _spdx(cls, value: str | None) -> str | None:
+        return None if value is None else hub_license(value)
+
+    @model_validator(mode="after")
+    def _license_name(self) -> ExportConfig:
+        if self.license == "other" and not self.license_name:
+            raise ValueError("--license other needs --license-name (a slug naming the license), "
+                             "or give an SPDX id such as cc-by-4.0")
+        if self.license != "other" and (self.license_name or self.license_link):
+            raise ValueError("--license-name / --license-link go with --license other only")
         return self
 
     def stage_name(self) -> str:

@@ -1,6 +1,7 @@
 """The ``export`` stage: validated groups to a directory, a Parquet file or the Hugging Face Hub.
 
-Reads only ``RUN/validate`` (and refuses it when ``aggregate`` re-ran after it). Two formats:
+Reads only ``RUN/validate``, and refuses it when it is stale (an upstream stage changed after it
+ran) unless ``allow_stale`` (the card then says so). Two formats:
 
 - ``groups``: the ``ValidatedGroup`` rows as they are (one row per group), splits train/test.
 - ``trl-pairs``: TRL's preference format, one row per *consensus pair*: a pair preference
@@ -10,8 +11,12 @@ Reads only ``RUN/validate`` (and refuses it when ``aggregate`` re-ran after it).
   ``weight``, ``group_id``, ``chosen_id``, ``rejected_id``. ``pairs="best_worst"`` keeps one pair
   per group (top tier vs bottom tier, highest ``p``): DPO's classic data.
 
-Targets: ``to_dir`` (``DatasetDict.save_to_disk`` + ``README.md``), ``parquet`` (one file,
-a ``split`` column, card beside it as ``<file>.md``), ``hub`` (``DatasetDict.push_to_hub`` then
+``split`` exports one split only. Everything written here reads back with
+:mod:`grouppref.readers.published` (``train``, ``eval``, ``validate --source``).
+
+Targets: ``to_dir`` (``DatasetDict.save_to_disk`` + ``README.md``), ``parquet`` (one file per
+split, ``DIR/train.parquet``, ``DIR/test.parquet`` + ``README.md`` whose ``configs`` name them; or
+one split into ``FILE.parquet`` + ``FILE.md``), ``hub`` (``DatasetDict.push_to_hub`` then
 the card uploaded as ``README.md``); ``dry_run`` writes the files a hub push would create
 (``data/<split>-<i>-of-<n>.parquet`` + ``README.md``) into a folder instead.
 """
@@ -30,6 +35,8 @@ from pydantic import ValidationError
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.export.card import dataset_card
 from grouppref.pipeline.export.config import INPUT_STAGE, SPLITS, STAGE, STAGE_VERSION, ExportConfig
+from grouppref.runs.freshness import require_fresh
+from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup, to_dataset
 from grouppref.schemas.reports import ExportReport
@@ -44,14 +51,14 @@ _MESSAGES = datasets.List({"role": datasets.Value("string"), "content": datasets
 
 
 # -- input --------------------------------------------------------------------------------------
-def load_validated(store: RunStore) -> list[ValidatedGroup]:
-    """The groups of ``RUN/validate``; refuses a validate output older than ``aggregate``."""
+def load_validated(store: RunStore, allow_stale: bool = False) -> tuple[list[ValidatedGroup],
+                                                                        list[str]]:
+    """The groups of ``RUN/validate`` and, with ``allow_stale``, the upstream stages that changed
+    after it ran (without it a stale validate output is refused)."""
     manifest = store.require(INPUT_STAGE)
-    if store.stale_inputs(INPUT_STAGE):
-        raise StageError(f"{store.root}: aggregate changed after validate ran; run "
-                         f"`grouppref validate {store.root}` again before exporting")
+    stale = require_fresh(store, INPUT_STAGE, allow_stale=allow_stale, use="export it")
     if manifest.counts.outputs == 0:  # nothing passed (and an empty output does not load)
-        return []
+        return [], stale
     try:
         groups = store.load_records(INPUT_STAGE, ValidatedGroup)
     except ValidationError as e:
@@ -61,7 +68,7 @@ def load_validated(store: RunStore) -> list[ValidatedGroup]:
     if unsplit:
         raise StageError(f"{len(unsplit)} validated groups have no split (first {unsplit[0]}); "
                          f"run `grouppref validate {store.root} --force`")
-    return groups
+    return groups, stale
 
 
 # -- formats ------------------------------------------------------------------------------------
@@ -125,12 +132,16 @@ def _trl_features(chat: bool) -> datasets.Features:
         "chosen_id": datasets.Value("string"), "rejected_id": datasets.Value("string")})
 
 
+def _splits(config: ExportConfig) -> tuple[str, ...]:
+    return (config.split,) if config.split else SPLITS
+
+
 def build_dataset(groups: list[ValidatedGroup], config: ExportConfig
                   ) -> tuple[datasets.DatasetDict, Counter, list[Reject]]:
     """The export as a ``DatasetDict`` (only non-empty splits), skipped pairs, rejected groups."""
     if config.format == "groups":
         dsd = datasets.DatasetDict({s: to_dataset([g for g in groups if g.split == s],
-                                                  ValidatedGroup) for s in SPLITS})
+                                                  ValidatedGroup) for s in _splits(config)})
         skipped, rejects = Counter(), []
     else:
         rows, skipped, rejects, chat = trl_rows(groups, config)
@@ -140,7 +151,7 @@ def build_dataset(groups: list[ValidatedGroup], config: ExportConfig
                 [{k: v for k, v in r.items() if k != "split"} for r in rows if r["split"] == s],
                 features=features) if any(r["split"] == s for r in rows)
             else datasets.Dataset.from_dict({k: [] for k in features}, features=features)
-            for s in SPLITS})
+            for s in _splits(config)})
     dsd = datasets.DatasetDict({s: ds for s, ds in dsd.items() if len(ds)})
     if not dsd:
         raise StageError("nothing to export: every split is empty (see RUN/validate/report.json"
@@ -174,14 +185,29 @@ def _save_dir(dsd: datasets.DatasetDict, card: str, target: Path) -> list[str]:
 
 
 def _save_parquet(dsd: datasets.DatasetDict, card: str, target: Path) -> list[str]:
-    if target.suffix != ".parquet":
-        raise ConfigError(f"--parquet {target}: the file name must end in .parquet")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    parts = [ds.add_column("split", [s] * len(ds)) if "split" not in ds.column_names else ds
-             for s, ds in dsd.items()]
-    datasets.concatenate_datasets(parts).to_parquet(str(target))
-    target.with_suffix(".md").write_text(card, encoding="utf-8")
-    return [target.name, target.with_suffix(".md").name]
+    """One Parquet file per split: ``DIR/<split>.parquet`` + ``DIR/README.md``, or, for a name
+    ending in .parquet, that file (one split: the config asks for ``--split``) + ``FILE.md``."""
+    if target.suffix == ".parquet":
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (ds,) = dsd.values()
+        tmp = target.with_name(target.name + ".tmp")
+        ds.to_parquet(str(tmp))
+        os.replace(tmp, target)
+        target.with_suffix(".md").write_text(card, encoding="utf-8")
+        return [target.name, target.with_suffix(".md").name]
+    ours = {"README.md", *(f"{s}.parquet" for s in SPLITS)}
+    if target.exists() and {p.name for p in target.iterdir()} - ours:
+        raise ConfigError(f"--parquet {target}: the folder holds other files than a Parquet "
+                          "export; choose an empty or new folder (or a name ending in .parquet)")
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for split, ds in dsd.items():
+        ds.to_parquet(str(tmp / f"{split}.parquet"))
+    (tmp / "README.md").write_text(card, encoding="utf-8")
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return [*(f"{s}.parquet" for s in dsd), "README.md"]
 
 
 def _save_dry_run(dsd: datasets.DatasetDict, card: str, target: Path, shards: dict[str, int]
@@ -231,27 +257,40 @@ def _push(dsd: datasets.DatasetDict, card: str, repo: str, config: ExportConfig,
             for i in range(n)] + ["README.md"]
 
 
-def _write_target(store: RunStore, dsd: datasets.DatasetDict, card_for: Any,
+def data_files(config: ExportConfig, dsd: datasets.DatasetDict) -> dict[str, str] | None:
+    """The card's ``configs`` entry, split -> files, where the card is a repo's README.md next
+    to Parquet files (so ``load_dataset`` and the Hub find every split); else None."""
+    if config.hub:
+        return {s: f"data/{s}-*" for s in dsd}
+    if config.parquet and not config.parquet.endswith(".parquet"):
+        return {s: f"{s}.parquet" for s in dsd}
+    return None
+
+
+def _write_target(store: RunStore, dsd: datasets.DatasetDict, card: str,
                   config: ExportConfig) -> tuple[str, list[str]]:
     if config.to_dir:
-        return config.to_dir, _save_dir(dsd, card_for(hub=False), Path(config.to_dir))
+        return config.to_dir, _save_dir(dsd, card, Path(config.to_dir))
     if config.parquet:
-        return config.parquet, _save_parquet(dsd, card_for(hub=False), Path(config.parquet))
+        return config.parquet, _save_parquet(dsd, card, Path(config.parquet))
     shards = num_shards(dsd, config.max_shard_size)
     if config.dry_run:
         where = Path(config.dry_run_dir or store.stage_dir(config.stage_name()) / "dry-run")
-        return str(where), _save_dry_run(dsd, card_for(hub=True), where, shards)
-    return f"hub:{config.hub}", _push(dsd, card_for(hub=True), config.hub or "", config, shards)
+        return str(where), _save_dry_run(dsd, card, where, shards)
+    return f"hub:{config.hub}", _push(dsd, card, config.hub or "", config, shards)
 
 
-def run_export(store: RunStore, config: ExportConfig, force: bool = False) -> StageRun[Any]:
+def run_export(store: RunStore, config: ExportConfig, force: bool = False, *,
+               allow_stale: bool = False) -> StageRun[Any]:
     """Export ``RUN/validate`` in ``config.format`` to ``config``'s target, recorded in
     ``RUN/export/<target>/`` (its own manifest, rejects and cache entry per target).
 
     Args:
         store (RunStore): the run; only its ``validate`` output is read.
-        config (ExportConfig): format, target and card settings.
+        config (ExportConfig): format, target, split and card settings.
         force (bool): export again even when the same export of the same input exists.
+        allow_stale (bool): export a stale validate output (the card says so) instead of
+            refusing it.
 
     Returns:
         StageRun: ``manifest.stats`` is an :class:`~grouppref.schemas.reports.ExportReport`,
@@ -261,8 +300,12 @@ def run_export(store: RunStore, config: ExportConfig, force: bool = False) -> St
         StageError: validate has not run, is stale, or nothing is left to export.
         ConfigError: a bad target, or ``--hub`` without a token.
     """
-    groups = load_validated(store)
-    stage = store.open_stage(config.stage_name(), config, inputs=[INPUT_STAGE], record_type=None,
+    groups, stale = load_validated(store, allow_stale)
+    groups = [g for g in groups if config.split in (None, g.split)]
+    # a stale export is another output (its card says so): it joins the cache key
+    marker = sha256_text(canonical_json({"stale": stale})) if stale else ""
+    stage = store.open_stage(config.stage_name(), config, input_fingerprint=marker,
+                             inputs=[INPUT_STAGE], record_type=None,
                              stage_version=STAGE_VERSION, force=force)
     if stage.cached:
         return stage
@@ -270,12 +313,11 @@ def run_export(store: RunStore, config: ExportConfig, force: bool = False) -> St
     report = ExportReport(format=config.format, target=config.target, location="",
                           rows={s: len(ds) for s, ds in dsd.items()},
                           skipped_pairs=dict(skipped),
-                          groups={s: sum(g.split == s for g in groups) for s in SPLITS})
-
-    def card_for(hub: bool) -> str:
-        return dataset_card(store, dsd, config, report, hub=hub)
-
-    location, files = _write_target(store, dsd, card_for, config)
+                          groups={s: sum(g.split == s for g in groups) for s in SPLITS
+                                  if config.split in (None, s)})
+    card = dataset_card(store, dsd, config, report, data_files=data_files(config, dsd),
+                        stale={INPUT_STAGE: stale} if stale else None)
+    location, files = _write_target(store, dsd, card, config)
     report = report.model_copy(update={"location": location, "files": files})
     stage.add_rejects("export", rejects)
     return stage.finish(inputs=len(groups), kept=len(groups) - len(rejects),

@@ -175,8 +175,9 @@ class ShardGenerator:
         return self._loaded[slot.key]
 
     def attach(self, key: str, model: Any, eos_ids: Sequence[int], pad_id: int) -> None:
-        """Sample the slots of the model with slot key ``key`` (:attr:`ModelSlot.key`) from ``model``, already loaded (e.g. a policy being
-        trained), instead of loading it. Its generation config must be neutral
+        """Sample the slots of the model with slot key ``key`` (:attr:`ModelSlot.key`) from
+        ``model``, already loaded (e.g. a policy being trained), instead of loading it. Its
+        generation config must be neutral
         (:func:`~grouppref.models.sampling.neutral_generation_config`): the caller owns it."""
         self._loaded[key] = _Loaded(model, list(eos_ids), pad_id)
 

@@ -5,6 +5,11 @@ request and can be mailed or attached to a ticket. Sections appear for the stage
 counts per stage with reject reasons, agreement histogram, annotator reliability, pair-weight
 distribution, estimated (and, for simulated panels, true) noise with the DPO-fallback
 recommendation, training curves and the before/after evaluation.
+
+It describes the run's current stages only (:func:`grouppref.runs.freshness.run_manifests`):
+stages made before the last ``grouppref run`` by another config are left out. A stale stage
+(an upstream stage changed after it ran) is refused unless ``allow_stale``; the report then
+opens with a warning naming each stale stage and what changed.
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ import matplotlib
 matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
+from grouppref.errors import StageError
 from grouppref.pipeline.report.config import STAGE, ReportConfig
+from grouppref.runs.freshness import rerun_chain, run_manifests, stale_causes, stale_note, step_of
 from grouppref.runs.hashing import canonical_json, sha256_text
-from grouppref.runs.manifest import read_rejects
+from grouppref.runs.manifest import Manifest, read_rejects
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import ValidatedGroup  # noqa: E402
 from grouppref.schemas.reports import AggregateReport, EvalReport, ServerUsage  # noqa: E402
@@ -86,29 +93,55 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 # -- sections ---------------------------------------------------------------------------------
-def section_counts(store: RunStore, max_reasons: int) -> str:
+class RunView:
+    """The stages a report describes: the run's current ones (see the module docstring)."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+        self.manifests = [m for m in run_manifests(store) if m.stage != STAGE]
+        self._names = {m.stage for m in self.manifests}
+
+    def has(self, stage: str) -> bool:
+        return stage in self._names
+
+    def manifest(self, stage: str) -> Manifest | None:
+        return self.store.manifest(stage) if self.has(stage) else None
+
+    def is_complete(self, stage: str) -> bool:
+        m = self.manifest(stage)
+        return m is not None and m.status == "complete"
+
+    def stale(self) -> dict[str, list[str]]:
+        """Complete stages described that are stale, with what changed."""
+        found = {m.stage: stale_causes(self.store, m.stage) for m in self.manifests
+                 if m.status == "complete"}
+        return {name: causes for name, causes in found.items() if causes}
+
+
+def section_counts(view: RunView, max_reasons: int) -> str:
     rows, reasons = [], []
-    for m in store.manifests():
+    for m in view.manifests:
         c = m.counts
         rows.append([m.stage, m.status, c.inputs, c.outputs, c.rejected, c.partial,
                      m.seconds])
-        rejects = read_rejects(store.stage_dir(m.stage) / "rejects.jsonl")
+        rejects = read_rejects(view.store.stage_dir(m.stage) / "rejects.jsonl")
         common = Counter((r.scope, reject_kind(r.reason)) for r in rejects)
         reasons += [[m.stage, "whole row" if scope == "row" else "part of a row", reason, n]
                     for (scope, reason), n in common.most_common(max_reasons)]
     out = _h2("Stages", "stages") + _table(
         ["stage", "status", "in", "out", "rejected", "partly rejected", "seconds"], rows)
-    out += section_servers(store)
+    out += section_servers(view.manifests)
     if reasons:
         out += "<h3>Most common reject reasons</h3>" + _table(
             ["stage", "rejected", "reason", "count"], reasons)
     return out
 
 
-def section_servers(store: RunStore) -> str:
-    """Requests and tokens per stage, server and model (stages that used inference servers)."""
+def section_servers(manifests: list[Manifest]) -> str:
+    """Requests and tokens per stage, server and model (stages of the run that used inference
+    servers)."""
     rows = []
-    for m in store.manifests():
+    for m in manifests:
         for item in m.stats.get("servers") or []:
             u = ServerUsage.model_validate(item)
             failed = ", ".join(f"{cause}: {n}" for cause, n in sorted(u.failures.items()))
@@ -134,10 +167,10 @@ def _missing(title: str, anchor: str, why: str) -> str:
     return _h2(title, anchor) + f"<p class='muted'>{html.escape(why)}</p>"
 
 
-def _validated(store: RunStore) -> list[ValidatedGroup]:
+def _validated(view: RunView) -> list[ValidatedGroup]:
     for stage in ("validate", "aggregate"):
-        if store.is_complete(stage):
-            return store.load_records(stage, ValidatedGroup)
+        if view.is_complete(stage):
+            return view.store.load_records(stage, ValidatedGroup)
     return []
 
 
@@ -162,18 +195,20 @@ def section_agreement(groups: list[ValidatedGroup]) -> str:
             + (_table(["flag", "groups"], flag_rows) if flag_rows else ""))
 
 
-def _aggregate_report(store: RunStore) -> AggregateReport | None:
-    path = store.stage_dir("aggregate") / "report.json"
-    return AggregateReport.model_validate_json(path.read_text()) if path.exists() else None
+def _aggregate_report(view: RunView) -> AggregateReport | None:
+    path = view.store.stage_dir("aggregate") / "report.json"
+    if not view.has("aggregate") or not path.exists():
+        return None
+    return AggregateReport.model_validate_json(path.read_text())
 
 
-def section_noise(store: RunStore) -> str:
-    report = _aggregate_report(store)
+def section_noise(view: RunView) -> str:
+    report = _aggregate_report(view)
     if report is None:
         return _missing("Annotators and noise", "noise",
                         "No aggregate report yet (run the aggregate stage).")
     out = _h2("Annotators and noise", "noise")
-    sim = store.manifest("simulate")
+    sim = view.manifest("simulate")
     truth = (sim.stats.get("annotators") or {}) if sim is not None else {}
     if report.annotators:
         rows = [[a.id, a.kind, a.groups, a.tau, a.flip_rate,
@@ -208,16 +243,15 @@ def section_noise(store: RunStore) -> str:
     return out
 
 
-def _train_log(store: RunStore) -> list[dict[str, Any]]:
-    m = store.manifest("train")
-    if m is None:
+def _train_log(view: RunView) -> list[dict[str, Any]]:
+    if view.manifest("train") is None:
         return []
-    return [row for path in sorted(store.stage_dir("train").rglob("metrics.jsonl"))
+    return [row for path in sorted(view.store.stage_dir("train").rglob("metrics.jsonl"))
             for row in _read_jsonl(path)]
 
 
-def section_training(store: RunStore) -> str:
-    log = _train_log(store)
+def section_training(view: RunView) -> str:
+    log = _train_log(view)
     train = [r for r in log if r.get("split") == "train" and "loss" in r]
     held = [r for r in log if r.get("split") == "eval"]
     if not train:
@@ -238,9 +272,9 @@ def section_training(store: RunStore) -> str:
     return _h2("Training", "training") + _img(_figure_png(fig), "training curves") + speed
 
 
-def section_eval(store: RunStore) -> str:
-    path = store.stage_dir("eval") / "metrics.json"
-    if not store.is_complete("eval") or not path.exists():
+def section_eval(view: RunView) -> str:
+    path = view.store.stage_dir("eval") / "metrics.json"
+    if not view.is_complete("eval") or not path.exists():
         return _missing("Evaluation on the held-out split", "evaluation",
                         "No evaluation in this run.")
     report = EvalReport.model_validate_json(path.read_text())
@@ -283,14 +317,20 @@ def _eval_plot(before: dict[str, Any], after: dict[str, Any], keys: list[str]) -
     return _img(_figure_png(fig), "evaluation before and after training")
 
 
-def render_report(store: RunStore, config: ReportConfig) -> str:
-    """The whole HTML page for a run."""
+def _stale_box(stale: dict[str, list[str]]) -> str:
+    return f"<div class='box warn'><b>Stale input.</b> {html.escape(stale_note(stale))}</div>"
+
+
+def render_report(store: RunStore, config: ReportConfig,
+                  stale: dict[str, list[str]] | None = None) -> str:
+    """The whole HTML page for a run (its current stages; a warning first when ``stale``)."""
+    view = RunView(store)
     title = config.title or f"grouppref run {store.name}"
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    sections = [section_counts(store, config.max_reject_reasons)]
-    groups = _validated(store)
-    sections += [section_agreement(groups), section_noise(store), section_training(store),
-                 section_eval(store)]
+    sections = [_stale_box(stale) if stale else "", section_counts(view, config.max_reject_reasons)]
+    groups = _validated(view)
+    sections += [section_agreement(groups), section_noise(view), section_training(view),
+                 section_eval(view)]
     body = "".join(s for s in sections if s)
     nav = " &middot; ".join(f"<a href='#{a}'>{t}</a>" for a, t in NAV)
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
@@ -298,26 +338,45 @@ def render_report(store: RunStore, config: ReportConfig) -> str:
             f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<link rel='icon' href='data:,'>"  # no favicon request
             f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1><p class='muted'>{html.escape(str(store.root))} "
+            f"<h1>{html.escape(title)}</h1><p class='muted'>{html.escape(store.name)} "
             f"&middot; generated {now}</p><nav class='muted'>{nav}</nav>{body}</body></html>")
 
 
-def run_report(store: RunStore, config: ReportConfig | None = None, force: bool = False
-               ) -> StageRun[Any]:
+def run_report(store: RunStore, config: ReportConfig | None = None, force: bool = False, *,
+               allow_stale: bool = False) -> StageRun[Any]:
     """Write the run's report; cached until a stage it describes changes.
+
+    Args:
+        store (RunStore): the run.
+        config (ReportConfig | None): the settings.
+        force (bool): render again even when nothing changed.
+        allow_stale (bool): render stale stages too, under a warning, instead of refusing.
 
     Returns:
         StageRun: ``manifest.outputs["html"]`` is the file written.
+
+    Raises:
+        StageError: a stage the report describes is stale (without ``allow_stale``).
     """
     config = config or ReportConfig()
     path = Path(config.output) if config.output else store.stage_dir(STAGE) / "report.html"
-    described = [m for m in store.manifests() if m.status == "complete" and m.stage != STAGE]
+    view = RunView(store)
+    stale = view.stale()
+    if stale and not allow_stale:
+        step = step_of(rerun_chain(store, next(iter(stale)))[0])
+        raise StageError(
+            f"{store.root}: {len(stale)} stage(s) the report would describe are stale: "
+            + "; ".join(f"{s} (input changed: {', '.join(c)})" for s, c in stale.items())
+            + f"; re-run them (`grouppref run CONFIG --from {step}`), or "
+            "pass --allow-stale to report them under a warning")
+    described = [m for m in view.manifests if m.status == "complete"]
     # any stage re-run (even with the same output: new timings) renders the report again
-    when = sha256_text(canonical_json([[m.stage, m.finished_at] for m in described]))
+    when = sha256_text(canonical_json({"stages": [[m.stage, m.finished_at] for m in described],
+                                       "stale": stale}))
     stage = store.open_stage(STAGE, config, input_fingerprint=when,
                              inputs=[m.stage for m in described], record_type=None, force=force)
     if stage.cached:
         return stage
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(store, config), encoding="utf-8")
+    path.write_text(render_report(store, config, stale), encoding="utf-8")
     return stage.finish(inputs=0, outputs={"html": str(path)})

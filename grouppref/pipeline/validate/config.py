@@ -22,6 +22,11 @@ class ValidateConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    source: str | None = Field(default=None, description="Validate this dataset instead of "
+                               "RUN/aggregate: anything `grouppref export` writes (groups, or "
+                               "TRL pairs read as groups of 2) in any container (save_to_disk "
+                               "folder, Parquet files, Hub-layout folder, JSON Lines), or a Hub "
+                               "dataset id; its groups are checked and split again.")
     test_fraction: float = Field(default=0.1, ge=0.0, lt=1.0,
                                  description="Expected share of prompts put in the test split.")
     seed: int = Field(default=0, description="Seed of the prompt hash that assigns the split.")
@@ -37,9 +42,10 @@ class ValidateConfig(BaseModel):
 
 
 def _reads(config: ValidateConfig) -> tuple[str, ...]:
-    return (INPUT_STAGE,)
+    return () if config.source else (INPUT_STAGE,)
 
 
 VALIDATE = StageSpec(
     name=STAGE, config=ValidateConfig, entry="grouppref.pipeline.validate.stage:run_validate",
-    summary="Check and split the aggregated groups into RUN/validate.", reads=_reads)
+    summary="Check and split the aggregated groups (or a published dataset) into RUN/validate.",
+    reads=_reads)

@@ -1,6 +1,8 @@
 """The ``validate`` stage: check every aggregated group, split train/test by prompt, report.
 
-Reads ``RUN/aggregate`` (``ValidatedGroup`` rows, ``split`` unset) row by row and writes
+Reads ``RUN/aggregate`` (``ValidatedGroup`` rows, ``split`` unset), or with ``source`` a
+published dataset (:mod:`grouppref.readers.published`: an export in any format or container, a
+Hub id; TRL pairs become groups of K=2), row by row and writes
 ``RUN/validate`` (the rows that pass, ``split`` set), ``RUN/validate/rejects.jsonl`` (each row
 that failed, with its 1-based row number, group id, field and reason) and
 ``RUN/validate/report.json`` (:class:`ValidationReport`).
@@ -18,13 +20,17 @@ check                        a row fails when
                              which one is right)
 ``duplicate_group_id``       an earlier row has the same group id and the same contents
 ``duplicate_prompt``         an earlier row (another group id) has the same prompt content
+                             (not for groups read from TRL pairs, flagged ``from_pair``: one
+                             prompt has one such group per pair)
 ``too_few_pairs``            it has fewer than ``min_pairs`` pair preferences
 ``flagged``                  it carries one of ``reject_flags``
 ==========================  ====================================================================
 
 The split is a pure function of (seed, prompt): ``u = sha256(seed, key)[:8] / 2**64`` and the
 row goes to ``test`` when ``u < test_fraction``. The same prompt therefore always lands in the
-same split, and adding rows never moves an existing row to the other split.
+same split, and adding rows never moves an existing row to the other split. A published
+dataset is split again by the same rule (its own split is not kept): re-validating an export
+with the seed and test fraction it was made with gives back its splits.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grouppref.errors import StageError
 from grouppref.pipeline.validate.config import INPUT_STAGE, STAGE, STAGE_VERSION, ValidateConfig
+from grouppref.readers.published import FROM_PAIR, open_published, validated_rows
 from grouppref.runs.hashing import canonical_json
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import DATA, RunStore, StageRun
@@ -232,7 +239,7 @@ class _Plan:
             flags=tuple(parsed.flags))
         self.by_group[gid].append((number, _contents(parsed)))
         first = self.first_prompt.setdefault(_sha(parsed.prompt.content_key()), (number, gid))
-        if first[1] != gid:
+        if first[1] != gid and FROM_PAIR not in parsed.flags:
             self._reject("duplicate_prompt", number, gid,
                          f"same prompt as group {first[1]!r} at row {first[0]}", "prompt")
         elif len(parsed.pairs) < cfg.min_pairs:
@@ -317,40 +324,56 @@ def _write(stage: StageRun[ValidatedGroup], ds: Rows, plan: _Plan,
             bar.advance(task, len(shard.items))
 
 
+def _input(store: RunStore, config: ValidateConfig
+           ) -> tuple[Rows, list[Reject], str, str, list[str]]:
+    """Rows to check, rejects made while reading them, where they came from (for rejects), the
+    external input fingerprint and the stages of the run read."""
+    if config.source:
+        published = open_published(config.source, STAGE)
+        rows, rejects = validated_rows(published, STAGE)
+        return rows, rejects, published.source, published.fingerprint, []
+    manifest = store.require(INPUT_STAGE)
+    # An empty stage output cannot be loaded back (datasets saves it with 0 shards): skip it.
+    ds = store.load_dataset(INPUT_STAGE) if manifest.counts.outputs else []
+    return ds, [], str(store.stage_dir(INPUT_STAGE) / DATA), "", [INPUT_STAGE]
+
+
 def run_validate(store: RunStore, config: ValidateConfig, force: bool = False
                  ) -> StageRun[ValidatedGroup]:
-    """Check ``RUN/aggregate`` row by row; write the rows that pass, split, to ``RUN/validate``.
+    """Check ``RUN/aggregate`` (or ``config.source``) row by row; write the rows that pass,
+    split, to ``RUN/validate``.
 
     Args:
         store (RunStore): the run.
-        config (ValidateConfig): split and check settings.
+        config (ValidateConfig): source, split and check settings.
         force (bool): re-run even when the cached result is valid.
 
     Returns:
         StageRun[ValidatedGroup]: the stage; ``RUN/validate/report.json`` holds the report.
 
     Raises:
-        StageError: if ``aggregate`` has not completed, or (a bug) a prompt ends up in both splits.
+        StageError: if ``aggregate`` has not completed (and no source is given), or (a bug) a
+            prompt ends up in both splits.
+        InputFileError: ``source`` cannot be read, holds no rows or rows of no known format.
     """
-    manifest = store.require(INPUT_STAGE)
-    stage = store.open_stage(STAGE, config, inputs=[INPUT_STAGE],
+    ds, read_rejects, source, fingerprint, reads = _input(store, config)
+    stage = store.open_stage(STAGE, config, input_fingerprint=fingerprint, inputs=reads,
                              record_type=ValidatedGroup, stage_version=STAGE_VERSION, force=force)
     if stage.cached:
         return stage
-    source = str(store.stage_dir(INPUT_STAGE) / DATA)
-    # An empty stage output cannot be loaded back (datasets saves it with 0 shards): skip it.
-    ds = store.load_dataset(INPUT_STAGE) if manifest.counts.outputs else []
     plan = _plan(ds, config, source)
     summary = plan.summary()
     if summary["prompt_overlap"]:
         raise StageError(f"{summary['prompt_overlap']} prompts landed in both splits; "
                          "this is a bug in validate, please report it")
-    rejects = [plan.rejects[n] for n in sorted(plan.rejects)]
+    # rows of a published dataset that are no group at all fail the schema check
+    rejects = [("schema", r) for r in read_rejects] + [plan.rejects[n] for n in sorted(plan.rejects)]
     stage.add_rejects("checks", [r for _, r in rejects])
     _write(stage, ds, plan, config.shard_size)
     checks = Counter(check for check, _ in rejects)
+    inputs = plan.rows + len(read_rejects)
     report = ValidationReport(
-        run=store.name, config=config.model_dump(mode="json"), inputs=plan.rows,
+        run=store.name, config=config.model_dump(mode="json"), inputs=inputs,
         outputs=len(plan.accepted()), rejected=len(rejects),
         checks={c: checks.get(c, 0) for c in CHECKS},
         failures=[Failure(check=check, row=r.row or 0, group_id=r.group_id, field=r.field,
@@ -359,7 +382,7 @@ def run_validate(store: RunStore, config: ValidateConfig, force: bool = False
     stats = report.model_dump(mode="json", include={"splits", "prompt_overlap", "checks",
                                                     "agreement", "flags"})
     (stage.dir / REPORT).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    return stage.finish(inputs=plan.rows, stats=stats)
+    return stage.finish(inputs=inputs, stats=stats)
 
 
 def load_report(store: RunStore) -> ValidationReport:
