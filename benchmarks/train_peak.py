@@ -229,17 +229,24 @@ def bench_shape(shape_name: str, args, device, dtype, step) -> dict:
     peaks = matmul_peak(device, dtype, [(square, square, square), (m, d, f), (m, f, d), (m, d, v)],
                         args.peak_seconds)
     peak = max(peaks.values())
-    results, ref = {}, None
+    results, failed, ref = {}, {}, None
     for engine in args.engines:
-        results[engine], ref = run_engine(engine, shape_name, args, device, dtype, step, ref)
+        try:
+            results[engine], ref = run_engine(engine, shape_name, args, device, dtype, step, ref)
+        except Exception as e:  # one failing engine (OOM, API drift) must not lose the rest
+            print(f"{shape_name} {engine} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+            failed[engine] = f"{type(e).__name__}: {e}"
+            continue
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         r = results[engine]
         print(f"{shape_name} {engine}: {r['median_s']:.4f} s/step, "
               f"{r['achieved_flops'] / 1e9:.1f} GFLOP/s", file=sys.stderr)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
     for r in results.values():
         r["fraction_of_peak"] = r["achieved_flops"] / peak
-    return {"matmul_peak_flops": peak, "matmul_flops_by_shape": peaks, "engines": results}
+    return {"matmul_peak_flops": peak, "matmul_flops_by_shape": peaks, "engines": results,
+            "failed": failed}
 
 
 def report(all_results: dict, args) -> None:
@@ -258,6 +265,8 @@ def report(all_results: dict, args) -> None:
                   f"{r['model_tokens_per_s']:.0f} | {r['flops'] / 1e9:.1f} | "
                   f"{r['achieved_flops'] / 1e9:.1f} | {r['fraction_of_peak']:.0%} | "
                   f"{r['drift']:.2f} |")
+        for name, error in res["failed"].items():
+            print(f"| {name} | failed: {error[:200]} |")
         g = engines.get("grouppref")
         for other in ("hf", "grouppref-cached", "grouppref-unshared"):
             if g and other in engines:
@@ -302,11 +311,11 @@ def main() -> None:
     print(f"step: {step_name}", file=sys.stderr)
     for shape_name in args.shape.split(","):
         results["shapes"][shape_name] = bench_shape(shape_name, args, device, dtype, step)
-    results["load_avg_after"] = os.getloadavg()
+        results["load_avg_after"] = os.getloadavg()
+        if args.out:  # after every shape, so a run cut short keeps what it measured
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(results, indent=1))
     report(results, args)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
