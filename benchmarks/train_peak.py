@@ -83,18 +83,20 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int
         for _ in range(3):
             a @ b
         sync(device)
-        best, spent = float("inf"), 0.0
+        best, best_cpu, spent = float("inf"), float("inf"), 0.0
         reps = 1
         while spent < seconds:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(reps):
                 a @ b
             sync(device)
             took = time.perf_counter() - start
             spent += took
             best = min(best, took / reps)
+            best_cpu = min(best_cpu, (time.process_time() - start_cpu) / reps)
             reps = min(reps * 2, 64) if took < seconds / 8 else reps
         out[f"{m}x{k}x{n}"] = 2 * m * k * n / best
+        out[f"{m}x{k}x{n} per CPU-s"] = 2 * m * k * n / max(best_cpu, 1e-9)
         del a, b
     return out
 
@@ -201,12 +203,13 @@ def run_engine(engine: str, shape_name: str, args, device, dtype, step, ref) -> 
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
+    times, cpu = [], []
     for _ in range(args.warmup + args.steps):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         one()
         sync(device)
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     measured = times[args.warmup:]
     half = len(measured) // 2
     out = {"engine": engine, "shape": shape_name, "step_times": times,
@@ -214,6 +217,8 @@ def run_engine(engine: str, shape_name: str, args, device, dtype, step, ref) -> 
            "drift": statistics.fmean(measured[half:]) / statistics.fmean(measured[:half]),
            **flops(engine, cfg, args)}
     out["achieved_flops"] = out["flops"] / out["median_s"]
+    out["step_cpu_times"] = cpu
+    out["flops_per_cpu_s"] = out["flops"] / statistics.median(cpu[args.warmup:])
     out["model_tokens_per_s"] = out["model_tokens"] / out["median_s"]
     out["data_tokens_per_s"] = out["data_tokens"] / out["median_s"]
     if device.type == "cuda":
@@ -228,7 +233,8 @@ def bench_shape(shape_name: str, args, device, dtype, step) -> dict:
     square = 2048 if device.type == "cpu" else 8192
     peaks = matmul_peak(device, dtype, [(square, square, square), (m, d, f), (m, f, d), (m, d, v)],
                         args.peak_seconds)
-    peak = max(peaks.values())
+    peak = max(v for name, v in peaks.items() if not name.endswith("CPU-s"))
+    peak_cpu = max(v for name, v in peaks.items() if name.endswith("CPU-s"))
     results, failed, ref = {}, {}, None
     for engine in args.engines:
         try:
@@ -245,8 +251,9 @@ def bench_shape(shape_name: str, args, device, dtype, step) -> dict:
               f"{r['achieved_flops'] / 1e9:.1f} GFLOP/s", file=sys.stderr)
     for r in results.values():
         r["fraction_of_peak"] = r["achieved_flops"] / peak
-    return {"matmul_peak_flops": peak, "matmul_flops_by_shape": peaks, "engines": results,
-            "failed": failed}
+        r["fraction_of_peak_cpu_time"] = r["flops_per_cpu_s"] / peak_cpu
+    return {"matmul_peak_flops": peak, "matmul_peak_flops_per_cpu_s": peak_cpu,
+            "matmul_flops_by_shape": peaks, "engines": results, "failed": failed}
 
 
 def report(all_results: dict, args) -> None:
@@ -255,15 +262,20 @@ def report(all_results: dict, args) -> None:
         print(f"\n{shape_name}, {args.device} {args.dtype}, B={args.groups} groups of K={args.k}, "
               f"prompt {args.prompt_len} + responses {args.resp_len} tokens; median of "
               f"{args.steps} steps after {args.warmup} warm-up; matmul peak "
-              f"{peak / 1e9:.1f} GFLOP/s\n")
+              f"{peak / 1e9:.1f} GFLOP/s ({res['matmul_peak_flops_per_cpu_s'] / 1e9:.1f} GFLOP "
+              f"per CPU-s)\n")
+        cpu = args.device == "cpu"
         print("| engine | s/step | data tokens/s | model tokens/s | GFLOP/step | GFLOP/s "
-              "| of matmul peak | drift |")
-        print("|---|---|---|---|---|---|---|---|")
+              "| of matmul peak |" + (" GFLOP per CPU-s | of peak per CPU-s |" if cpu else "")
+              + " drift |")
+        print("|---|---|---|---|---|---|---|" + ("---|---|" if cpu else "") + "---|")
         engines = res["engines"]
         for name, r in engines.items():
+            per_cpu = (f" {r['flops_per_cpu_s'] / 1e9:.1f} | {r['fraction_of_peak_cpu_time']:.0%} |"
+                       if cpu else "")
             print(f"| {name} | {r['median_s']:.4f} | {r['data_tokens_per_s']:.0f} | "
                   f"{r['model_tokens_per_s']:.0f} | {r['flops'] / 1e9:.1f} | "
-                  f"{r['achieved_flops'] / 1e9:.1f} | {r['fraction_of_peak']:.0%} | "
+                  f"{r['achieved_flops'] / 1e9:.1f} | {r['fraction_of_peak']:.0%} |{per_cpu} "
                   f"{r['drift']:.2f} |")
         for name, error in res["failed"].items():
             print(f"| {name} | failed: {error[:200]} |")
@@ -271,8 +283,11 @@ def report(all_results: dict, args) -> None:
         for other in ("hf", "grouppref-cached", "grouppref-unshared"):
             if g and other in engines:
                 o = engines[other]
+                cpu_step = {n: e["flops"] / e["flops_per_cpu_s"] for n, e in (("g", g), ("o", o))}
                 print(f"grouppref / {other}: {g['data_tokens_per_s'] / o['data_tokens_per_s']:.2f}x "
-                      f"data tokens/s, {g['achieved_flops'] / o['achieved_flops']:.2f}x achieved FLOP/s")
+                      f"data tokens/s, {g['achieved_flops'] / o['achieved_flops']:.2f}x achieved "
+                      "FLOP/s" + (f"; {cpu_step['o'] / cpu_step['g']:.2f}x data tokens per CPU-s"
+                                  if cpu else ""))
 
 
 def main() -> None:
