@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from grouppref.errors import ConfigError
+from grouppref.train import packing
 from grouppref.train.data import GroupBatch, TokenizedGroup, collate_groups
-from grouppref.train.logps import group_logps
+from grouppref.train.logps import group_logps, taken_logps
 
 ATOL = 1e-4
 RTOL = 1e-4
@@ -106,12 +107,48 @@ def test_collate_pads_prompts_left_and_responses_right():
     assert batch.valid.tolist() == [[True] * 3 + [False], [True] * 2 + [False] * 2, [True] * 4]
 
 
-def test_shared_prefix_needs_a_cache(tiny_lm_dir):
+def _tiny(tiny_lm_dir, attn: str, checkpointing: bool = False):
     from transformers import LlamaForCausalLM
 
-    gc_model = LlamaForCausalLM.from_pretrained(tiny_lm_dir, dtype=torch.float32).train()
-    gc_model.activation_checkpointing_enable()
+    m = LlamaForCausalLM.from_pretrained(tiny_lm_dir, dtype=torch.float32, attn_implementation=attn)
+    if checkpointing:
+        m.activation_checkpointing_enable()
+    return m.train()
+
+
+def test_packed_pass_runs_under_gradient_checkpointing(tiny_lm_dir, reference):
+    """The packed pass needs no KV cache, so prefix sharing works with checkpointing on."""
+    gc_model = _tiny(tiny_lm_dir, "sdpa", checkpointing=True)
+    batch = collate_groups(_groups(), PAD)
+    _assert_same(_value_and_grads(gc_model, lambda: group_logps(gc_model, batch)), reference)
+    assert gc_model.config._attn_implementation == packing.NAME
+
+
+def test_cached_fallback_equals_naive(tiny_lm_dir, reference):
+    """A model not on sdpa (here eager) keeps its attention and takes the KV-cache path."""
+    eager = _tiny(tiny_lm_dir, "eager")
+    batch = _repad(collate_groups(_groups(), PAD), False, False)
+    _assert_same(_value_and_grads(eager, lambda: group_logps(eager, batch)), reference)
+    assert eager.config._attn_implementation == "eager"
+
+
+def test_cached_fallback_needs_a_cache(tiny_lm_dir):
+    gc_model = _tiny(tiny_lm_dir, "eager", checkpointing=True)
     batch = collate_groups(_groups(), PAD)
     with pytest.raises(ConfigError, match="KV cache"):
         group_logps(gc_model, batch, share_prefix=True)
     assert group_logps(gc_model, batch, share_prefix=False).shape == (3, 4)
+
+
+def test_taken_logps_equals_log_softmax_with_grads():
+    """Chunked log-sum-exp + gather equals log_softmax[rows, targets], a row used twice included."""
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(7, 50, generator=g) * 4).requires_grad_()
+    rows, targets = torch.tensor([0, 0, 2, 6, 3]), torch.tensor([4, 9, 49, 0, 4])
+    weights = torch.arange(1.0, 6.0)
+    got = taken_logps(logits, rows, targets)
+    (grad,) = torch.autograd.grad((got * weights).sum(), logits)
+    want = logits.log_softmax(-1)[rows, targets]
+    (want_grad,) = torch.autograd.grad((want * weights).sum(), logits)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(grad, want_grad)

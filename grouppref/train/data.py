@@ -24,6 +24,7 @@ import torch
 
 from grouppref.errors import ConfigError, RowError
 from grouppref.schemas import Reject, ValidatedGroup
+from grouppref.train.batch import GroupBatch
 from grouppref.train.config import DataConfig
 
 Tensor = torch.Tensor
@@ -50,30 +51,6 @@ class TokenizedGroup:
     candidate_ids: list[str] = field(default_factory=list)
     num_truncated: int = 0  # responses cut to max_response_length
     dropped: dict[str, str] = field(default_factory=dict)  # candidate id -> reason (overflow)
-
-
-@dataclass
-class GroupBatch:
-    """B groups as tensors; K = most candidates in the batch, P prompt and T response columns."""
-
-    prompt_ids: Tensor  # (B, P) long, left-padded
-    prompt_mask: Tensor  # (B, P) long, 1 on real tokens
-    cand_ids: Tensor  # (B, K, T) long, right-padded
-    cand_mask: Tensor  # (B, K, T) long, 1 on real tokens
-    valid: Tensor  # (B, K) bool, real candidates
-    p_ij: Tensor  # (B, K, K) float
-    w_ij: Tensor  # (B, K, K) float
-    order: Tensor  # (B, K) long, valid candidates first, best first
-    ref_logps: Tensor | None  # (B, K) float, 0 for invalid
-    behavior_logps: Tensor  # (B, K) float, NaN where unknown
-    num_tokens: Tensor  # (B, K) long, 0 for invalid
-    group_ids: list[str]
-    candidate_ids: list[list[str]] = field(default_factory=list)
-
-    def to(self, device: torch.device | str) -> GroupBatch:
-        """The batch with every tensor moved to ``device``."""
-        moved = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in vars(self).items()}
-        return GroupBatch(**moved)
 
 
 def check_tokenizer(tokenizer: Any, config: DataConfig) -> None:

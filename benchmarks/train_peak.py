@@ -1,0 +1,337 @@
+"""Training step at the hardware limit: grouppref's step in achieved FLOP/s against the machine's
+matmul peak measured in the same run, and against a plain Hugging Face forward/backward.
+
+The step is the trainer's (``grouppref.train.loop.run_steps``: ``group_logps`` + GSPO loss +
+backward + fused AdamW). Where ``loop`` cannot be imported (it needs pydantic, e.g. on a bare
+GPU box with only torch + transformers), the script runs the same GSPO step from
+``grouppref.train.logps`` and ``grouppref.train.losses`` (torch-only modules) and says so.
+
+Workload: a random-init Llama-shaped model (``--shape``: SmolLM2-135M or a Llama-3.2-1B shape),
+B groups of K candidates, a P-token prompt and T-token responses (no padding), random token ids.
+Engines, each on a fresh model with the same seed, one after the other in this process:
+
+* ``grouppref``: the packed shared-prefix pass (``share_prefix=True``, sdpa models);
+* ``grouppref-cached``: the two-pass KV-cache fallback (prefix sharing as before the packed pass);
+* ``grouppref-unshared``: ``share_prefix=False`` (N rows of prompt + response);
+* ``hf``: the peer, a plain ``model(input_ids, labels=...).loss.backward()`` + the same AdamW on the
+  same N = B·K rows of prompt + response (labels on the response tokens), what a trainer without
+  prefix sharing or grouppref's log-prob code runs.
+
+FLOPs are analytic and count useful work only: ``6 · non-embedding params`` per token run
+through the model, ``6 · d · V`` per logit row that reaches the LM head, and ``12 · H · d_head``
+per attended (query, key) pair per layer (causal pairs only; padding and masked entries computed
+by a dense kernel are not counted). Achieved FLOP/s = FLOPs / step time; its ratio to the
+measured matmul peak (best of square and model-shaped ``torch.matmul`` in the model dtype) is the
+fraction of the limit reached. Data tokens/s counts the distinct tokens of the groups consumed
+(B·(P + K·T) per step), the same for every engine: the user-facing throughput.
+
+Usage::
+
+    python benchmarks/train_peak.py --device cpu --shape smollm2-135m --groups 1 \
+        --prompt-len 32 --resp-len 32 --threads 2 --out /tmp/train_peak.json
+    python benchmarks/train_peak.py --device cuda --dtype bf16 --shape smollm2-135m,llama-1b \
+        --groups 8 --prompt-len 256 --resp-len 256 --out "$OUT/train_peak.json"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from grouppref.train import logps as logps_mod  # noqa: E402
+from grouppref.train.batch import GroupBatch  # noqa: E402
+from grouppref.train.logps import group_logps  # noqa: E402
+from grouppref.train.losses import gspo_loss, implicit_rewards  # noqa: E402
+
+SHAPES = {  # LlamaConfig fields of the public models (weights random here)
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                         tie_word_embeddings=True, rope_theta=100000.0),
+    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                     num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                     tie_word_embeddings=True, rope_theta=500000.0),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1000, tie_word_embeddings=True),
+}
+ENGINES = ("grouppref", "grouppref-cached", "grouppref-unshared", "hf")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, int, int]],
+                seconds: float) -> dict[str, float]:
+    """Best FLOP/s of ``torch.matmul`` per (M, K, N) shape, each timed for about ``seconds``."""
+    out = {}
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        sync(device)
+        best, best_cpu, spent = float("inf"), float("inf"), 0.0
+        reps = 1
+        while spent < seconds:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            for _ in range(reps):
+                a @ b
+            sync(device)
+            took = time.perf_counter() - start
+            spent += took
+            best = min(best, took / reps)
+            best_cpu = min(best_cpu, (time.process_time() - start_cpu) / reps)
+            reps = min(reps * 2, 64) if took < seconds / 8 else reps
+        out[f"{m}x{k}x{n}"] = 2 * m * k * n / best
+        out[f"{m}x{k}x{n} per CPU-s"] = 2 * m * k * n / max(best_cpu, 1e-9)
+        del a, b
+    return out
+
+
+def make_batch(shape: dict, args, device: torch.device) -> GroupBatch:
+    """B groups, K candidates, no padding; candidate i preferred to j for i < j (p = 1, w = 1)."""
+    b, k, p, t = args.groups, args.k, args.prompt_len, args.resp_len
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, shape["vocab_size"], (b, p + k * t), generator=g)
+    upper = torch.ones(k, k).triu(1)
+    return GroupBatch(
+        prompt_ids=ids[:, :p], prompt_mask=torch.ones(b, p, dtype=torch.long),
+        cand_ids=ids[:, p:].reshape(b, k, t), cand_mask=torch.ones(b, k, t, dtype=torch.long),
+        valid=torch.ones(b, k, dtype=torch.bool),
+        p_ij=(upper + 0.5 * torch.eye(k)).expand(b, k, k).contiguous(),
+        w_ij=(1 - torch.eye(k)).expand(b, k, k).contiguous(),
+        order=torch.arange(k).expand(b, k).contiguous(), ref_logps=None,
+        behavior_logps=torch.full((b, k), float("nan")), num_tokens=torch.full((b, k), t),
+        group_ids=[f"g{i}" for i in range(b)]).to(device)
+
+
+def gspo_step():
+    """The trainer's step and its name: ``loop.run_steps`` or the same GSPO step without loop."""
+    try:
+        from grouppref.train.loop import Objective, run_steps
+    except ImportError as e:  # pydantic missing (bare GPU box): same math from torch-only modules
+        def step(model, optim, batch, share_prefix):
+            logps = group_logps(model, batch, share_prefix=share_prefix)
+            s = implicit_rewards(logps, batch.ref_logps, 0.1, batch.num_tokens, False)
+            loss = gspo_loss(s, batch.p_ij, batch.w_ij, batch.valid)
+            optim.zero_grad(set_to_none=True)
+            loss.mean().backward()
+            optim.step()
+
+        return step, f"logps.group_logps + losses.gspo_loss (loop.run_steps not importable: {e})"
+
+    def step(model, optim, batch, share_prefix):
+        run_steps(model, optim, [batch], Objective(), share_prefix=share_prefix)
+
+    return step, "grouppref.train.loop.run_steps"
+
+
+def hf_rows(batch: GroupBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The peer's input: N rows [prompt | response], labels -100 on the prompt."""
+    b, k, t = batch.cand_ids.shape
+    ids = torch.cat([batch.prompt_ids[:, None].expand(b, k, -1), batch.cand_ids], dim=2)
+    ids = ids.reshape(b * k, -1)
+    labels = ids.clone()
+    labels[:, : batch.prompt_ids.shape[1]] = -100
+    return ids, labels
+
+
+def flops(engine: str, cfg, args) -> dict[str, float]:
+    """Analytic useful FLOPs of one training step (forward + backward) and its token counts."""
+    b, k, p, t = args.groups, args.k, args.prompt_len, args.resp_len
+    d, v, layers = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
+    heads, head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    kv = cfg.num_key_value_heads
+    per_layer = (d * heads * head_dim + 2 * d * kv * head_dim + heads * head_dim * d
+                 + 3 * d * cfg.intermediate_size)
+    dense = layers * per_layer  # non-embedding matmul params (norms are negligible)
+
+    def causal(n: int) -> int:
+        return n * (n + 1) // 2
+
+    if engine in ("grouppref", "grouppref-cached"):  # prompt once, K responses on top of it
+        tokens = b * (p + k * (t - 1))
+        rows = b * (1 + k * (t - 1))  # each prompt's last position + response positions
+        pairs = b * (causal(p) + k * ((t - 1) * p + causal(t - 1)))
+    elif engine == "grouppref-unshared":  # N rows of prompt + response minus its last token
+        tokens, rows, pairs = b * k * (p + t - 1), b * k * t, b * k * causal(p + t - 1)
+    else:  # hf: N rows of prompt + response; logits on every position
+        tokens, rows, pairs = b * k * (p + t), b * k * (p + t), b * k * causal(p + t)
+    total = 6 * dense * tokens + 6 * d * v * rows + 12 * heads * head_dim * pairs * layers
+    return {"flops": float(total), "model_tokens": tokens, "logit_rows": rows,
+            "data_tokens": b * (p + k * t)}
+
+
+def run_engine(engine: str, shape_name: str, args, device, dtype, step, ref) -> dict:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shape = SHAPES[shape_name]
+    cfg = LlamaConfig(**shape, max_position_embeddings=4096, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with device:
+        model = LlamaForCausalLM(cfg).to(dtype).train()
+    batch = make_batch(shape, args, device)
+    if ref is None:
+        with torch.no_grad():
+            ref = group_logps(model, batch)
+    batch.ref_logps = ref
+    if engine == "grouppref-cached":
+        logps_mod._FALLBACK[model] = "benchmark: the two-pass KV-cache path"
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+    ids, labels = hf_rows(batch)
+
+    def one() -> None:
+        if engine == "hf":
+            optim.zero_grad(set_to_none=True)
+            model(input_ids=ids, labels=labels, use_cache=False).loss.backward()
+            optim.step()
+        else:
+            step(model, optim, batch, engine != "grouppref-unshared")
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times, cpu = [], []
+    for _ in range(args.warmup + args.steps):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        one()
+        sync(device)
+        times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    measured = times[args.warmup:]
+    half = len(measured) // 2
+    out = {"engine": engine, "shape": shape_name, "step_times": times,
+           "median_s": statistics.median(measured), "mean_s": statistics.fmean(measured),
+           "drift": statistics.fmean(measured[half:]) / statistics.fmean(measured[:half]),
+           **flops(engine, cfg, args)}
+    out["achieved_flops"] = out["flops"] / out["median_s"]
+    out["step_cpu_times"] = cpu
+    out["flops_per_cpu_s"] = out["flops"] / statistics.median(cpu[args.warmup:])
+    out["model_tokens_per_s"] = out["model_tokens"] / out["median_s"]
+    out["data_tokens_per_s"] = out["data_tokens"] / out["median_s"]
+    if device.type == "cuda":
+        out["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return out, ref
+
+
+def bench_shape(shape_name: str, args, device, dtype, step) -> dict:
+    shape = SHAPES[shape_name]
+    d, f, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
+    m = args.groups * (args.prompt_len + args.k * args.resp_len)
+    square = 2048 if device.type == "cpu" else 8192
+    peaks = matmul_peak(device, dtype, [(square, square, square), (m, d, f), (m, f, d), (m, d, v)],
+                        args.peak_seconds)
+    peak = max(v for name, v in peaks.items() if not name.endswith("CPU-s"))
+    peak_cpu = max(v for name, v in peaks.items() if name.endswith("CPU-s"))
+    results, failed, ref = {}, {}, None
+    for engine in args.engines:
+        try:
+            results[engine], ref = run_engine(engine, shape_name, args, device, dtype, step, ref)
+        except Exception as e:  # one failing engine (OOM, API drift) must not lose the rest
+            print(f"{shape_name} {engine} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+            failed[engine] = f"{type(e).__name__}: {e}"
+            continue
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        r = results[engine]
+        print(f"{shape_name} {engine}: {r['median_s']:.4f} s/step, "
+              f"{r['achieved_flops'] / 1e9:.1f} GFLOP/s", file=sys.stderr)
+    for r in results.values():
+        r["fraction_of_peak"] = r["achieved_flops"] / peak
+        r["fraction_of_peak_cpu_time"] = r["flops_per_cpu_s"] / peak_cpu
+    return {"matmul_peak_flops": peak, "matmul_peak_flops_per_cpu_s": peak_cpu,
+            "matmul_flops_by_shape": peaks, "engines": results, "failed": failed}
+
+
+def report(all_results: dict, args) -> None:
+    for shape_name, res in all_results["shapes"].items():
+        peak = res["matmul_peak_flops"]
+        print(f"\n{shape_name}, {args.device} {args.dtype}, B={args.groups} groups of K={args.k}, "
+              f"prompt {args.prompt_len} + responses {args.resp_len} tokens; median of "
+              f"{args.steps} steps after {args.warmup} warm-up; matmul peak "
+              f"{peak / 1e9:.1f} GFLOP/s ({res['matmul_peak_flops_per_cpu_s'] / 1e9:.1f} GFLOP "
+              f"per CPU-s)\n")
+        cpu = args.device == "cpu"
+        print("| engine | s/step | data tokens/s | model tokens/s | GFLOP/step | GFLOP/s "
+              "| of matmul peak |" + (" GFLOP per CPU-s | of peak per CPU-s |" if cpu else "")
+              + " drift |")
+        print("|---|---|---|---|---|---|---|" + ("---|---|" if cpu else "") + "---|")
+        engines = res["engines"]
+        for name, r in engines.items():
+            per_cpu = (f" {r['flops_per_cpu_s'] / 1e9:.1f} | {r['fraction_of_peak_cpu_time']:.0%} |"
+                       if cpu else "")
+            print(f"| {name} | {r['median_s']:.4f} | {r['data_tokens_per_s']:.0f} | "
+                  f"{r['model_tokens_per_s']:.0f} | {r['flops'] / 1e9:.1f} | "
+                  f"{r['achieved_flops'] / 1e9:.1f} | {r['fraction_of_peak']:.0%} |{per_cpu} "
+                  f"{r['drift']:.2f} |")
+        for name, error in res["failed"].items():
+            print(f"| {name} | failed: {error[:200]} |")
+        g = engines.get("grouppref")
+        for other in ("hf", "grouppref-cached", "grouppref-unshared"):
+            if g and other in engines:
+                o = engines[other]
+                cpu_step = {n: e["flops"] / e["flops_per_cpu_s"] for n, e in (("g", g), ("o", o))}
+                print(f"grouppref / {other}: {g['data_tokens_per_s'] / o['data_tokens_per_s']:.2f}x "
+                      f"data tokens/s, {g['achieved_flops'] / o['achieved_flops']:.2f}x achieved "
+                      "FLOP/s" + (f"; {cpu_step['o'] / cpu_step['g']:.2f}x data tokens per CPU-s"
+                                  if cpu else ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--shape", default="smollm2-135m", help=f"comma list of {sorted(SHAPES)}")
+    parser.add_argument("--engines", default=",".join(ENGINES), help="comma list")
+    parser.add_argument("--groups", type=int, default=1, help="B groups per step")
+    parser.add_argument("--k", type=int, default=4, help="candidates per group")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--resp-len", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--peak-seconds", type=float, default=1.0, help="time per matmul shape")
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args()
+    args.engines = [e for e in args.engines.split(",") if e]
+    if unknown := set(args.engines) - set(ENGINES):
+        sys.exit(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    step, step_name = gspo_step()
+    import transformers
+
+    results = {"argv": sys.argv, "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+               "torch": torch.__version__, "transformers": transformers.__version__,
+               "python": platform.python_version(), "threads": torch.get_num_threads(),
+               "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                               else platform.processor() or platform.machine()),
+               "load_avg": os.getloadavg(), "step": step_name, "shapes": {}}
+    print(f"step: {step_name}", file=sys.stderr)
+    for shape_name in args.shape.split(","):
+        results["shapes"][shape_name] = bench_shape(shape_name, args, device, dtype, step)
+        results["load_avg_after"] = os.getloadavg()
+        if args.out:  # after every shape, so a run cut short keeps what it measured
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(results, indent=1))
+    report(results, args)
+
+
+if __name__ == "__main__":
+    main()

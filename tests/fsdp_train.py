@@ -1,0 +1,112 @@
+"""The training run tests/test_fsdp.py compares: the trainer's step (``loop.run_steps``) on a
+tiny model, in one process or sharded with FSDP2 (``fully_shard``, gloo) under torchrun.
+
+Every step takes a global batch of ``GLOBAL`` groups; under FSDP rank r trains on its
+``GLOBAL / world`` slice and FSDP averages the gradients, so both runs minimise the same mean.
+Run as a script (torchrun): ``fsdp_train.py MODEL_DIR OUT_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+GLOBAL, STEPS, K = 4, 3, 3
+
+
+def groups():
+    """GLOBAL·STEPS groups with prompts and responses of different lengths (padding in play)."""
+    from grouppref.train.data import TokenizedGroup
+
+    g = torch.Generator().manual_seed(11)
+    out = []
+    for n in range(GLOBAL * STEPS):
+        def ids(length: int) -> list[int]:
+            return torch.randint(3, 5000, (length,), generator=g).tolist()
+
+        p = [[0.5 if i == j else float(i < j) for j in range(K)] for i in range(K)]
+        w = [[0.0 if i == j else 1.0 for j in range(K)] for i in range(K)]
+        out.append(TokenizedGroup(group_id=f"g{n}", prompt_ids=ids(2 + n % 5),
+                                  cand_ids=[ids(1 + (n + i) % 6) for i in range(K)], p_ij=p, w_ij=w,
+                                  order=list(range(K)), ref_logps=None, behavior_logps=[None] * K,
+                                  split="train"))
+    return out
+
+
+def train(model_dir: str, out_dir: str, rank: int = 0, world: int = 1) -> list[float]:
+    """Train STEPS steps; save the full model to ``out_dir``; return the global loss per step."""
+    import dataclasses
+
+    from transformers import LlamaForCausalLM
+
+    from grouppref.train.data import collate_groups
+    from grouppref.train.logps import group_logps
+    from grouppref.train.loop import Objective, run_steps
+
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    data = groups()
+    with torch.no_grad():  # reference log-probs from the initial model, the full batch at once
+        ref = group_logps(model, collate_groups(data, 0)).tolist()
+    data = [dataclasses.replace(grp, ref_logps=r[:K]) for grp, r in zip(data, ref, strict=True)]
+    local = GLOBAL // world
+    batches = [collate_groups(data[s * GLOBAL + rank * local: s * GLOBAL + (rank + 1) * local], 0)
+               for s in range(STEPS)]
+    if world > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    model.train()
+    # SGD, not AdamW: Adam's first steps move every weight by ~lr·sign(grad), so float noise in a
+    # near-zero gradient would flip a weight by 2·lr; SGD keeps the comparison about gradients.
+    optim = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses: list[float] = []
+
+    def record(step, out, batch):
+        loss = out.loss.detach().mean()
+        if world > 1:
+            torch.distributed.all_reduce(loss)
+            loss /= world
+        losses.append(loss.item())
+
+    run_steps(model, optim, batches, Objective(beta=0.5), after_step=record)
+    _save(model, model_dir, out_dir, rank, world)
+    return losses
+
+
+def _save(model, model_dir: str, out_dir: str, rank: int, world: int) -> None:
+    from transformers import LlamaForCausalLM
+
+    state = model.state_dict()
+    if world > 1:  # gather the shards into one full state dict on every rank
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                     cpu_offload=True))
+    if rank == 0:
+        full = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        full.load_state_dict(state)
+        full.save_pretrained(out_dir)
+
+
+def main() -> None:
+    model_dir, out_dir = sys.argv[1], sys.argv[2]
+    torch.distributed.init_process_group("gloo")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    losses = train(model_dir, out_dir, rank, world)
+    if rank == 0:
+        Path(out_dir, "losses.json").write_text(json.dumps(losses))
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()
