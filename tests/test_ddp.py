@@ -5,17 +5,14 @@ the two replicas must end with identical weights (docs/train.md, "Scaling out": 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.torchrun import torchrun
+
 
 SCRIPT = textwrap.dedent("""
     import os, sys, torch
@@ -34,24 +31,11 @@ SCRIPT = textwrap.dedent("""
 
 
 def torchrun_cpu(tmp_path: Path, source: str, model: Path, processes: int = 2) -> Path:
-    """Run the script ``source`` with arguments ``MODEL OUT`` under ``torchrun
-    --nproc_per_node PROCESSES`` on the CPU (gloo); fail the test with the processes' output
-    unless it exits 0 within 10 minutes. Returns ``OUT`` (``tmp_path / "out"``)."""
+    """Run the script ``source`` with arguments ``MODEL OUT`` under torchrun on ``processes`` CPU
+    processes (gloo, :func:`tests.torchrun.torchrun`). Returns ``OUT`` (``tmp_path / "out"``)."""
     script, out = tmp_path / "ddp_script.py", tmp_path / "out"
     script.write_text(source)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-           "--standalone", str(script), str(model), str(out)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both workers
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"torchrun timed out:\n{stdout[-3000:]}\n{stderr[-6000:]}")
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
+    torchrun(script, [str(model), str(out)], nproc=processes)
     return out
 
 
