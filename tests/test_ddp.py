@@ -13,7 +13,6 @@ import torch
 
 from tests.torchrun import torchrun
 
-
 SCRIPT = textwrap.dedent("""
     import os, sys, torch
     from grouppref.train.config import TrainConfig
