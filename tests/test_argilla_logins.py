@@ -3,7 +3,7 @@ SQLite and on PostgreSQL: every login succeeds and the other client is not stall
 
 argilla-server 2.8 checks passwords on its event loop, so during a storm every other request
 waits for all of them (the poll's slowest answer took ~90% of the storm). The launcher moves
-the checks to a thread pool: the poll's slowest answer must stay a small part of the storm.
+the checks to a thread pool: the poll's slowest answer must stay well below the whole storm.
 That is a ratio within one run, not a wall-clock threshold; the absolute numbers (target: all
 in within 2 s, no other request over 1 s) are measured by ``benchmarks/argilla_logins.py``.
 """
@@ -32,7 +32,10 @@ def _storm_keeps_the_server_responsive(server: EmbeddedArgilla, tag: str) -> Non
     assert storm.failures == []
     assert sorted(storm.me_tokens) == sorted(name for name, _ in accounts)  # each its own token
     assert len(storm.polls) >= 2
-    assert storm.slowest_poll < 0.5 * storm.last_in, (storm.slowest_poll, storm.last_in)
+    # stock login: the slowest poll is ~0.9 of the storm (it waits for every password check);
+    # with the launcher 0.1-0.55 (0.53 seen once on PostgreSQL in the full suite), so 0.75
+    # tells the two apart with room on both sides
+    assert storm.slowest_poll < 0.75 * storm.last_in, (storm.slowest_poll, storm.last_in)
     with httpx.Client(base_url=server.url) as http:
         name, password = accounts[0]
         assert http.post("/api/v1/token", data={"username": name, "password": password + "x"}

@@ -223,15 +223,16 @@ def test_a_prompt_too_long_for_the_model_is_a_reject_naming_file_and_row(
 def test_train_on_a_prompts_dataset_or_a_local_file_says_so_in_one_line(tmp_path: Path) -> None:
     prompts = datasets.Dataset.from_list([{"prompt": f"Q{i}"} for i in range(7)])
     prompts.save_to_disk(str(tmp_path / "prompts"))
-    with pytest.raises(InputFileError, match=r"none of its 7 rows is a ValidatedGroup \(row 1"):
+    columns = r"neither grouppref groups .* nor TRL pairs .*; its columns are \['prompt'\]"
+    with pytest.raises(InputFileError, match=columns):
         load_groups(tmp_path / "prompts")
     local = tmp_path / "groups.json"
     local.write_text(json.dumps([{"prompt": "Q"}]))
-    with pytest.raises(InputFileError, match="none of its 1 rows is a ValidatedGroup"):
+    with pytest.raises(InputFileError, match=columns):
         load_groups(local)  # read as a file: never looked up on the Hub
     out = grouppref("train", local, "--out", tmp_path / "model", cwd=tmp_path)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
-    assert "none of its 1 rows is a ValidatedGroup" in out.stderr
+    assert "nor TRL pairs" in out.stderr and "its columns are ['prompt']" in out.stderr
 
 
 def test_a_run_whose_import_rejects_every_row_stops_in_one_line(tmp_path: Path) -> None:

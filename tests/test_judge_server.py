@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grouppref.pipeline.imports.config import ImportConfig
-from grouppref.pipeline.imports.stage import run_import
+from grouppref.pipeline.imports.stage import run_import_candidates
 from grouppref.pipeline.rank.common import RankerInputError
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.server_judge import parse_rating, verdict_log_odds
@@ -36,7 +36,7 @@ def groups_run(tmp_path: Path) -> RunStore:
     source = tmp_path / "groups.jsonl"
     source.write_text("".join(json.dumps(row) + "\n" for row in GROUPS))
     store = RunStore(tmp_path / "run")
-    run_import(store, ImportConfig(source=str(source)))
+    run_import_candidates(store, ImportConfig(source=str(source)))
     return store
 
 

@@ -45,7 +45,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--set", f"export=[{{format: groups, to_dir: '{deep}'}}]",
         "--set", f"simulate.annotators.0.id={LONG_ID}", cwd=base)
     lines = clean(result)
-    assert lines[0].startswith(f"run complete: {base / 'run'} (computed: generate, rank, ")
+    assert lines[0].startswith(f"run complete: {base / 'run'} (computed: import, rank, ")
     assert lines[1:] == [f"report: {base / 'run' / 'report' / 'report.html'}",
                          f"inspect it: grouppref inspect {base / 'run'}"]
     # the progress of every stage went to stderr, with the one line per stage

@@ -191,7 +191,7 @@ def test_run_with_another_config_marks_the_stages_it_did_not_make(tmp_path: Path
     assert record is not None and record.config == str(second) and record.status == "done"
     pairs = next(m.stage for m in store.manifests() if m.stage.startswith("export/dir-pairs"))
     assert pairs not in record.stages and "validate" in record.stages
-    assert outcome.cached[:5] == ["generate", "rank", "simulate", "aggregate", "validate"]
+    assert outcome.cached[:5] == ["import", "rank", "simulate", "aggregate", "validate"]
     status = _inspect_status(store)
     assert status[pairs] == "not in this run (made before it, not by its config)"
     assert {s for s, v in status.items() if v != "complete"} == {pairs}

@@ -37,7 +37,7 @@ from grouppref.train.data import TokenizedGroup, collate_groups
 from grouppref.train.distributed import process_state
 from grouppref.train.logps import group_logps
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # 2: log-probs from the packed shared-prefix pass (train/packing.py)
 
 class MissingReferenceError(StageError):
     """Groups lack reference log-probs (the reference pass was skipped or its cache is partial)."""
