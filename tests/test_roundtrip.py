@@ -24,7 +24,8 @@ from grouppref.pipeline.export.config import ExportConfig
 from grouppref.pipeline.export.stage import run_export
 from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.pipeline.validate.stage import run_validate, split_key, split_of
-from grouppref.readers.published import FROM_PAIR, read_validated
+from grouppref.readers.pairs import FROM_PAIR
+from grouppref.readers.published import read_validated
 from grouppref.runner import load_run_config, run_pipeline
 from grouppref.runs.store import RunStore
 from grouppref.schemas import ValidatedGroup

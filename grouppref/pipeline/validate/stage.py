@@ -47,7 +47,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grouppref.errors import StageError
 from grouppref.pipeline.validate.config import INPUT_STAGE, STAGE, STAGE_VERSION, ValidateConfig
-from grouppref.readers.published import FROM_PAIR, open_published, validated_rows
+from grouppref.readers.pairs import FROM_PAIR
+from grouppref.readers.published import open_published, validated_rows
 from grouppref.runs.hashing import canonical_json
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import DATA, RunStore, StageRun
