@@ -278,3 +278,19 @@ def test_export_train_one_step_eval(runs: dict[bool, RunStore], tmp_path: Path, 
     # the eval stage scores what training logged at its end on the same held-out groups
     assert evaluated["metrics"]["model"]["pair_accuracy"] == pytest.approx(
         stats["eval"]["pair_accuracy"], abs=1e-6)
+
+
+def test_a_model_folder_names_reject_files_without_the_machines_paths(tmp_path: Path) -> None:
+    from grouppref.schemas import Reject
+    from grouppref.train.model_card import public_rejects
+
+    folder = tmp_path / "prefs"
+    (folder / "data").mkdir(parents=True)
+    inside, elsewhere = folder / "data" / "test.parquet", tmp_path / "other" / "x.jsonl"
+    rejects = [Reject(stage="train", reason="r", source=str(p))
+               for p in (inside, elsewhere, folder)] + [Reject(stage="train", reason="r")]
+    shown = [r.source for r in public_rejects(rejects, str(folder))]
+    assert shown == ["prefs/data/test.parquet", "x.jsonl", "prefs", None]
+    one_file = [r.source for r in public_rejects(rejects[:1], str(inside))]
+    assert one_file == ["test.parquet"]
+    assert [r.source for r in public_rejects(rejects[:1], "me/prefs")] == ["test.parquet"]

@@ -23,6 +23,7 @@ from typing import Any
 
 from grouppref.models.loading import is_embedded
 from grouppref.runs.freshness import stale_note
+from grouppref.schemas import Reject
 from grouppref.schemas.reports import TrainStats
 from grouppref.train.config import TrainConfig
 
@@ -60,6 +61,23 @@ def hub_id(name: str | None) -> str | None:
 def public_name(reference: str | None) -> str:
     """A model or data reference as a card may show it: Hub id, else the folder or file name."""
     return hub_id(reference) or Path(str(reference).rstrip("/")).name
+
+
+def public_rejects(rejects: list[Reject], source: str) -> list[Reject]:
+    """``rejects`` as the model folder publishes them: a file under the data source is named
+    from the source's public name down (``prefs/test.parquet``), any other path by its file
+    name; never the machine's full path. The run's own ``rejects.jsonl`` keeps the full ones."""
+    root = None if hub_id(source) else Path(source).resolve()
+
+    def shown(path: str | None) -> str | None:
+        if path is None or hub_id(path) or not Path(path).is_absolute():
+            return path
+        p = Path(path).resolve()
+        if root is not None and root in p.parents:  # a file of the source folder
+            return str(Path(public_name(source)) / p.relative_to(root))
+        return p.name
+
+    return [r.model_copy(update={"source": shown(r.source)}) for r in rejects]
 
 
 def public_stats(stats: TrainStats) -> TrainStats:

@@ -21,7 +21,12 @@ from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import TrainStats
 from grouppref.train.config import TrainConfig
 from grouppref.train.distributed import process_state
-from grouppref.train.model_card import finish_model_folder, public_name, trained_on
+from grouppref.train.model_card import (
+    finish_model_folder,
+    public_name,
+    public_rejects,
+    trained_on,
+)
 from grouppref.train.sources import load_groups
 from grouppref.train.trainer import train
 
@@ -109,7 +114,7 @@ def train_dataset(source: str | Path, config: TrainConfig, out_dir: str | Path, 
     result = train(config, data.groups, out, resume=resume, reference_cache=reference_cache)
     rejects = data.rejects + result.rejects
     if process_state().is_main_process:
-        write_rejects(out / "rejects.jsonl", rejects)
+        write_rejects(out / "rejects.jsonl", public_rejects(rejects, data.source))
         (out / "source.json").write_text(canonical_json(
             {"source": public_name(data.source), "format": data.format,
              "fingerprint": data.fingerprint})
