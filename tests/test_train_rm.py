@@ -225,3 +225,19 @@ def test_cli_errors_are_one_line(args: list[str], needle: str, tmp_path: Path,
     assert out.returncode == 2, out.stderr
     assert needle in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_run_config_step_reuses_the_cli_stage(trained, tiny_lm_dir: Path) -> None:
+    """``train_rm`` as a section of a run config: the same settings as the CLI are the same
+    cached stage (the run does not train again)."""
+    from grouppref.runner import RunConfig, run_pipeline
+
+    store, _, _ = trained
+    before = store.require("train_rm").finished_at
+    config = RunConfig.model_validate({
+        "run_dir": str(store.root), "import": {"source": "unused.jsonl"}, "report": None,
+        "train_rm": {"model": str(tiny_lm_dir), "max_steps": 12, "batch_size": 8, "lr": 5e-3,
+                     "lr_scheduler": "constant", "logging_steps": 4}})
+    outcome = run_pipeline(config, start="train_rm", until="train_rm")
+    assert outcome.cached == ["train_rm"] and outcome.ran == []
+    assert store.require("train_rm").finished_at == before
