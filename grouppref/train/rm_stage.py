@@ -74,7 +74,8 @@ def card_text(config: RewardModelConfig, stats: RewardModelStats, data: TrainedO
               "Each candidate is scored on `tokenizer.apply_chat_template(prompt turns + "
               "[assistant: response])` (or `prompt + \"\\n\\n\" + response` for a tokenizer "
               "without a chat template), as grouppref's reward ranker does:", "",
-              "```bash", f"grouppref rank RUN --ranker reward:{repo}", "```", ""]
+              "```bash", "grouppref rank RUN --ranker reward:DIR   # DIR: this folder", "```",
+              ""]
     return f"---\n{meta.to_yaml()}\n---\n\n" + "\n".join(lines)
 
 
