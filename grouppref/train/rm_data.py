@@ -27,7 +27,7 @@ from grouppref.train.data import TokenizedGroup, _consensus_order, _pair_matrice
 
 def encode_candidate(tokenizer: Any, group: ValidatedGroup, text: str) -> list[int]:
     """The token ids the reward model reads for (group's prompt, ``text``)."""
-    formatted, special = format_for_reward(tokenizer, group, text)  # type: ignore[arg-type]
+    formatted, special = format_for_reward(tokenizer, group, text)
     return list(tokenizer(formatted, add_special_tokens=special)["input_ids"])
 
 
