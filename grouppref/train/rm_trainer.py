@@ -57,6 +57,7 @@ def load_reward_model(name: str | None, seed: int = 0) -> tuple[Any, Any]:
         ModelNotFoundError: no such model. ConfigError: a classifier with more than one output.
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
 
     path = resolve_model(name)
     config = AutoConfig.from_pretrained(path)
@@ -67,7 +68,12 @@ def load_reward_model(name: str | None, seed: int = 0) -> tuple[Any, Any]:
                           "(or a reward model with num_labels=1)")
     tokenizer = load_tokenizer(path, padding_side="right")
     torch.manual_seed(seed)  # the new head's initialisation
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # not the load report of the new head: it is meant to be new
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    finally:
+        hf_logging.set_verbosity(before)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
