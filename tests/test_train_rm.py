@@ -265,3 +265,24 @@ def test_an_encoder_trains_too(tmp_path: Path, embedded_model_dir: Path) -> None
     assert stats["eval"]["pair_accuracy"] > stats["eval_start"]["pair_accuracy"]
     ranker = RewardRanker(RewardRankerSettings(model=str(tmp_path / "out")))
     ranker.check()  # a BertForSequenceClassification with one output
+
+
+def test_trl_pairs_file_with_out(tmp_path: Path, tiny_lm_dir: Path) -> None:
+    """DATA that is not a run: a TRL pair file (groups of K = 2); the folder gets the model,
+    its card, rejects.jsonl and source.json; a row that is no pair is a reject."""
+    rows = [{"prompt": f"Describe thing {i}.", "chosen": f"sunny day {i}",
+             "rejected": f"rainy day {i}"} for i in range(12)]
+    rows.append({"prompt": "Broken row.", "chosen": "only one side"})
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "rm"
+    result = CliRunner().invoke(app, ["train-rm", str(tmp_path / "pairs.jsonl"), "--model",
+                                      str(tiny_lm_dir), "--out", str(out), "--max-steps", "2",
+                                      "--held-out-fraction", "0.25"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads((out / "metrics.json").read_text())
+    assert stats["groups"]["train"] + stats["groups"]["held_out"] == 12
+    assert stats["groups"]["held_out"] == 3 and stats["steps"] == 2
+    assert json.loads((out / "source.json").read_text())["format"] == "trl-pairs"
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert len(rejects) == 1 and rejects[0]["row"] == 13
+    assert "pairs.jsonl" in (out / "README.md").read_text()
