@@ -24,6 +24,7 @@ from grouppref.commands import (
     rank,
     run,
     train,
+    train_rm,
 )
 from grouppref.errors import GroupPrefError
 
@@ -48,8 +49,8 @@ app = typer.Typer(
 )
 
 label_data.register(label_server.label_app)  # push/pull/status join serve/stop/users
-for module in (core, generate, imports, rank, aggregate, export, train, label_server, run,
-               demo):
+for module in (core, generate, imports, rank, aggregate, export, train, train_rm, label_server,
+               run, demo):
     module.register(app)
 
 

@@ -3,9 +3,9 @@
 The runner is a loop over :data:`PIPELINE`, the stages in order, each a
 :class:`~grouppref.runs.stage.StageSpec` with the same call shape: prompts -> generate or
 import -> rank -> simulate -> label -> aggregate -> validate -> export (one stage per target)
--> train -> eval -> report. A section left out of the config skips its stage. Each stage's own
-cache decides whether it re-computes (same settings + same input => *cached*: its manifest and
-output stay untouched); ``force`` re-runs named stages.
+-> train_rm -> train -> eval -> report. A section left out of the config skips its stage. Each
+stage's own cache decides whether it re-computes (same settings + same input => *cached*: its
+manifest and output stay untouched); ``force`` re-runs named stages.
 
 The ``label`` stage is human work (:mod:`grouppref.labeling.stage`): it pushes the groups to
 Argilla and counts the groups with enough submitted rankings. Too few: the run stops with
@@ -52,9 +52,10 @@ from grouppref.runs.rejects import all_rejected
 from grouppref.runs.stage import StageSpec, Waiting
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.train.config import EVAL, TRAIN, EvalConfig, TrainConfig
+from grouppref.train.rm_config import TRAIN_RM, RewardModelConfig
 
 STAGES = ("prompts", "generate", "import", "rank", "simulate", "label", "aggregate", "validate",
-          "export", "train", "eval", "report")
+          "export", "train_rm", "train", "eval", "report")
 
 __all__ = ["PIPELINE", "STAGES", "LabelRunConfig", "RunConfig", "RunOutcome", "check_stages",
            "load_run_config", "run_pipeline"]
@@ -84,6 +85,9 @@ class RunConfig(BaseModel):
                                               "(on by default; null skips it).")
     export: list[ExportConfig] = Field(default_factory=list, description="Exports, any number "
                                      "(each a target: to_dir, parquet or hub).")
+    train_rm: RewardModelConfig | None = Field(default=None, description="A scalar reward "
+                                               "model trained on RUN/validate "
+                                               "(docs/reward-model.md).")
     train: TrainConfig | None = Field(default=None, description="GSPO training.")
     eval: EvalConfig | None = Field(default=None, description="Before/after evaluation.")
     report: ReportConfig | None = Field(default_factory=ReportConfig,
@@ -209,6 +213,7 @@ PIPELINE: tuple[Step, ...] = (
     Step("aggregate", AGGREGATE, _aggregate),
     Step("validate", VALIDATE, _one("validation")),
     Step("export", EXPORT, lambda config: list(config.export)),
+    Step("train_rm", TRAIN_RM, _one("train_rm")),
     Step("train", TRAIN, _one("train")),
     Step("eval", EVAL, _one("eval")),
     Step("report", REPORT, _one("report")),
@@ -241,7 +246,7 @@ def _run_step(step: Step, store: RunStore, section: BaseModel, force: bool, wait
 
 
 # the stages that refuse stale input unless told (--allow-stale)
-ALLOW_STALE = {EXPORT.name, TRAIN.name, EVAL.name, REPORT.name}
+ALLOW_STALE = {EXPORT.name, TRAIN_RM.name, TRAIN.name, EVAL.name, REPORT.name}
 
 
 def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | None = None,

@@ -260,7 +260,8 @@ class RewardRanker(_TransformersRanker):
 def format_for_reward(tokenizer: Any, group: CandidateGroup, text: str) -> tuple[str, bool]:
     """Prompt + candidate as one string: the chat template (prompt turns + an assistant turn)
     when the tokenizer has one, else ``prompt + "\\n\\n" + candidate``. Returns the string and
-    whether special tokens must still be added (not when the template wrote them)."""
+    whether special tokens must still be added (not when the template wrote them).
+    ``grouppref train-rm`` trains reward models on this same text (train/rm_data.py)."""
     if getattr(tokenizer, "chat_template", None):
         messages = [m.model_dump() for m in group.prompt.as_messages()]
         messages.append({"role": "assistant", "content": text})

@@ -1,0 +1,83 @@
+"""Subcommand ``train-rm``: a scalar reward model from ranked groups (docs/reward-model.md).
+
+Under ``torchrun``/``accelerate launch`` every process runs the same command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from grouppref.commands.core import AllowStale
+from grouppref.commands.options import Extra, config_command
+from grouppref.commands.output import err, esc, out, print_counts, print_stage
+from grouppref.commands.train import DataArg
+from grouppref.errors import ConfigError
+from grouppref.train.rm_config import RewardModelConfig, RewardModelStats
+
+
+def _run_train_rm(config: RewardModelConfig, extras: dict[str, Any], force: bool) -> None:
+    from grouppref.runs.store import RunStore
+    from grouppref.train.distributed import process_state
+    from grouppref.train.rm_stage import run_train_rm, train_rm_dataset
+    from grouppref.train.sources import is_run
+
+    data, where = extras["data"], extras["out"]
+    main = process_state().is_main_process
+    if is_run(data):
+        stage = run_train_rm(RunStore(data), config, force=force, out_dir=where,
+                             allow_stale=extras["allow_stale"])
+        if main:
+            print_stage(stage, name="train_rm")
+            _print_stats(RewardModelStats.model_validate(stage.manifest.stats),
+                         stage.outputs["model"])
+        return
+    if where is None:
+        raise ConfigError(f"{data} is not a run directory: pass --out DIR for the reward model")
+    outcome = train_rm_dataset(data, config, where)
+    if main:
+        for reject in outcome.rejects[:20]:
+            err.print(f"[red]reject[/] {esc(reject.one_line())}")
+        print_counts("train_rm", outcome.counts, outcome.out_dir)
+        _print_stats(outcome.stats, str(outcome.out_dir))
+
+
+def _fmt(value: Any) -> str:
+    return "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _print_stats(stats: RewardModelStats, model_dir: str) -> None:
+    table = Table(title=f"train-rm ({stats.loss}, {stats.steps} steps) -> {esc(model_dir)}")
+    table.add_column("metric")
+    for col in ("start (held-out)", "end (held-out)", "last train window"):
+        table.add_column(col, justify="right")
+    for name in ("pair_accuracy", "loss", "reward_mean", "reward_std", "groups", "grad_norm",
+                 "groups_per_s", "tokens_per_s"):
+        cells = [_fmt(d.get(name)) for d in (stats.eval_start, stats.eval, stats.train)]
+        if any(c != "" for c in cells):
+            table.add_row(name, *cells)
+    out.print(table)
+    out.print(f"held-out pair accuracy: {_fmt(stats.eval.get('pair_accuracy'))} "
+              f"({stats.groups['held_out']} groups); {stats.pairs_per_s:.4g} pairs/s")
+
+
+train_rm = config_command(
+    RewardModelConfig, _run_train_rm, name="train-rm", section="train_rm",
+    doc="Train a scalar reward model (a 1-output sequence classifier on a causal LM or "
+    "encoder) on ranked groups with the soft Bradley-Terry group loss or Plackett-Luce; "
+    "the folder loads as `grouppref rank --ranker reward:DIR`.",
+    extras=[
+        Extra("data", DataArg),
+        Extra("out", Annotated[Path | None, typer.Option(
+            "--out", help="Where the reward model, tokenizer, metrics and card go (default in "
+            "a run: RUN/train_rm/model; required otherwise).", show_default=False)], None),
+        Extra("allow_stale", AllowStale, False),
+    ],
+    force_help="Train again even when RUN/train_rm is cached.")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="train-rm")(train_rm)

@@ -1,0 +1,91 @@
+"""Settings and report of ``grouppref train-rm``: a scalar reward model trained on ranked groups
+(docs/reward-model.md). Light (no torch): the CLI builds its options from these models."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from grouppref.runs.stage import StageSpec
+
+
+class RewardModelConfig(BaseModel):
+    """Settings of the ``train_rm`` stage: a sequence-classification head with one output on a
+    causal LM or encoder, trained with a group loss on the reward scores."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(
+        default=None, description="Base model: Hub id or local folder of a causal LM or an "
+        "encoder (default: the embedded SmolLM2); a 1-output head is put on it.")
+    loss: Literal["gspo", "plackett_luce"] = Field(
+        default="gspo", description="gspo: soft Bradley-Terry over every pair of a group with "
+        "the aggregation's p_ij and weights w_ij, on the reward scores; plackett_luce: "
+        "listwise likelihood of the consensus order.")
+    pair_targets: Literal["soft", "hard"] = Field(
+        default="soft", description="gspo only. soft: p_ij and w_ij as aggregated; hard: p=1 "
+        "for the winner of every pair in different consensus tiers, weight 1.")
+    center_rewards: float = Field(
+        default=0.0, ge=0.0, description="Weight of a penalty on the mean squared reward of "
+        "each group's candidates (keeps scores near 0; TRL's center_rewards_coefficient).")
+    max_length: int | None = Field(
+        default=None, ge=2, description="Most tokens of one (prompt, response) sequence; a "
+        "longer candidate is left out with a reject (default: the model's context length).")
+    held_out_fraction: float = Field(
+        default=0.1, ge=0.0, lt=1.0, description="Share of prompts held out for pair accuracy "
+        "when the data has no test split (seeded by 'seed'); 0: none held out.")
+    use_test_split: bool = Field(
+        default=True, description="Hold out the groups the data marks as test (validate's "
+        "split, an export's test split); off: always split by held_out_fraction.")
+    lr: float = Field(default=1e-5, gt=0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up steps.")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
+        default="linear", description="Learning-rate schedule after warm-up.")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
+    epochs: int = Field(default=1, ge=1, description="Passes over the training groups.")
+    max_steps: int | None = Field(
+        default=None, ge=1, description="Stop after this many optimizer steps (overrides epochs).")
+    batch_size: int = Field(default=4, ge=1, description="Groups per device per micro-batch "
+                            "(each group is K sequences).")
+    eval_batch_size: int = Field(default=8, ge=1, description="Groups per forward pass when "
+                                 "evaluating.")
+    grad_accum: int = Field(default=1, ge=1, description="Micro-batches per optimizer step.")
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+        default="no", description="Autocast precision: bf16 (CPU or a bf16 GPU), fp16 (CUDA only).")
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in backward to save memory.")
+    seed: int = Field(default=0, description="Seed of the head's initialisation, shuffling and "
+                      "the held-out split.")
+    logging_steps: int = Field(default=10, ge=1, description="Log training metrics every N steps.")
+    eval_steps: int | None = Field(
+        default=None, ge=1, description="Evaluate on the held-out groups every N steps (always "
+        "at start and end).")
+
+
+class RewardModelStats(BaseModel):
+    """What a reward-model training measured (``RUN/train_rm`` manifest stats, ``metrics.json``
+    in the model folder)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int
+    epochs: float
+    loss: str
+    train: dict[str, Any] = Field(description="Last logging window's training metrics.")
+    eval_start: dict[str, Any] = Field(description="Held-out metrics before training (empty: "
+                                       "nothing held out).")
+    eval: dict[str, Any] = Field(description="Held-out metrics at the end.")
+    groups: dict[str, int] = Field(description="train, held_out, rejected, dropped_candidates.")
+    pairs_per_s: float = Field(description="Weighted pairs (i<j, w_ij>0) trained per second, "
+                               "over the whole loop.")
+    seconds: float
+    data_fingerprint: str = Field(default="", description="Fingerprint of the training data.")
+
+
+TRAIN_RM = StageSpec(name="train_rm", config=RewardModelConfig,
+                     entry="grouppref.train.rm_stage:run_train_rm",
+                     summary="Train a scalar reward model on RUN/validate "
+                     "(model in RUN/train_rm/model).",
+                     reads=lambda config: ("validate",))

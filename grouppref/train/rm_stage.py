@@ -1,0 +1,176 @@
+"""The ``train_rm`` stage: a reward model trained on the groups of a run (``RUN/validate``,
+refused when stale unless ``allow_stale``), recorded in ``RUN/train_rm`` and cached like every
+stage (model in ``RUN/train_rm/model`` unless ``out_dir`` says otherwise); or trained on any
+published dataset with :func:`train_rm_dataset`. Either way the model folder holds the model,
+its tokenizer, ``metrics.json``, ``metrics.jsonl`` and a model card (``README.md``) naming the
+data and its fingerprint, the loss, the steps and the held-out pair accuracy. It loads as
+``grouppref rank --ranker reward:DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grouppref.runs.hashing import canonical_json, sha256_text
+from grouppref.runs.manifest import write_rejects
+from grouppref.runs.store import RunStore, Shard, StageRun
+from grouppref.schemas import Reject, ValidatedGroup
+from grouppref.train.distributed import process_state
+from grouppref.train.model_card import TrainedOn, _readable, hub_id, public_name, trained_on
+from grouppref.train.rm_config import RewardModelConfig, RewardModelStats
+from grouppref.train.sources import load_groups
+
+STAGE = "train_rm"
+STAGE_VERSION = "1"
+INPUT_STAGE = "validate"
+
+
+def _fmt(value: Any) -> str:
+    return "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def card_text(config: RewardModelConfig, stats: RewardModelStats, data: TrainedOn,
+              repo: str) -> str:
+    """The reward model's card: YAML metadata, data, settings, held-out accuracy, usage."""
+    from huggingface_hub import ModelCardData
+
+    base = hub_id(config.model)
+    meta = ModelCardData(base_model=base, datasets=data.hub_datasets or None,
+                         pipeline_tag="text-classification", library_name="transformers",
+                         tags=["grouppref", "reward-model", config.loss])
+    g, start, end = stats.groups, stats.eval_start, stats.eval
+    rows = [("base model", base or public_name(config.model)), ("loss", config.loss),
+            ("pair targets", config.pair_targets if config.loss == "gspo" else "-"),
+            ("center_rewards", config.center_rewards), ("learning rate", config.lr),
+            ("batch", f"{config.batch_size} groups x {config.grad_accum} accumulation"),
+            ("steps", stats.steps), ("epochs", stats.epochs), ("seed", config.seed),
+            ("seconds", stats.seconds), ("pairs/s", stats.pairs_per_s)]
+    lines = [f"# {repo}", "",
+             "A reward model (sequence classifier with one output) trained by grouppref on "
+             "ranked groups of candidate answers.", "",
+             "## Training data", "",
+             f"`{data.name}` ({data.format}), fingerprint `{stats.data_fingerprint}`: "
+             f"{g['train']} groups trained on, {g['held_out']} held out, "
+             f"{g['rejected'] + data.unreadable} rejected, {g['dropped_candidates']} candidates "
+             "dropped (over max_length).", ""]
+    if data.stale:
+        lines += [f"> **Warning.** Trained on stale data: {', '.join(data.stale)} changed "
+                  "after validate ran.", ""]
+    lines += ["## Training", "", "| setting | value |", "|---|---|",
+              *(f"| {k} | {_fmt(v)} |" for k, v in rows), "",
+              "## Evaluation (held-out groups)", ""]
+    if end:
+        lines += ["Pair accuracy against the consensus of the aggregated rankings (weighted by "
+                  "the pair confidence w_ij; a tie counts 1/2).", "",
+                  "| metric | before training | after training |", "|---|---|---|",
+                  *(f"| {n} | {_fmt(start.get(n))} | {_fmt(end.get(n))} |"
+                    for n in ("pair_accuracy", "loss")), ""]
+    else:
+        lines += ["No held-out groups: nothing was evaluated.", ""]
+    lines += ["## How to use", "",
+              "Each candidate is scored on `tokenizer.apply_chat_template(prompt turns + "
+              "[assistant: response])` (or `prompt + \"\\n\\n\" + response` for a tokenizer "
+              "without a chat template), as grouppref's reward ranker does:", "",
+              "```bash", "grouppref rank RUN --ranker reward:DIR   # DIR: this folder", "```",
+              ""]
+    return f"---\n{meta.to_yaml()}\n---\n\n" + "\n".join(lines)
+
+
+def finish_rm_folder(out_dir: Path, config: RewardModelConfig, stats: RewardModelStats,
+                     data: TrainedOn) -> None:
+    """Write ``metrics.json`` and the model card; make the files readable."""
+    from huggingface_hub import ModelCard
+
+    (out_dir / "metrics.json").write_text(json.dumps(stats.model_dump(mode="json"), indent=2)
+                                          + "\n")
+    ModelCard(card_text(config, stats, data, out_dir.resolve().name)).save(out_dir / "README.md")
+    _readable(out_dir)
+
+
+def _settings(config: RewardModelConfig, out_dir: Path) -> dict[str, Any]:
+    return {"train_rm": config.model_dump(mode="json"), "out": str(out_dir)}
+
+
+def run_train_rm(store: RunStore, config: RewardModelConfig, force: bool = False, *,
+                 out_dir: str | Path | None = None,
+                 allow_stale: bool = False) -> StageRun[ValidatedGroup]:
+    """Train a reward model on the run's validated groups (module docstring).
+
+    Returns:
+        StageRun[ValidatedGroup]: the groups used; ``manifest.stats`` a
+        :class:`RewardModelStats`, ``manifest.outputs["model"]`` the model folder.
+
+    Raises:
+        StageError: validate has not run, is stale, or no group is trainable.
+    """
+    from grouppref.models.loading import model_fingerprint
+    from grouppref.train.rm_loop import train_reward_model
+
+    fingerprint = model_fingerprint(config.model)  # an unknown model fails before the data
+    data = load_groups(store.root, stage=STAGE, allow_stale=allow_stale)
+    out = Path(out_dir) if out_dir is not None else store.stage_dir(STAGE) / "model"
+    settings = _settings(config, out)
+    key = sha256_text(canonical_json({"model": fingerprint,
+                                      "stale": data.stale}))
+    if not force:
+        hit = store.cached(STAGE, settings, input_fingerprint=key, inputs=[INPUT_STAGE],
+                           stage_version=STAGE_VERSION)
+        if hit is not None:
+            return StageRun(store, hit, ValidatedGroup, cached=True)
+    state = process_state()
+    state.wait_for_everyone()
+    stage = None
+    if state.is_main_process:
+        stage = store.open_stage(STAGE, settings, input_fingerprint=key, inputs=[INPUT_STAGE],
+                                 record_type=ValidatedGroup, stage_version=STAGE_VERSION,
+                                 force=True)
+    result = train_reward_model(config, data.groups, out)
+    if stage is not None:
+        stats = RewardModelStats(**result.stats, data_fingerprint=data.fingerprint)
+        finish_rm_folder(out, config, stats, trained_on(str(store.root), "run", store,
+                                                        data.stale))
+        used = set(result.used)
+        records = [g for g in data.groups if g.group_id in used]
+        stage.write_shard(Shard(index=0, start=0, items=records), records, result.rejects)
+        stage.finish(inputs=data.rows, stats=stats.model_dump(mode="json"),
+                     outputs={"model": str(out)})
+    state.wait_for_everyone()
+    return stage or StageRun(store, store.require(STAGE), ValidatedGroup, cached=False)
+
+
+@dataclass
+class RewardModelOutcome:
+    """What :func:`train_rm_dataset` did."""
+
+    stats: RewardModelStats
+    out_dir: Path
+    counts: dict[str, int]
+    rejects: list[Reject]
+
+
+def train_rm_dataset(source: str | Path, config: RewardModelConfig,
+                     out_dir: str | Path) -> RewardModelOutcome:
+    """Train on a published dataset or Hub id (not a run); ``rejects.jsonl`` and
+    ``source.json`` go into ``out_dir`` with the model."""
+    from grouppref.models.loading import resolve_model
+    from grouppref.train.rm_loop import train_reward_model
+
+    resolve_model(config.model)  # an unknown model fails before the data is read
+    data = load_groups(source, stage=STAGE)
+    out = Path(out_dir)
+    result = train_reward_model(config, data.groups, out)
+    rejects = data.rejects + result.rejects
+    stats = RewardModelStats(**result.stats, data_fingerprint=data.fingerprint)
+    if process_state().is_main_process:
+        write_rejects(out / "rejects.jsonl", rejects)
+        (out / "source.json").write_text(canonical_json(
+            {"source": public_name(data.source), "format": data.format,
+             "fingerprint": data.fingerprint}) + "\n")
+        finish_rm_folder(out, config, stats, trained_on(
+            data.source, data.format, unreadable=sum(r.scope == "row" for r in data.rejects)))
+    counts = {"inputs": data.rows, "outputs": len(result.used),
+              "rejected": sum(r.scope == "row" for r in rejects)}
+    return RewardModelOutcome(stats=stats, out_dir=out, counts=counts, rejects=rejects)
