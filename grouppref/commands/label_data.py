@@ -26,6 +26,7 @@ from grouppref.labeling.client import (
 from grouppref.labeling.config import PullConfig, PushConfig, TargetConfig
 from grouppref.labeling.pull import label_status, pull_run
 from grouppref.labeling.push import plan_selection, push_run
+from grouppref.pipeline.report.selection import selection_path
 from grouppref.runs.store import RunStore
 
 M = TypeVar("M", bound=BaseModel)
@@ -90,7 +91,7 @@ def _push(config: PushConfig, extras: dict[str, Any], force: bool) -> None:
                if selection.select == "uncertain" and selection.rest_mean is not None
                else f"{selection.select} (seed {selection.seed})")
         out.print(f"  selected {len(selection.selected)} of {selection.groups} groups: "
-                  f"{esc(how)}; list in {store.stage_dir('label') / 'selection.json'}",
+                  f"{esc(how)}; list in {selection_path(store)}",
                   highlight=False)
 
 

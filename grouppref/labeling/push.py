@@ -42,13 +42,13 @@ from grouppref.labeling.dataset import (
     schema_diff,
     schema_summary,
 )
+from grouppref.pipeline.report.selection import read_selection, selection_path
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore
 from grouppref.schemas import RECORD_TYPES, AnnotatedGroup, Reject
 from grouppref.schemas.reports import LabelSelection
 
 PUSH_LOG = "push.json"
-SELECTION_FILE = "selection.json"
 
 
 class SchemaMismatchError(GroupPrefError):
@@ -309,17 +309,9 @@ def _write_log(store: RunStore, report: PushReport, api_url: str) -> None:
 
 def write_selection(store: RunStore, selection: LabelSelection) -> None:
     """``RUN/label/selection.json``: the groups the last push sent, and why."""
-    path = store.stage_dir(LABEL_STAGE) / SELECTION_FILE
+    path = selection_path(store)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(selection.model_dump_json(indent=1) + "\n", encoding="utf-8")
-
-
-def read_selection(store: RunStore) -> LabelSelection | None:
-    """The selection of the run's last push (``None`` before any push)."""
-    path = store.stage_dir(LABEL_STAGE) / SELECTION_FILE
-    if not path.exists():
-        return None
-    return LabelSelection.model_validate_json(path.read_text(encoding="utf-8"))
 
 
 def pushed_groups(store: RunStore, groups: list[AnnotatedGroup]) -> list[AnnotatedGroup]:
