@@ -70,6 +70,7 @@ def test_cli_push_sends_exactly_the_uncertain_groups_and_pull_follows(
         (store.root / "label" / "selection.json").read_text(encoding="utf-8"))
     assert selection.ids == want and selection.budget == 3 and selection.seed == 0
     assert selection.uncertainty == "kendall_w" and selection.groups == 12
+    assert selection.dataset == "sel-cli"
     log = json.loads((store.root / "label" / "push.json").read_text(encoding="utf-8"))
     assert LabelSelection.model_validate(log["selection"]) == selection
     assert log["groups"] == 3
@@ -110,9 +111,11 @@ def test_run_label_waits_for_the_random_selection_and_the_report_shows_it(
             assert records_in(client, creds.workspace, f"sel-run-k{k}") == (sent or None)
     stats = RunStore(store.root).manifest("label/push").stats
     recorded = LabelSelection.model_validate(stats["selection"])
-    assert recorded == expected and recorded.select == "random" and len(recorded.ids) == 4
+    assert recorded == expected.model_copy(update={"dataset": "sel-run"})
+    assert recorded.select == "random" and len(recorded.ids) == 4
 
     html = render_report(RunStore(store.root), ReportConfig())
     assert "Human labeling: which groups people saw" in html
-    assert "4 of the 12 groups of the rank stage went to people, drawn at random (seed 3)" in html
+    assert "4 of the 12 groups of the rank stage (Argilla datasets sel-run-k*) went to people, " \
+        "drawn at random (seed 3)" in html
     assert all(gid in html for gid in expected.ids)

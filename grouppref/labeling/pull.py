@@ -143,7 +143,7 @@ def label_status(store: RunStore, config: TargetConfig, client: ArgillaClient) -
     """Status of the run's datasets together (see :func:`summarize`)."""
     _, groups = load_groups(store, config.source_stage)
     name = config.dataset_name(store)
-    names = dataset_names(name, pushed_groups(store, groups))
+    names = dataset_names(name, pushed_groups(store, groups, name))
     return summarize(name, fetch_state(client, names, config.workspace))
 
 
@@ -244,7 +244,7 @@ def pull_run(store: RunStore, config: PullConfig, client: ArgillaClient, force: 
     """
     source, groups = load_groups(store, config.source_stage)
     name = config.dataset_name(store)
-    state = fetch_state(client, dataset_names(name, pushed_groups(store, groups)),
+    state = fetch_state(client, dataset_names(name, pushed_groups(store, groups, name)),
                         config.workspace, progress=progress)
     earlier = _earlier_human(store)  # read before open_stage marks the stage as running
     stage = store.open_stage(LABEL_STAGE, config, input_fingerprint=_fingerprint(state),

@@ -247,7 +247,7 @@ def push_run(store: RunStore, config: PushConfig, client: ArgillaClient, progres
                          [g for g in groups if g.group_id in chosen], progress=progress,
                          on_batch=on_batch)
     report.source_stage = source
-    report.selection = selection
+    report.selection = selection = selection.model_copy(update={"dataset": report.dataset})
     _write_log(store, report, client.credentials.api_url)
     write_selection(store, selection)
     return report
@@ -314,11 +314,13 @@ def write_selection(store: RunStore, selection: LabelSelection) -> None:
     path.write_text(selection.model_dump_json(indent=1) + "\n", encoding="utf-8")
 
 
-def pushed_groups(store: RunStore, groups: list[AnnotatedGroup]) -> list[AnnotatedGroup]:
-    """The groups the run's last push sent: all of them, or its selection's (the datasets of
-    a selection hold only the group sizes it chose)."""
+def pushed_groups(store: RunStore, groups: list[AnnotatedGroup], dataset: str
+                  ) -> list[AnnotatedGroup]:
+    """The groups the run's last push to ``dataset`` sent: its selection's when the last push
+    of the run went to ``dataset`` with one (the datasets of a selection hold only the group
+    sizes it chose), else all of them."""
     selection = read_selection(store)
-    if selection is None or selection.select == "all":
+    if selection is None or selection.select == "all" or selection.dataset != dataset:
         return groups
     chosen = set(selection.ids)
     return [g for g in groups if g.group_id in chosen] or groups

@@ -7,9 +7,12 @@
   :mod:`grouppref.stats.uncertainty`):
 
   - ``bt_posterior``: the aggregate's Bradley-Terry fit of the automatic rankings (default
-    aggregate settings: kind weights, annotator reliability, prior strength 0.1), then the
-    expected share of the group's pairs that the Laplace posterior orders the other way round
-    from the MAP (:func:`~grouppref.stats.uncertainty.expected_pair_error`);
+    aggregate settings: kind weights, annotator reliability, prior strength 0.1; except that
+    an annotator found unreliable keeps its small reliability weight instead of being
+    dropped: with few rankers all of them can look unreliable, and dropping them would make
+    every group equally uncertain), then the expected share of the group's pairs that the
+    Laplace posterior orders the other way round from the MAP
+    (:func:`~grouppref.stats.uncertainty.expected_pair_error`);
   - ``kendall_w``: ``1 - W`` between the automatic rankings
     (:func:`~grouppref.stats.uncertainty.disagreement`);
   - ``rm_margin``: the smallest gap between adjacent scores of the group's reward-model
@@ -82,7 +85,7 @@ def kendall_w_uncertainty(parsed: ParsedInput) -> torch.Tensor:
 
 def bt_uncertainty(parsed: ParsedInput) -> torch.Tensor:
     """Expected pair error under the aggregate's BT posterior per group, ``(B,)``."""
-    config = AggregateConfig(pair_targets="soft")
+    config = AggregateConfig(pair_targets="soft", drop_unreliable=False)
     fit = fit_parsed(parsed, config).fit
     theta, wins = torch.from_numpy(fit.theta), torch.from_numpy(fit.wins)
     _, _, valid = encode_rankings(parsed)

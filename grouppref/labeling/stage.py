@@ -129,7 +129,8 @@ def _push(store: RunStore, push: PushConfig, client: ArgillaClient, creds: Argil
                  stats={"dataset_ids": {d.name: d.dataset_id for d in report.datasets},
                         "created": report.created, "updated": report.updated,
                         "refused": len(report.refused),
-                        "selection": selection.model_dump(mode="json")},
+                        "selection": report.selection.model_dump(mode="json")
+                        if report.selection else None},
                  outputs={"dataset": where + report.dataset,
                           **{f"dataset_k{d.k}": where + d.name for d in report.datasets}})
 

@@ -260,6 +260,8 @@ class LabelSelection(_Report):
     seed: int = Field(default=0, description="Seed of the random draw (random) or of the "
                       "order among equal uncertainties (uncertain).")
     source_stage: str
+    dataset: str | None = Field(default=None, description="Base name of the Argilla datasets "
+                                "the groups went to (set by the push).")
     groups: int = Field(description="Groups of the source stage.")
     selected: list[SelectedGroup] = Field(default_factory=list, description="The groups sent, "
                                           "most uncertain first (all of them for select=all).")

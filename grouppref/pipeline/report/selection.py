@@ -29,6 +29,8 @@ def read_selection(store: RunStore) -> LabelSelection | None:
 def describe_selection(sel: LabelSelection) -> str:
     """One paragraph: what was sent, by which rule."""
     sent = f"{len(sel.selected)} of the {sel.groups} groups of the {sel.source_stage} stage"
+    if sel.dataset:
+        sent += f" (Argilla datasets {sel.dataset}-k*)"
     if sel.select == "all":
         return f"All {sent} went to people (no --select)."
     if sel.select == "random":
