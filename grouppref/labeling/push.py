@@ -239,7 +239,8 @@ def push_run(store: RunStore, config: PushConfig, client: ArgillaClient, progres
         ConfigError: a bad selection (see :func:`plan_selection`).
         ArgillaConnectionError: an annotator's key, or the server failed after the retries.
     """
-    selection = selection or plan_selection(store, config)
+    if selection is None:
+        selection = plan_selection(store, config)
     client.require_manager("push")
     source, groups = load_groups(store, config.source_stage)
     chosen = set(selection.ids)

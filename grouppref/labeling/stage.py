@@ -38,7 +38,7 @@ from grouppref.labeling.client import (
 )
 from grouppref.labeling.config import LABEL_STAGE, SOURCE_STAGES, LabelRunConfig, PullConfig, PushConfig
 from grouppref.labeling.pull import DatasetState, dataset_names, fetch_state, pull_run
-from grouppref.labeling.push import load_groups, plan_selection, push_run
+from grouppref.labeling.push import load_groups, plan_selection, push_run, write_selection
 from grouppref.runs.stage import Waiting
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup
@@ -117,7 +117,8 @@ def _push(store: RunStore, push: PushConfig, client: ArgillaClient, creds: Argil
                 "server": creds.api_url, "source": source}
     stage = store.open_stage(PUSH_STAGE, settings, inputs=[source], record_type=None,
                              force=force)
-    if stage.cached:
+    if stage.cached:  # the run's selection is the one pull and the report read
+        write_selection(store, selection.model_copy(update={"dataset": push.dataset_name(store)}))
         return
     report = push_run(store, push, client, progress=False, selection=selection)
     names = ", ".join(repr(d.name) for d in report.datasets)
