@@ -114,6 +114,13 @@ def test_run_label_waits_for_the_random_selection_and_the_report_shows_it(
     assert recorded == expected.model_copy(update={"dataset": "sel-run"})
     assert recorded.select == "random" and len(recorded.ids) == 4
 
+    (store.root / "label" / "selection.json").unlink()  # e.g. overwritten by another push
+    with pytest.raises(WaitingForLabels, match=r"0/4 groups"):
+        run_label(store, config)  # the push is cached; the run's selection is written again
+    again = LabelSelection.model_validate_json(
+        (store.root / "label" / "selection.json").read_text(encoding="utf-8"))
+    assert again == recorded
+
     html = render_report(RunStore(store.root), ReportConfig())
     assert "Human labeling: which groups people saw" in html
     assert "4 of the 12 groups of the rank stage (Argilla datasets sel-run-k*) went to people, " \
