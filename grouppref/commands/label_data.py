@@ -25,7 +25,8 @@ from grouppref.labeling.client import (
 )
 from grouppref.labeling.config import PullConfig, PushConfig, TargetConfig
 from grouppref.labeling.pull import label_status, pull_run
-from grouppref.labeling.push import push_run
+from grouppref.labeling.push import plan_selection, push_run
+from grouppref.pipeline.report.selection import selection_path
 from grouppref.runs.store import RunStore
 
 M = TypeVar("M", bound=BaseModel)
@@ -68,9 +69,12 @@ def _with_workspace(config: M, embedded: str | None) -> M:
 
 
 def _push(config: PushConfig, extras: dict[str, Any], force: bool) -> None:
+    store = RunStore(extras["run"])
+    selection = plan_selection(store, config)  # bad input fails before any connection
     client, embedded_ws = _client(extras)
     with client:
-        report = push_run(RunStore(extras["run"]), _with_workspace(config, embedded_ws), client)
+        report = push_run(store, _with_workspace(config, embedded_ws), client,
+                          selection=selection)
     for r in report.refused:
         err.print(f"[red]refused[/] {esc(r.one_line())}")
     for d in report.datasets:
@@ -81,12 +85,21 @@ def _push(config: PushConfig, extras: dict[str, Any], force: bool) -> None:
               f"{len(report.datasets)} dataset(s) in workspace {report.workspace!r}: "
               f"{report.created} new, {report.updated} updated, {len(report.refused)} refused"
               + (f", {report.retried} retries" if report.retried else ""))
+    if selection.select != "all":
+        how = (f"the most uncertain by {selection.uncertainty} (sent: >= "
+               f"{selection.threshold:.3g}, the rest: mean {selection.rest_mean:.3g})"
+               if selection.select == "uncertain" and selection.rest_mean is not None
+               else f"{selection.select} (seed {selection.seed})")
+        out.print(f"  selected {len(selection.selected)} of {selection.groups} groups: "
+                  f"{esc(how)}; list in {selection_path(store)}",
+                  highlight=False)
 
 
 push = config_command(
     PushConfig, _push, name="push", section="push", extras=ClientOpts, rename=RENAME, force_help=None,
     doc="Send the run's groups to Argilla for human ranking: one dataset per group size "
-    "(<dataset>-k<K>), one record per group; a re-push updates.",
+    "(<dataset>-k<K>), one record per group; a re-push updates. --select uncertain --budget N "
+    "sends only the N groups whose automatic rankings are least certain.",
     custom={"guidelines": Custom("--guidelines", "File with the annotation guidelines "
                                  "(Markdown).", _read_guidelines, metavar="FILE")})
 

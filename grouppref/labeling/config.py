@@ -26,6 +26,9 @@ MAX_BATCH = 500  # the server's limit for one bulk upsert
 SourceStage = Literal["rank", "generate", "simulate"]
 
 
+Uncertainty = Literal["bt_posterior", "kendall_w", "rm_margin"]
+
+
 class TargetConfig(BaseModel):
     """Which Argilla dataset belongs to a run (shared by push, pull and status)."""
 
@@ -61,6 +64,28 @@ class PushConfig(TargetConfig):
                                      "ranking.")
     batch_size: int = Field(default=100, ge=1, le=MAX_BATCH,
                             description="Records per bulk upsert request.")
+    select: Literal["all", "uncertain", "random"] = Field(default="all", description=(
+        "Which groups go to people: all of them, the --budget groups whose automatic rankings "
+        "are least certain (see --uncertainty), or --budget groups drawn at random (--seed)."))
+    budget: int | None = Field(default=None, ge=1, description="Groups to send with --select "
+                               "uncertain or random.")
+    uncertainty: Uncertainty = Field(default="bt_posterior", description=(
+        "With --select uncertain: bt_posterior (expected share of wrongly ordered pairs under "
+        "the Bradley-Terry posterior of the automatic rankings), kendall_w (1 - Kendall's W "
+        "between automatic rankers) or rm_margin (smallest gap between a reward model's "
+        "scores)."))
+    seed: int = Field(default=0, description="Seed of --select random (and of the order among "
+                      "equally uncertain groups).")
+
+    @model_validator(mode="after")
+    def _budget_with_select(self) -> PushConfig:
+        if self.select == "all" and self.budget is not None:
+            raise ValueError(f"budget {self.budget} needs select 'uncertain' or 'random' "
+                             "(select 'all' sends every group); add --select uncertain")
+        if self.select != "all" and self.budget is None:
+            raise ValueError(f"select {self.select!r} needs a budget: the number of groups "
+                             "to send, e.g. --budget 100")
+        return self
 
     def spec(self, k: int, chat: bool, existing: dict[str, Any] | None = None,
              fields: list[dict[str, Any]] | None = None) -> DatasetSpec:

@@ -38,7 +38,7 @@ from grouppref.labeling.dataset import (
     dataset_name,
     ranking_from_response,
 )
-from grouppref.labeling.push import by_size, load_groups
+from grouppref.labeling.push import by_size, load_groups, pushed_groups
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore, StageRun
@@ -143,7 +143,8 @@ def label_status(store: RunStore, config: TargetConfig, client: ArgillaClient) -
     """Status of the run's datasets together (see :func:`summarize`)."""
     _, groups = load_groups(store, config.source_stage)
     name = config.dataset_name(store)
-    return summarize(name, fetch_state(client, dataset_names(name, groups), config.workspace))
+    names = dataset_names(name, pushed_groups(store, groups, name))
+    return summarize(name, fetch_state(client, names, config.workspace))
 
 
 def _fingerprint(state: DatasetState) -> str:
@@ -243,8 +244,8 @@ def pull_run(store: RunStore, config: PullConfig, client: ArgillaClient, force: 
     """
     source, groups = load_groups(store, config.source_stage)
     name = config.dataset_name(store)
-    state = fetch_state(client, dataset_names(name, groups), config.workspace,
-                        progress=progress)
+    state = fetch_state(client, dataset_names(name, pushed_groups(store, groups, name)),
+                        config.workspace, progress=progress)
     earlier = _earlier_human(store)  # read before open_stage marks the stage as running
     stage = store.open_stage(LABEL_STAGE, config, input_fingerprint=_fingerprint(state),
                              inputs=[source], record_type=AnnotatedGroup,

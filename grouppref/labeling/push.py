@@ -9,7 +9,12 @@ differences: an existing dataset is never changed. Records are upserted in batch
 records instead of adding copies. A group whose record already holds responses and was
 pushed with other candidates is refused (its rankings would point at the wrong texts).
 
-Writes ``RUN/label/push.json`` (datasets, counts, refused groups); never the API key.
+With ``select`` ``uncertain`` or ``random`` only ``budget`` groups are sent
+(:mod:`grouppref.labeling.select`); the choice, with each group's uncertainty, goes to
+``RUN/label/selection.json`` and into ``push.json``.
+
+Writes ``RUN/label/push.json`` (datasets, counts, refused groups, selection); never the API
+key.
 """
 
 from __future__ import annotations
@@ -37,9 +42,11 @@ from grouppref.labeling.dataset import (
     schema_diff,
     schema_summary,
 )
+from grouppref.pipeline.report.selection import read_selection, selection_path
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore
 from grouppref.schemas import RECORD_TYPES, AnnotatedGroup, Reject
+from grouppref.schemas.reports import LabelSelection
 
 PUSH_LOG = "push.json"
 
@@ -71,6 +78,7 @@ class PushReport:
     source_stage: str
     datasets: list[DatasetPush] = field(default_factory=list)
     retried: int = 0
+    selection: LabelSelection | None = None
 
     @property
     def groups(self) -> int:
@@ -198,8 +206,22 @@ def _refuse_changed(groups: Sequence[AnnotatedGroup], existing: dict[str, tuple[
     return keep, refused
 
 
+def plan_selection(store: RunStore, config: PushConfig) -> LabelSelection:
+    """The groups a push of ``config`` sends (:func:`grouppref.labeling.select.select_groups`);
+    needs no server, so bad input fails before any connection.
+
+    Raises:
+        StageError: no complete source stage. ConfigError: see ``select_groups``.
+    """
+    from grouppref.labeling.select import select_groups  # torch: not at --help time
+
+    source, groups = load_groups(store, config.source_stage)
+    return select_groups(groups, config, source)
+
+
 def push_run(store: RunStore, config: PushConfig, client: ArgillaClient, progress: bool = True,
-             on_batch: Callable[[int, int], None] | None = None) -> PushReport:
+             on_batch: Callable[[int, int], None] | None = None,
+             selection: LabelSelection | None = None) -> PushReport:
     """Push the run's groups to Argilla (see the module docstring) and log it in
     ``RUN/label/push.json``.
 
@@ -209,17 +231,26 @@ def push_run(store: RunStore, config: PushConfig, client: ArgillaClient, progres
         client (ArgillaClient): a connected client with an owner or admin key.
         progress (bool): show a progress bar.
         on_batch (Callable | None): called as ``on_batch(done, total)`` after each batch.
+        selection (LabelSelection | None): the groups to send, from :func:`plan_selection`
+            (made here when not given).
 
     Raises:
         StageError: no complete source stage. SchemaMismatchError: see :func:`ensure_dataset`.
+        ConfigError: a bad selection (see :func:`plan_selection`).
         ArgillaConnectionError: an annotator's key, or the server failed after the retries.
     """
+    if selection is None:
+        selection = plan_selection(store, config)
     client.require_manager("push")
     source, groups = load_groups(store, config.source_stage)
-    report = push_groups(client, config, config.dataset_name(store), groups, progress=progress,
+    chosen = set(selection.ids)
+    report = push_groups(client, config, config.dataset_name(store),
+                         [g for g in groups if g.group_id in chosen], progress=progress,
                          on_batch=on_batch)
     report.source_stage = source
+    report.selection = selection = selection.model_copy(update={"dataset": report.dataset})
     _write_log(store, report, client.credentials.api_url)
+    write_selection(store, selection)
     return report
 
 
@@ -272,5 +303,25 @@ def _write_log(store: RunStore, report: PushReport, api_url: str) -> None:
            "source_stage": report.source_stage, "datasets": datasets, "groups": report.groups,
            "created": report.created, "updated": report.updated,
            "refused": [r.model_dump(mode="json") for r in report.refused],
+           "selection": report.selection.model_dump(mode="json") if report.selection else None,
            "pushed_at": datetime.now(timezone.utc).isoformat()}
     path.write_text(json.dumps(log, indent=2) + "\n", encoding="utf-8")
+
+
+def write_selection(store: RunStore, selection: LabelSelection) -> None:
+    """``RUN/label/selection.json``: the groups the last push sent, and why."""
+    path = selection_path(store)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(selection.model_dump_json(indent=1) + "\n", encoding="utf-8")
+
+
+def pushed_groups(store: RunStore, groups: list[AnnotatedGroup], dataset: str
+                  ) -> list[AnnotatedGroup]:
+    """The groups the run's last push to ``dataset`` sent: its selection's when the last push
+    of the run went to ``dataset`` with one (the datasets of a selection hold only the group
+    sizes it chose), else all of them."""
+    selection = read_selection(store)
+    if selection is None or selection.select == "all" or selection.dataset != dataset:
+        return groups
+    chosen = set(selection.ids)
+    return [g for g in groups if g.group_id in chosen] or groups

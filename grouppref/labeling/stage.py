@@ -1,8 +1,10 @@
 """The ``label`` stage inside ``grouppref run``: push to Argilla, wait for rankings, pull.
 
-1. Push the run's groups (the latest of rank/generate, or ``push.source_stage``) to Argilla.
-   The push is skipped when the source stage's output, the push settings and the server are
-   the same as at the last push (the ``RUN/label/push`` stage): records are upserted by group
+1. Push the run's groups (the latest of rank/generate, or ``push.source_stage``) to Argilla:
+   all of them, or the ``push.budget`` chosen by ``push.select`` (uncertain or random, see
+   :mod:`grouppref.labeling.select`); only the groups sent count in step 2. The push is
+   skipped when the source stage's output, the push settings and the server are the same as
+   at the last push (the ``RUN/label/push`` stage): records are upserted by group
    id, so a skipped push changes nothing.
 2. Count the groups with at least ``min_rankings`` *submitted* rankings. Fewer than
    ``min_groups`` of them: raise :class:`WaitingForLabels` with how many submissions are
@@ -36,10 +38,11 @@ from grouppref.labeling.client import (
 )
 from grouppref.labeling.config import LABEL_STAGE, SOURCE_STAGES, LabelRunConfig, PullConfig, PushConfig
 from grouppref.labeling.pull import DatasetState, dataset_names, fetch_state, pull_run
-from grouppref.labeling.push import load_groups, push_run
+from grouppref.labeling.push import load_groups, plan_selection, push_run, write_selection
 from grouppref.runs.stage import Waiting
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup
+from grouppref.schemas.reports import LabelSelection
 
 
 class WaitingForLabels(Waiting):
@@ -107,16 +110,17 @@ PUSH_STAGE = f"{LABEL_STAGE}/push"
 
 
 def _push(store: RunStore, push: PushConfig, client: ArgillaClient, creds: ArgillaCredentials,
-          console: Console, force: bool) -> None:
+          console: Console, force: bool, selection: LabelSelection) -> None:
     """Push unless ``RUN/label/push`` records the same push (settings, server, input)."""
     source = push.source_stage or store.latest(SOURCE_STAGES).stage
     settings = {"push": push.model_dump(mode="json", exclude={"batch_size"}),
                 "server": creds.api_url, "source": source}
     stage = store.open_stage(PUSH_STAGE, settings, inputs=[source], record_type=None,
                              force=force)
-    if stage.cached:
+    if stage.cached:  # the run's selection is the one pull and the report read
+        write_selection(store, selection.model_copy(update={"dataset": push.dataset_name(store)}))
         return
-    report = push_run(store, push, client, progress=False)
+    report = push_run(store, push, client, progress=False, selection=selection)
     names = ", ".join(repr(d.name) for d in report.datasets)
     console.print(f"{'label':>9}: pushed {report.groups} groups to {creds.api_url} (datasets "
                   f"{names}: {report.created} new, {report.updated} updated, "
@@ -125,17 +129,19 @@ def _push(store: RunStore, push: PushConfig, client: ArgillaClient, creds: Argil
     stage.finish(inputs=report.groups, kept=report.groups,
                  stats={"dataset_ids": {d.name: d.dataset_id for d in report.datasets},
                         "created": report.created, "updated": report.updated,
-                        "refused": len(report.refused)},
+                        "refused": len(report.refused),
+                        "selection": report.selection.model_dump(mode="json")
+                        if report.selection else None},
                  outputs={"dataset": where + report.dataset,
                           **{f"dataset_k{d.k}": where + d.name for d in report.datasets}})
 
 
 def _state(store: RunStore, push: PushConfig, client: ArgillaClient, creds: ArgillaCredentials,
-           console: Console, names: list[str]) -> DatasetState:
+           console: Console, names: list[str], selection: LabelSelection) -> DatasetState:
     try:
         return fetch_state(client, names, push.workspace)
     except ConfigError:  # a dataset was deleted since the last push: push again
-        _push(store, push, client, creds, console, force=True)
+        _push(store, push, client, creds, console, force=True, selection=selection)
         return fetch_state(client, names, push.workspace)
 
 
@@ -154,14 +160,15 @@ def run_label(store: RunStore, config: LabelRunConfig, force: bool = False, *,
     push = config.push.model_copy(update={
         "workspace": workspace, "min_submitted": config.push.min_submitted or config.min_rankings})
     _, groups = load_groups(store, push.source_stage)
-    ids = [g.group_id for g in groups]
-    names = dataset_names(push.dataset_name(store), groups)
+    selection = plan_selection(store, push)  # before connecting: bad input fails first
+    ids, chosen = selection.ids, set(selection.ids)
+    names = dataset_names(push.dataset_name(store), [g for g in groups if g.group_id in chosen])
     with connect(creds, ClientSettings()) as client:
-        _push(store, push, client, creds, console, force)
+        _push(store, push, client, creds, console, force, selection)
         last = ""
         while True:
-            progress = label_progress(_state(store, push, client, creds, console, names), ids,
-                                      config.min_rankings, config.min_groups)
+            state = _state(store, push, client, creds, console, names, selection)
+            progress = label_progress(state, ids, config.min_rankings, config.min_groups)
             line = describe(progress)
             if line != last:
                 console.print(f"{'label':>9}: {line}", highlight=False)

@@ -237,3 +237,39 @@ class ServerUsage(_Report):
     prompt_tokens: int = Field(default=0, description="Prompt tokens the server reported.")
     completion_tokens: int = Field(default=0, description="Completion tokens it reported.")
     request_seconds: float = Field(default=0.0, description="Sum of the requests' wall times.")
+
+
+# -- label push: active selection -----------------------------------------------------------------
+class SelectedGroup(_Report):
+    """One group a push sent to people, with the uncertainty it was chosen by."""
+
+    group_id: str
+    uncertainty: float | None = Field(description="The criterion's value (larger: less "
+                                      "certain); none for a random selection.")
+
+
+class LabelSelection(_Report):
+    """Which groups ``label push`` sent and why (``RUN/label/selection.json``, and the
+    ``selection`` of the push stage's stats)."""
+
+    select: Literal["all", "uncertain", "random"]
+    uncertainty: str | None = Field(default=None, description="The criterion of --select "
+                                    "uncertain: kendall_w, bt_posterior or rm_margin.")
+    measure: str | None = Field(default=None, description="What the uncertainty value is.")
+    budget: int | None = Field(default=None, description="Groups asked for (none: all).")
+    seed: int = Field(default=0, description="Seed of the random draw (random) or of the "
+                      "order among equal uncertainties (uncertain).")
+    source_stage: str
+    dataset: str | None = Field(default=None, description="Base name of the Argilla datasets "
+                                "the groups went to (set by the push).")
+    groups: int = Field(description="Groups of the source stage.")
+    selected: list[SelectedGroup] = Field(default_factory=list, description="The groups sent, "
+                                          "most uncertain first (all of them for select=all).")
+    threshold: float | None = Field(default=None, description="Uncertainty of the last group "
+                                    "sent (uncertain).")
+    rest_mean: float | None = Field(default=None, description="Mean uncertainty of the groups "
+                                    "not sent (uncertain).")
+
+    @property
+    def ids(self) -> list[str]:
+        return [g.group_id for g in self.selected]

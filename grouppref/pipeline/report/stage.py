@@ -31,6 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from grouppref.errors import StageError
 from grouppref.pipeline.report.config import STAGE, ReportConfig
+from grouppref.pipeline.report.selection import describe_selection, read_selection, selection_table
 from grouppref.runs.freshness import rerun_chain, run_manifests, stale_causes, stale_note, step_of
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.manifest import Manifest, read_rejects
@@ -317,6 +318,17 @@ def _eval_plot(before: dict[str, Any], after: dict[str, Any], keys: list[str]) -
     return _img(_figure_png(fig), "evaluation before and after training")
 
 
+def section_selection(view: RunView) -> str:
+    """Which groups people saw (only when the run labelled with a selection)."""
+    sel = read_selection(view.store) if view.has("label") or view.has("label/push") else None
+    if sel is None or sel.select == "all":
+        return ""
+    header, rows = selection_table(sel)
+    return (_h2("Human labeling: which groups people saw", "labeling")
+            + f"<div class='box'>{html.escape(describe_selection(sel))}</div>"
+            + _table(header, rows))
+
+
 def _stale_box(stale: dict[str, list[str]]) -> str:
     return f"<div class='box warn'><b>Stale input.</b> {html.escape(stale_note(stale))}</div>"
 
@@ -329,7 +341,8 @@ def render_report(store: RunStore, config: ReportConfig,
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     sections = [_stale_box(stale) if stale else "", section_counts(view, config.max_reject_reasons)]
     groups = _validated(view)
-    sections += [section_agreement(groups), section_noise(view), section_training(view),
+    sections += [section_selection(view), section_agreement(groups), section_noise(view),
+                 section_training(view),
                  section_eval(view)]
     body = "".join(s for s in sections if s)
     nav = " &middot; ".join(f"<a href='#{a}'>{t}</a>" for a, t in NAV)
