@@ -28,6 +28,8 @@ reference-std units. Differences are paired by seed (same task, data, labels) wi
     nice -n 19 .venv/bin/python -m benchmarks.evidence.curriculum --workers 2
     .venv/bin/python -m benchmarks.evidence.curriculum --quick      # smoke test (seconds)
     .venv/bin/python -m benchmarks.evidence.curriculum --replot     # tables/plot from the JSON
+    .venv/bin/python -m benchmarks.evidence.curriculum --collect    # the same from the seeds
+                                                                    # finished in the cache
 """
 
 from __future__ import annotations
@@ -222,6 +224,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", type=Path, default=c.DOCS, help="folder for JSON, table, plot")
     ap.add_argument("--workers", type=int, default=2, help="processes (one torch thread each)")
     ap.add_argument("--replot", action="store_true", help="redo table and plot from the JSON")
+    ap.add_argument("--collect", action="store_true", help="table and plot from the seeds "
+                    "whose every method finished in the cache (trains nothing)")
     args = ap.parse_args(argv)
     cfg = settings(args.quick)
     name = "curriculum_quick" if args.quick else "curriculum"
@@ -232,13 +236,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     jobs = [{"cfg": cfg, "seed": s, "method": m} for s in cfg["seeds"] for m in METHODS]
     cache = None if args.quick else Path(tempfile.gettempdir()) / "grouppref-evidence" / "curriculum"
     load0, t0 = os.getloadavg(), time.perf_counter()
+    if args.collect and cache is not None:
+        done = [j for j in jobs if c.cache_path(cache, j).exists()]
+        seeds = [s for s in cfg["seeds"] if sum(j["seed"] == s for j in done) == len(METHODS)]
+        cfg = {**cfg, "seeds": seeds}
+        jobs = [j for j in done if j["seed"] in seeds]
     rows = [r for part in c.run_pool(run_job, jobs, args.workers, cache) for r in part]
     result = {"experiment": "curriculum", "settings": cfg, "methods": list(METHODS),
               "testbed": {**vars(c.Testbed()), **cfg["testbed"]}, "environment": c.environment(),
               "wall_s": time.perf_counter() - t0, "workers": args.workers,
               "training_s": sum({(r["seed"], r["method"]): r["wall_s"] for r in rows}.values()),
               "load_average_start": load0, "load_average_end": os.getloadavg(),
-              "summary": None, "runs": rows}
+              "collected_from_cache": args.collect, "summary": None, "runs": rows}
     result["summary"] = summary(result)
     print(write_outputs(result, args.out, name))
     c.log(f"wrote {args.out / name}.json in {result['wall_s']:.0f} s")
