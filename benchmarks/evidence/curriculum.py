@@ -47,8 +47,8 @@ import torch
 
 from benchmarks.evidence import common as c
 from benchmarks.evidence.curves import TESTBED
-from grouppref.train.mix import MixConfig, MixSampler
 from grouppref.train.loop import Objective, run_steps
+from grouppref.train.mix import MixConfig, MixSampler
 
 METHODS = ("curriculum", "all_mixed", "human_only", "auto_only")
 BASELINE = "all_mixed"
@@ -74,7 +74,8 @@ def schedule(method: str, n_human: int, n_auto: int) -> str:
             "human_only": "human=1", "auto_only": "auto=1"}[method]
 
 
-def labelled(task: c.Task, cfg: dict[str, Any], seed: int) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+def labelled(task: c.Task, cfg: dict[str, Any], seed: int
+             ) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
     """Training data of both sources (gspo_soft targets), the source of each group, and the
     realised flip rates against the truth."""
     nh, na = cfg["human_prompts"], cfg["auto_prompts"]
