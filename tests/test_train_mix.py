@@ -192,3 +192,24 @@ def test_cli_mix_errors_are_one_line(tiny_lm_dir: Path, tmp_path: Path) -> None:
                       .splitlines()[-1])
     assert line["mix_human"] == 1.0
     assert store.manifest("train").config["train"]["mix"]["human_kinds"] == ["rule"]
+
+
+def test_resume_draws_the_same_batches(tiny_lm_dir: Path, tmp_path: Path) -> None:
+    """5 updates straight == 2, checkpoint, resume to 5 (crossing an epoch), with a by-steps
+    schedule (it does not depend on the run's length, which the two runs set differently)."""
+    from tests.test_trainer import _final_params
+
+    groups = _mixed_groups(8, 16, 0)  # 24 groups, batch 4 x accumulation 2: 3 updates / epoch
+    base = dict(model=str(tiny_lm_dir), lr=1e-3, lr_scheduler="constant", batch_size=4,
+                grad_accum=2, logging_steps=1, data=PLAIN,
+                mix={"schedule": "human=1 @0; human=0.25,auto=0.75 @3"})
+    straight = train(TrainConfig(**base, max_steps=5), groups, tmp_path / "a")
+    train(TrainConfig(**base, max_steps=2, save_steps=2), groups, tmp_path / "b")
+    resumed = train(TrainConfig(**base, max_steps=5), groups, tmp_path / "b", resume=True)
+    assert _final_params(straight.model).allclose(_final_params(resumed.model), atol=1e-6)
+
+    def shares(out: Path) -> list[float]:
+        lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return [x["mix_human"] for x in lines if x["split"] == "train"]
+
+    assert shares(tmp_path / "a") == shares(tmp_path / "b") == [1.0, 0.75, 0.5, 0.25, 0.25]
