@@ -25,7 +25,7 @@ pair accuracy of the implicit reward against the truth, true-reward gain of poli
 reference-std units. Differences are paired by seed (same task, data, labels) with Student-t
 95% intervals.
 
-    nice -n 19 .venv/bin/python -m benchmarks.evidence.curriculum --workers 2
+    nice -n 19 .venv/bin/python -m benchmarks.evidence.curriculum --workers 2 [--regime equal_use]
     .venv/bin/python -m benchmarks.evidence.curriculum --quick      # smoke test (seconds)
     .venv/bin/python -m benchmarks.evidence.curriculum --replot     # tables/plot from the JSON
     .venv/bin/python -m benchmarks.evidence.curriculum --collect    # the same from the seeds
@@ -55,13 +55,20 @@ BASELINE = "all_mixed"
 METRICS = ("pair_accuracy", "reward_gain")
 
 
-def settings(quick: bool) -> dict[str, Any]:
-    """Sizes of the full run and of ``--quick``."""
+REGIMES = {"few_human": (200, 1800), "equal_use": (800, 1200)}  # human, auto prompts
+
+
+def settings(quick: bool, regime: str = "few_human") -> dict[str, Any]:
+    """Sizes of the full run (``regime``: ``few_human``, 10% human groups, so the curriculum
+    draws human groups 4x as often as the all-mixed sampler; ``equal_use``, 40% human, the
+    curriculum's mean human share, so both use the same amount of human labels and differ
+    only in their order) and of ``--quick``."""
     if quick:
         return {"quick": True, "testbed": {**TESTBED, "batch_groups": 8}, "human_prompts": 8,
                 "auto_prompts": 24, "human_flip": 0.05, "auto_flip": 0.3, "steps": 6,
                 "evals": [3, 6], "eval_prompts": 16, "eval_samples": 2, "seeds": [0, 1]}
-    return {"quick": False, "testbed": TESTBED, "human_prompts": 200, "auto_prompts": 1800,
+    human, auto = REGIMES[regime]
+    return {"quick": False, "testbed": TESTBED, "human_prompts": human, "auto_prompts": auto,
             "human_flip": 0.05, "auto_flip": 0.3, "steps": 500, "evals": [100, 250, 500],
             "eval_prompts": 300, "eval_samples": 4, "seeds": [0, 1, 2, 3, 4]}
 
@@ -205,7 +212,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(metric.replace("_", " "))
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.suptitle("curriculum vs all-mixed vs human-only (mean, 95% CI over seeds)")
+    cfg = result["settings"]
+    fig.suptitle(f"{cfg['human_prompts']} human + {cfg['auto_prompts']} automatic groups: "
+                 "mean, 95% CI over seeds")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -224,12 +233,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="tiny sizes for the smoke test")
     ap.add_argument("--out", type=Path, default=c.DOCS, help="folder for JSON, table, plot")
     ap.add_argument("--workers", type=int, default=2, help="processes (one torch thread each)")
+    ap.add_argument("--regime", choices=tuple(REGIMES), default="few_human",
+                    help="human / automatic groups: 200 / 1800 or 800 / 1200")
     ap.add_argument("--replot", action="store_true", help="redo table and plot from the JSON")
     ap.add_argument("--collect", action="store_true", help="table and plot from the seeds "
                     "whose every method finished in the cache (trains nothing)")
     args = ap.parse_args(argv)
-    cfg = settings(args.quick)
-    name = "curriculum_quick" if args.quick else "curriculum"
+    cfg = settings(args.quick, args.regime)
+    name = "curriculum_quick" if args.quick else f"curriculum_{args.regime}"
     if args.replot:
         result = json.loads((args.out / f"{name}.json").read_text(encoding="utf-8"))
         print(write_outputs(result, args.out, name))
@@ -249,6 +260,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "training_s": sum({(r["seed"], r["method"]): r["wall_s"] for r in rows}.values()),
               "load_average_start": load0, "load_average_end": os.getloadavg(),
               "collected_from_cache": args.collect, "summary": None, "runs": rows}
+    if args.collect:  # nothing was timed
+        result |= {"wall_s": None, "training_s": None}
     result["summary"] = summary(result)
     print(write_outputs(result, args.out, name))
     c.log(f"wrote {args.out / name}.json in {result['wall_s']:.0f} s")
