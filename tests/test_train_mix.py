@@ -194,6 +194,7 @@ def test_cli_mix_errors_are_one_line(tiny_lm_dir: Path, tmp_path: Path) -> None:
     assert store.manifest("train").config["train"]["mix"]["human_kinds"] == ["rule"]
 
 
+@pytest.mark.slow
 def test_resume_draws_the_same_batches(tiny_lm_dir: Path, tmp_path: Path) -> None:
     """5 updates straight == 2, checkpoint, resume to 5 (crossing an epoch), with a by-steps
     schedule (it does not depend on the run's length, which the two runs set differently)."""
