@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result |= {"wall_s": None, "training_s": None}
     result["summary"] = summary(result)
     print(write_outputs(result, args.out, name))
-    c.log(f"wrote {args.out / name}.json in {result['wall_s']:.0f} s")
+    c.log(f"wrote {args.out / name}.json" + ("" if args.collect else
+                                             f" in {result['wall_s']:.0f} s"))
     return result
 
 
