@@ -214,3 +214,35 @@ def test_resume_draws_the_same_batches(tiny_lm_dir: Path, tmp_path: Path) -> Non
         return [x["mix_human"] for x in lines if x["split"] == "train"]
 
     assert shares(tmp_path / "a") == shares(tmp_path / "b") == [1.0, 0.75, 0.5, 0.25, 0.25]
+
+
+DDP_SCRIPT = """
+import os, sys, torch
+from grouppref.train.config import DataConfig, TrainConfig
+from grouppref.train.trainer import train
+from tests.test_train_mix import _mixed_groups
+
+model, out = sys.argv[1], sys.argv[2]
+config = TrainConfig(model=model, beta=0.5, lr=5e-3, lr_scheduler="constant", batch_size=2,
+                     max_steps=4, logging_steps=1, data=DataConfig(chat_template=False),
+                     mix={"schedule": "human=1 @0; auto=1 @2"})
+result = train(config, _mixed_groups(6, 10, 0), out)
+params = torch.cat([p.detach().flatten() for p in result.model.parameters()])
+torch.save(params, os.path.join(out, f"replica-{os.environ['RANK']}.pt"))
+"""
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_follow_the_schedule(tiny_lm_dir: Path, tmp_path: Path) -> None:
+    """torchrun, 2 CPU processes: each update's 2 x 2 groups follow the schedule (update 0 all
+    human, 1 half, from 2 on all automatic), logged over both ranks; the replicas agree."""
+    import torch
+
+    from tests.test_ddp import torchrun_cpu
+
+    out = torchrun_cpu(tmp_path, DDP_SCRIPT, tiny_lm_dir)
+    assert torch.equal(torch.load(out / "replica-0.pt"), torch.load(out / "replica-1.pt"))
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [x for x in lines if x["split"] == "train"]
+    assert [x["mix_human"] for x in train_lines] == [1.0, 0.5, 0.0, 0.0]
+    assert [x["mix_target_human"] for x in train_lines] == [1.0, 0.5, 0.0, 0.0]
