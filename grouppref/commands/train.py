@@ -19,6 +19,7 @@ from grouppref.errors import ConfigError
 from grouppref.pipeline.rank.settings import parse_weights
 from grouppref.schemas.reports import EvalReport, TrainStats
 from grouppref.train.config import EvalConfig, RefreshConfig, TrainConfig
+from grouppref.train.mix import MixConfig
 
 DataArg = Annotated[str, typer.Argument(metavar="DATA",
     help="A run directory (reads RUN/validate), anything `grouppref export` writes (a saved "
@@ -132,7 +133,7 @@ train = config_command(
             "RUN/train/reference in a run, else OUT/reference).", show_default=False)], None),
         Extra("allow_stale", AllowStale, False),
     ],
-    flatten={"data": "{}", "lora": "lora-{}", "refresh": "refresh-{}"},
+    flatten={"data": "{}", "lora": "lora-{}", "refresh": "refresh-{}", "mix": "mix-{}"},
     rename={"lora.target_modules": "--lora-target", "refresh.fresh_share": "--fresh-share",
             "refresh.buffer": "--buffer"},
     custom={"importance_clip": Custom("--importance-clip", TrainConfig.model_fields[
@@ -140,6 +141,8 @@ train = config_command(
             "refresh.rankers": Custom(
                 "--refresh-ranker", help_of(RefreshConfig, "rankers") + " " + RANKER_HELP,
                 parse_rankers, multiple=True, metavar="SPEC"),
+            "mix.schedule": Custom("--mix", help_of(MixConfig, "schedule"), str,
+                                   metavar="SCHEDULE"),
             "refresh.ensemble": Custom(
                 "--refresh-ensemble", ENSEMBLE_HELP, lambda spec: {"weights": parse_weights(spec)},
                 metavar="KEY=WEIGHT,...")},

@@ -319,6 +319,10 @@ class ValidatedGroup(AnnotatedGroup):
     agreement: Agreement
     flags: list[str] = Field(default_factory=list)
     split: Split | None = None
+    consensus_kinds: list[AnnotatorKind] | None = Field(
+        default=None, description="Annotator kinds of the rankings the consensus was fitted "
+        "on (after kind weights and dropped annotators), sorted; None in groups aggregated "
+        "before this was recorded (then every ranking's kind counts).")
 
     @staticmethod
     def _ids(info: ValidationInfo) -> list[str] | None:

@@ -14,6 +14,7 @@ from grouppref.pipeline.rank.config import EnsembleSettings, RankConfig
 from grouppref.pipeline.rank.settings import RankerSettings, validation_message
 from grouppref.runs.stage import StageSpec
 from grouppref.schemas import MAX_K, MIN_K
+from grouppref.train.mix import MixConfig
 
 LossName = Literal["gspo", "plackett_luce", "dpo", "sft"]
 Tracker = Literal["tensorboard", "trackio"]
@@ -229,6 +230,9 @@ class TrainConfig(BaseModel):
     refresh: RefreshConfig | None = Field(
         default=None, description="Offline-online hybrid: mix groups sampled from the current "
         "policy and ranked automatically into training (docs/train.md, Refresh).")
+    mix: MixConfig | None = Field(
+        default=None, description="Mix groups by label source (human / auto) on a schedule, "
+        "e.g. human-heavy first, automatic later (docs/train.md, Mixing label sources).")
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -251,6 +255,8 @@ class TrainConfig(BaseModel):
                     f"refresh.max_new_tokens {self.refresh.max_new_tokens} must be below "
                     f"data.max_response_length {self.data.max_response_length} (the EOS token "
                     "is added); lower it or raise max_response_length")
+        if self.mix is not None and self.refresh is not None:
+            raise ValueError("mix and refresh both decide what each batch holds; use one")
         if self.gradient_checkpointing and self.share_prefix:
             raise ValueError("gradient_checkpointing turns the KV cache off, which share_prefix "
                              "needs; set share_prefix to false (--no-share-prefix) with it")

@@ -51,6 +51,7 @@ class TokenizedGroup:
     candidate_ids: list[str] = field(default_factory=list)
     num_truncated: int = 0  # responses cut to max_response_length
     dropped: dict[str, str] = field(default_factory=dict)  # candidate id -> reason (overflow)
+    kinds: tuple[str, ...] = ()  # annotator kinds of the consensus (label source, train/mix.py)
 
 
 def check_tokenizer(tokenizer: Any, config: DataConfig) -> None:
@@ -157,7 +158,17 @@ def tokenize_group(group: ValidatedGroup, tokenizer: Any, config: DataConfig) ->
     return TokenizedGroup(
         group_id=gid, prompt_ids=prompt_ids, cand_ids=cand_ids, p_ij=p_ij, w_ij=w_ij,
         order=_consensus_order(group, keep), ref_logps=None, behavior_logps=behavior,
-        split=group.split, candidate_ids=keep, num_truncated=truncated, dropped=dropped)
+        split=group.split, candidate_ids=keep, num_truncated=truncated, dropped=dropped,
+        kinds=consensus_kinds(group))
+
+
+def consensus_kinds(group: ValidatedGroup) -> tuple[str, ...]:
+    """Annotator kinds of the rankings ``group``'s consensus was fitted on: the aggregate
+    stage's ``consensus_kinds``, or, for groups aggregated before it was recorded, the kinds
+    of every ranking the group carries."""
+    if group.consensus_kinds is not None:
+        return tuple(group.consensus_kinds)
+    return tuple(sorted({r.annotator.kind for r in group.rankings}))
 
 
 def tokenize_groups(groups: Iterable[ValidatedGroup], tokenizer: Any, config: DataConfig,

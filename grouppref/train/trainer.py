@@ -35,6 +35,7 @@ from grouppref.train.data import GroupBatch, TokenizedGroup, collate_groups, tok
 from grouppref.train.distributed import cpu_launch
 from grouppref.train.eval import evaluate, reward_metrics
 from grouppref.train.loop import Objective, step_loss
+from grouppref.train.mix import MixSampler, check_sources, mix_loader
 from grouppref.train.model_card import public_stats
 from grouppref.train.reference import ReferenceInfo, ensure_reference, require_reference
 from grouppref.train.trim import trim_for_loss
@@ -74,6 +75,7 @@ class _Run:
     objective: Objective
     last_train: dict[str, float] = field(default_factory=dict)
     refresh: Any = None  # a grouppref.train.refresh.Refresher when config.refresh is set
+    mix: MixSampler | None = None  # the batch sampler when config.mix is set
 
 
 # -- one step ---------------------------------------------------------------------------------
@@ -96,6 +98,9 @@ def _micro_step(run: _Run, batch: GroupBatch, window: checkpoint.Window) -> None
             run.scheduler.step()
     stats = reward_metrics(out.logps, batch, config.beta, config.length_normalise)
     window.sums.add({"loss": out.loss.detach(), **stats, **out.extra})
+    if run.mix is not None:  # realised and scheduled shares of the label sources
+        window.sums.add({k: torch.tensor(v) for k, v in
+                         run.mix.metrics(batch.group_ids, run.state.step).items()})
     window.groups += len(batch.group_ids)
     window.tokens += int(batch.prompt_mask.sum() + batch.cand_mask.sum())
 
@@ -137,6 +142,8 @@ def _loop(run: _Run) -> None:
     bar = checkpoint.progress_bar(acc, run.total_steps, state.step)
     while state.step < run.total_steps:
         run.loader.set_epoch(state.epoch)
+        if run.mix is not None:
+            run.mix.set_epoch(state.epoch)
         loader = (acc.skip_first_batches(run.loader, state.batch_in_epoch)
                   if state.batch_in_epoch else run.loader)
         for batch in loader:
@@ -248,8 +255,13 @@ def _build_run(config: TrainConfig, accelerator: Any, model: Any, train_set: lis
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     batch_size = (config.refresh.offline_per_batch(config.batch_size) if config.refresh
                   else config.batch_size)  # refresh: fresh groups fill the rest of each batch
-    loader = DataLoader(train_set, batch_size=batch_size, shuffle=True,  # type: ignore[arg-type]
-                        collate_fn=partial(collate_groups, pad_token_id=pad_token_id))
+    collate = partial(collate_groups, pad_token_id=pad_token_id)
+    mix = None
+    if config.mix is not None:  # batches follow the label-source schedule
+        loader, mix = mix_loader(config, train_set, collate, accelerator.num_processes)
+    else:
+        loader = DataLoader(train_set, batch_size=batch_size, shuffle=True,  # type: ignore[arg-type]
+                            collate_fn=collate)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     steps_per_epoch = math.ceil(len(loader) / config.grad_accum)
     total = config.max_steps or config.epochs * steps_per_epoch
@@ -261,7 +273,7 @@ def _build_run(config: TrainConfig, accelerator: Any, model: Any, train_set: lis
                 scheduler=scheduler, loader=loader, held_out=held_out, pad_token_id=pad_token_id,
                 out_dir=out_dir, total_steps=total, steps_per_epoch=steps_per_epoch,
                 state=checkpoint.TrainState(), log=checkpoint.MetricsLog(out_dir, accelerator),
-                objective=Objective.of(config))
+                objective=Objective.of(config), mix=mix)
 
 
 def _save_model(run: _Run, tokenizer: Any) -> Any:
@@ -322,6 +334,8 @@ def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | 
         checkpoint.check_compatible(ckpt, config)
     tokenizer = load_tokenizer(config.model, padding_side="right")
     train_set, held_out, rejects = split_groups(groups, tokenizer, config)
+    if config.mix is not None:  # every source the schedule draws from has groups
+        check_sources(config.mix, [config.mix.source_of(g.kinds) for g in train_set])
     plan = None
     if config.refresh is not None:  # refresh: checked before any model loads
         from grouppref.train.refresh_round import plan_refresh

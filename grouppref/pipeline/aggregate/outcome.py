@@ -116,7 +116,9 @@ def _record(parsed: ParsedInput, b: int, fit: BTFit, used: np.ndarray,
         strengths={cid: float(fit.theta[b, i]) for i, cid in enumerate(ids)},
         pairs=_pairs(ids, fit.p[b, :k, :k], fit.w[b, :k, :k], fit.wins[b, :k, :k],
                      _labels(fit, b)[:k]),
-        agreement=agreement, flags=flags)
+        agreement=agreement, flags=flags,
+        consensus_kinds=sorted({r.annotator.kind for r, u in zip(group.rankings, used[b],
+                                                                  strict=False) if u}))
 
 
 @dataclass
