@@ -13,8 +13,14 @@ For the same prompts and K:
 
 grouppref's time is the whole ``run_generate`` call (``/models`` check, probe request, shards,
 the final dataset and manifest; model loading excluded for the in-process side). Re-sampling is
-off (``max_resample 0``) so both server sides send the same requests. Bare and grouppref runs
-alternate; the best of ``--repeats`` is compared, and the median of the paired runs' ratios.
+off (``max_resample 0``) so both server sides send the same requests (the same bodies, in the
+same order). Before timing, one untimed request warms the server and one untimed one-prompt
+``run_generate`` warms grouppref's lazy imports (datasets, pyarrow: once per process, not per
+run). Bare and grouppref runs alternate, and which goes first alternates from repeat to repeat
+(so a load that drifts during the run does not favour one side); the best of ``--repeats`` is
+compared, and the median of the paired runs' ratios. When the script starts the server it also
+prints the server's CPU seconds per side: the same requests should cost the server the same,
+and on a loaded machine they do not (llama.cpp's threads spin while waiting for each other).
 Prints candidates/s and tokens/s side by side and the ratio grouppref / bare loop per concurrency
 (target: >= 0.9), with ``uptime`` before and after (the ratio is the claim; absolute numbers
 depend on the machine and its load).
@@ -91,6 +97,15 @@ def config(args: argparse.Namespace, url: str | None, concurrency: int = 1) -> G
         "base_url": url, "concurrency": concurrency, "server_params": NEUTRAL}, **common)
 
 
+def server_cpu(process: subprocess.Popen | None) -> float:
+    """CPU seconds the server process has used so far (0 for a server it did not start)."""
+    if process is None:
+        return 0.0
+    with open(f"/proc/{process.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def grouppref_run(prompts: list[Prompt], cfg: GenerateConfig) -> tuple[float, int, int]:
     """Seconds (model loading excluded), candidates sampled, tokens generated."""
     with tempfile.TemporaryDirectory() as run:
@@ -130,6 +145,34 @@ async def bare_loop(url: str, bodies: list[tuple[str, dict]], concurrency: int) 
         return time.perf_counter() - t0, sum(tokens)
 
 
+def compare(args: argparse.Namespace, prompts: list[Prompt], url: str,
+            process: subprocess.Popen | None, rows: list) -> tuple[list, list]:
+    """grouppref against the bare loop at each concurrency (rows appended to ``rows``): the
+    ratios per concurrency, and each repeat's seconds and server CPU seconds."""
+    bodies = bare_bodies(prompts, config(args, url))
+    asyncio.run(bare_loop(url, bodies[:1], 1))  # warm the server
+    grouppref_run(prompts[:1], config(args, url))  # warm grouppref's lazy imports
+    ratios, cpu = [], []
+    for c in args.concurrency:
+        ours, bare, cpu_ours, cpu_bare = [], [], [], []
+        for repeat in range(args.repeats):
+            for side in ("bare", "ours") if repeat % 2 == 0 else ("ours", "bare"):
+                before = server_cpu(process)
+                if side == "bare":
+                    bare.append(asyncio.run(bare_loop(url, bodies, c)))
+                    cpu_bare.append(server_cpu(process) - before)
+                else:
+                    ours.append(grouppref_run(prompts, config(args, url, c)))
+                    cpu_ours.append(server_cpu(process) - before)
+        best_ours, best_bare = min(ours, key=lambda r: r[0]), min(bare, key=lambda r: r[0])
+        rows.append((f"server, grouppref, c={c}", *best_ours))
+        rows.append((f"server, bare loop, c={c}", best_bare[0], len(bodies), best_bare[1]))
+        paired = sorted(b[0] / o[0] for b, o in zip(bare, ours, strict=True))
+        ratios.append((c, best_bare[0] / best_ours[0], statistics.median(paired)))
+        cpu.append((c, cpu_ours, cpu_bare, [o[0] for o in ours], [b[0] for b in bare]))
+    return ratios, cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", default=str(DEMO))
@@ -160,19 +203,7 @@ def main() -> None:
         rows.append(("in process (transformers)", *best))
     process, url = (None, args.url) if args.url else start_server(args.threads)
     try:
-        bodies = bare_bodies(prompts, config(args, url))
-        asyncio.run(bare_loop(url, bodies[:1], 1))  # warm the server
-        ratios = []
-        for c in args.concurrency:
-            ours, bare = [], []
-            for _ in range(args.repeats):
-                bare.append(asyncio.run(bare_loop(url, bodies, c)))
-                ours.append(grouppref_run(prompts, config(args, url, c)))
-            best_ours, best_bare = min(ours, key=lambda r: r[0]), min(bare, key=lambda r: r[0])
-            rows.append((f"server, grouppref, c={c}", *best_ours))
-            rows.append((f"server, bare loop, c={c}", best_bare[0], len(bodies), best_bare[1]))
-            paired = sorted(b[0] / o[0] for b, o in zip(bare, ours, strict=True))
-            ratios.append((c, best_bare[0] / best_ours[0], statistics.median(paired)))
+        ratios, cpu = compare(args, prompts, url, process, rows)
     finally:
         if process is not None:
             process.terminate()
@@ -185,6 +216,12 @@ def main() -> None:
     for c, best, median in ratios:
         print(f"concurrency {c}: grouppref / bare loop = {best:.3f} best vs best, {median:.3f} "
               "median of paired runs (target >= 0.9)")
+    for c, cpu_ours, cpu_bare, wall_ours, wall_bare in cpu:
+        show = " ".join
+        print(f"concurrency {c}, each repeat: grouppref {show(f'{w:.1f}' for w in wall_ours)} s "
+              f"(server CPU {show(f'{x:.1f}' for x in cpu_ours)} s), bare loop "
+              f"{show(f'{w:.1f}' for w in wall_bare)} s (server CPU "
+              f"{show(f'{x:.1f}' for x in cpu_bare)} s)")
     print(f"end: {uptime()}")
 
 

@@ -8,6 +8,12 @@ stage's ordinary synchronous code::
     with ServerPool({url: settings}) as pool:
         pool.check_model(url, "Qwen/Qwen2.5-7B-Instruct")      # before any work
         answers = pool.post(url, "/chat/completions", bodies)   # in order; concurrent
+        pool.run(gather([pool.request(url, path, b) for b in more]))  # any mix of servers/paths
+
+Each server's client lets ``concurrency`` requests be in flight (a semaphore and a connection
+pool of that size); everything awaited inside one ``run`` shares the event loop, so requests
+to several servers, models and paths overlap, and a coroutine may send follow-up requests
+(re-samples) while others are still in flight.
 
 Failures:
 
@@ -44,7 +50,7 @@ REFUSED = frozenset({400, 413, 422})
 BACKOFF_BASE_S, BACKOFF_CAP_S, RETRY_AFTER_CAP_S = 0.5, 30.0, 120.0
 
 __all__ = ["RequestRefused", "ServerError", "ServerPool", "ServerUnreachable", "backoff_delay",
-           "merge_usage"]
+           "gather", "merge_usage"]
 
 
 def backoff_delay(attempt: int, retry_after: float | None, rng: random.Random,
@@ -264,6 +270,26 @@ class ServerPool:
                               f"{shown or 'nothing'}")
         return next(e for e in entries if isinstance(e, dict) and e.get("id") == model)
 
+    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coroutine`` (built from :meth:`request` calls, e.g. a ``TaskGroup`` of many) on
+        the pool's event loop and return its result; the stage's synchronous code calls this."""
+        return self._run(coroutine)
+
+    async def request(self, url: str, path: str, body: dict[str, Any]
+                      ) -> dict[str, Any] | RequestRefused:
+        """One POST with retries, waiting for a free place among the server's ``concurrency``;
+        the answer, or the :class:`RequestRefused` of a refused request. To be awaited inside
+        :meth:`run`, with as many others as there is work (requests to several servers and
+        paths share one event loop; each server's own limit applies).
+
+        Raises:
+            ServerError: the request failed for good.
+        """
+        try:
+            return await self._clients[url].send("POST", path, body, str(body.get("model")))
+        except RequestRefused as refused:
+            return refused
+
     def post(self, url: str, path: str, bodies: Sequence[dict[str, Any]],
              on_answer: Callable[[int, dict[str, Any] | RequestRefused], None] | None = None
              ) -> list[dict[str, Any] | RequestRefused]:
@@ -274,27 +300,13 @@ class ServerPool:
         Raises:
             ServerError: the first request that failed for good (the others are cancelled).
         """
-        client = self._clients[url]
-
         async def one(i: int, body: dict[str, Any]) -> dict[str, Any] | RequestRefused:
-            try:
-                answer: dict[str, Any] | RequestRefused = await client.send(
-                    "POST", path, body, str(body.get("model")))
-            except RequestRefused as refused:
-                answer = refused
+            answer = await self.request(url, path, body)
             if on_answer is not None:
                 on_answer(i, answer)
             return answer
 
-        async def every() -> list[dict[str, Any] | RequestRefused]:
-            try:
-                async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(one(i, b)) for i, b in enumerate(bodies)]
-            except BaseExceptionGroup as eg:
-                raise _first(eg) from None
-            return [t.result() for t in tasks]
-
-        return self._run(every()) if bodies else []
+        return self._run(gather([one(i, b) for i, b in enumerate(bodies)])) if bodies else []
 
     def usage(self) -> list[ServerUsage]:
         """This pool's usage per (server, model), in first-use order."""
@@ -304,6 +316,17 @@ class ServerPool:
                             completion_tokens=n.completion_tokens,
                             request_seconds=round(n.seconds, 3))
                 for c in self._clients.values() for model, n in c.counts.items()]
+
+
+async def gather(coroutines: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
+    """Run ``coroutines`` concurrently (a ``TaskGroup``); their results in order. The first
+    that fails cancels the others and is raised as itself (not as an exception group)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(c) for c in coroutines]
+    except BaseExceptionGroup as eg:
+        raise _first(eg) from None
+    return [t.result() for t in tasks]
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:

@@ -1,5 +1,14 @@
 """Sampling the candidates of served models: one request per candidate slot to an
-OpenAI-compatible server, every request of a round in flight at once (up to ``concurrency``).
+OpenAI-compatible server, as many in flight as each server's ``concurrency`` allows.
+
+Overlap: every request of a shard goes into one event loop at once (all models, servers and
+endpoints together), and each server's connection pool lets ``concurrency`` of them run; the
+others wait in arrival order. When every model of the mix is served
+(:meth:`ServedSampler.sample_groups`), a prompt whose K answers are in re-samples its empty or
+duplicate slots at once, while the other prompts' requests are still in flight: no round
+waits for the slowest request of the shard. With a model in process in the mix, the served
+slots of each round are sampled together after the in-process batches
+(:meth:`ServedSampler.sample`), as a re-sample needs every slot's text.
 
 Each request carries the slot's own seed, ``derive_seed(run seed, group id, model, slot,
 attempt) mod 2**31`` (servers take 32-bit seeds), so a server that honours seeds (vLLM, SGLang,
@@ -12,10 +21,11 @@ an answer without log-probs stop the stage at once with one line.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from grouppref.models.openai import RequestRefused, ServerError, ServerPool
+from grouppref.models.openai import RequestRefused, ServerError, ServerPool, gather
 from grouppref.models.openai_api import (
     CHAT,
     endpoint,
@@ -24,7 +34,7 @@ from grouppref.models.openai_api import (
 )
 from grouppref.models.seeds import derive_seed
 from grouppref.models.server_settings import ServerSettings, server_label
-from grouppref.pipeline.generate.work import Draw, ModelSlot, ShardWork
+from grouppref.pipeline.generate.work import Draw, ModelSlot, ShardWork, bad_slots
 from grouppref.runs.hashing import canonical_json
 from grouppref.schemas import Prompt
 
@@ -33,6 +43,8 @@ if TYPE_CHECKING:
 
 SEED_MASK = 0x7FFFFFFF
 PROBE = Prompt(prompt_id="grouppref-probe", text="Say OK.")
+Job = tuple[ModelSlot, int, int]  # a served model, a prompt's index in the shard, a group slot
+OnAnswer = Callable[[int, int], None]  # (attempt, completion tokens) as each answer arrives
 
 
 def server_settings(config: GenerateConfig) -> dict[str, ServerSettings]:
@@ -74,27 +86,48 @@ class ServedSampler:
                                       "settings and --server-param")
                 parse_sample(answer, path, want_logprobs=self.config.logprobs)
 
-    def sample(self, slot: ModelSlot, jobs: list[tuple[int, int]], attempt: int, work: ShardWork,
-               on_answer: Callable[[int], None]) -> None:
-        """Sample every ``(prompt index, slot)`` of ``jobs`` into ``work.draws``; a prompt the
-        server refuses goes to ``work.refused`` with the server's message."""
-        cfg, url = self.config, slot.share.base_url or ""
-        for path in sorted({endpoint(work.prompts[i], cfg.chat_template) for i, _ in jobs}):
-            batch = [(i, s) for i, s in jobs if endpoint(work.prompts[i], cfg.chat_template) == path]
-            seeds = [derive_seed(cfg.seed, work.gids[i], slot.name, s, attempt) & SEED_MASK
-                     for i, s in batch]
-            bodies = [self._body(slot, work.prompts[i], path, seed)
-                      for (i, _), seed in zip(batch, seeds, strict=True)]
-            answers = self.pool.post(url, path, bodies, on_answer=lambda _, answer: on_answer(
-                0 if isinstance(answer, RequestRefused) else _completion_tokens(answer)))
-            for (i, s), seed, answer in zip(batch, seeds, answers, strict=True):
-                if isinstance(answer, RequestRefused):
-                    work.refused.setdefault(i, f"the server refused it: {answer}")
-                    continue
-                sample = parse_sample(answer, path, want_logprobs=cfg.logprobs)
-                work.draws[i][s] = Draw(sample.text, sample.num_tokens, sample.logp,
-                                        sample.finish_reason == "stop", seed, attempt,
-                                        sample.finish_reason)
+    def sample(self, jobs: Sequence[Job], attempt: int, work: ShardWork,
+               on_answer: OnAnswer) -> None:
+        """Sample every job of one round (attempt number ``attempt``) into ``work.draws``, all
+        in flight together up to each server's concurrency; a prompt the server refuses goes to
+        ``work.refused`` with the server's message."""
+        self.pool.run(gather([self._draw(job, attempt, work, on_answer) for job in jobs]))
+
+    def sample_groups(self, jobs: Sequence[Job], work: ShardWork, on_answer: OnAnswer) -> None:
+        """Sample ``jobs`` (every slot of each of their prompts: a mix of served models only)
+        and re-sample empty or duplicate slots, up to ``max_resample`` times, prompt by prompt
+        as soon as the prompt's answers are in: the same draws as rounds over the whole shard
+        (each slot's seed depends only on its attempt number), without their barriers."""
+        by_prompt: dict[int, list[tuple[ModelSlot, int]]] = defaultdict(list)
+        for model, i, s in jobs:
+            by_prompt[i].append((model, s))
+
+        async def one_prompt(i: int, slots: list[tuple[ModelSlot, int]]) -> None:
+            for attempt in range(self.config.max_resample + 1):
+                await gather([self._draw((m, i, s), attempt, work, on_answer) for m, s in slots])
+                bad = set(bad_slots(work.draws[i])) if i not in work.refused else set()
+                slots = [(m, s) for m, s in slots if s in bad]
+                if not slots:
+                    return
+
+        self.pool.run(gather([one_prompt(i, slots) for i, slots in by_prompt.items()]))
+
+    async def _draw(self, job: Job, attempt: int, work: ShardWork, on_answer: OnAnswer) -> None:
+        """One request: the slot's draw, or the prompt refused."""
+        cfg, (model, i, s) = self.config, job
+        prompt = work.prompts[i]
+        path = endpoint(prompt, cfg.chat_template)
+        seed = derive_seed(cfg.seed, work.gids[i], model.name, s, attempt) & SEED_MASK
+        answer = await self.pool.request(model.share.base_url or "", path,
+                                         self._body(model, prompt, path, seed))
+        if isinstance(answer, RequestRefused):
+            work.refused.setdefault(i, f"the server refused it: {answer}")
+            on_answer(attempt, 0)
+            return
+        sample = parse_sample(answer, path, want_logprobs=cfg.logprobs)
+        work.draws[i][s] = Draw(sample.text, sample.num_tokens, sample.logp,
+                                sample.finish_reason == "stop", seed, attempt, sample.finish_reason)
+        on_answer(attempt, _completion_tokens(answer))
 
     def params(self, slot: ModelSlot, draw: Draw) -> dict[str, str | int | float | bool]:
         """What a served candidate records beyond the common sampling parameters."""

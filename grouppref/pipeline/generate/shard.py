@@ -6,7 +6,8 @@ seed ``derive_seed(run seed, group id, model, slot, attempt)``; a slot whose tex
 repeats an earlier slot's (normalised) text is sampled again with the next attempt number, at
 most ``max_resample`` times. Models in process (transformers) are sampled in batches here;
 served models (an OpenAI-compatible server) through :mod:`grouppref.pipeline.generate.served`,
-all of a round's requests in flight at once (up to the server's ``concurrency``).
+every request of the shard in flight up to each server's ``concurrency``; when the whole mix is
+served, a prompt's re-samples start as soon as its own answers are in (no round barrier).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from grouppref.errors import ConfigError, RowError
 from grouppref.models.loading import load_causal_lm, load_tokenizer
 from grouppref.models.seeds import derive_seed
 from grouppref.pipeline.generate.work import Draw, ModelSlot, ShardWork
+from grouppref.pipeline.generate.work import bad_slots as _bad_slots
 from grouppref.schemas import (
     Candidate,
     CandidateGroup,
@@ -196,12 +198,17 @@ class ShardGenerator:
         work = ShardWork(prompts, gids, encoded, {i: {} for i in encoded}, {})
         pending = [(i, s) for i in encoded for s in range(self.config.k or 0)]
         self._first_round = (0, max(len(pending), 1))
+        if self.served is not None and all(m.served for m in self.slots):
+            # every slot served: re-samples pipelined per prompt, no round barrier
+            jobs = [(self.slot_model[s], i, s) for i, s in pending]
+            self._served(lambda on_answer: self.served.sample_groups(jobs, work, on_answer))
+            pending = []
         for attempt in range(self.config.max_resample + 1):
+            if not pending:
+                break
             self._fill(pending, attempt, work)
             pending = [(i, s) for i in encoded if i not in work.refused
                        for s in _bad_slots(work.draws[i])]
-            if not pending:
-                break
         self._prompts += len(prompts)
         groups = []
         for i in encoded:
@@ -226,21 +233,28 @@ class ShardGenerator:
         return out
 
     def _fill(self, pending: list[tuple[int, int]], attempt: int, work: ShardWork) -> None:
-        """Sample every pending ``(prompt index, slot)``: per model, in batches (in process) or
-        all at once (served)."""
+        """Sample every pending ``(prompt index, slot)`` of one round: per model in process, in
+        batches; then every served slot at once (all served models and servers together)."""
+        served = []
         for model in self.slots:
             jobs = [(i, s) for i, s in pending if self.slot_model[s] is model]
             if not jobs:
                 continue
             if model.served:
-                t0 = time.perf_counter()
-                if self.served is None:
-                    raise RuntimeError(f"model {model.name!r} is served; give a ServedSampler")
-                self.served.sample(model, jobs, attempt, work, on_answer=lambda n, t0=t0: self._count(
-                    attempt, 1, n, 0.0, running=time.perf_counter() - t0))
-                self._seconds += time.perf_counter() - t0
+                served += [(model, i, s) for i, s in jobs]
                 continue
             self._fill_local(model, jobs, attempt, work)
+        if served:
+            self._served(lambda on_answer: self.served.sample(served, attempt, work, on_answer))
+
+    def _served(self, sample: Callable[[Callable[[int, int], None]], None]) -> None:
+        """Run ``sample(on_answer)`` on the served sampler, counting each answer as it comes."""
+        if self.served is None:
+            raise RuntimeError("the mix has served models; give a ServedSampler")
+        t0 = time.perf_counter()
+        sample(lambda attempt, tokens: self._count(attempt, 1, tokens, 0.0,
+                                                   running=time.perf_counter() - t0))
+        self._seconds += time.perf_counter() - t0
 
     def _fill_local(self, model: ModelSlot, jobs: list[tuple[int, int]], attempt: int,
                     work: ShardWork) -> None:
@@ -325,16 +339,3 @@ class ShardGenerator:
                 "model_load_seconds": round(self._load_seconds, 3),
                 "tokens_per_s": round(self._tokens / secs, 2) if secs else None,
                 "prompts_per_s": round(self._prompts / secs, 3) if secs else None}
-
-
-def _bad_slots(draws: dict[int, Draw]) -> list[int]:
-    """Slots whose text is empty or repeats an earlier slot's normalised text (slot order)."""
-    seen: set[str] = set()
-    bad = []
-    for s in sorted(draws):
-        norm = normalise_text(draws[s].text)
-        if not norm or norm in seen:
-            bad.append(s)
-        else:
-            seen.add(norm)
-    return bad

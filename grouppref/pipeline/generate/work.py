@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from grouppref.models.loading import model_label
-from grouppref.schemas import Prompt
+from grouppref.schemas import Prompt, normalise_text
 
 if TYPE_CHECKING:
     from grouppref.pipeline.generate.config import ModelShare
@@ -68,3 +68,16 @@ class ShardWork:
     encoded: dict[int, dict[str, list[int]]]
     draws: dict[int, dict[int, Draw]]
     refused: dict[int, str]
+
+
+def bad_slots(draws: dict[int, Draw]) -> list[int]:
+    """Slots whose text is empty or repeats an earlier slot's normalised text (slot order)."""
+    seen: set[str] = set()
+    bad = []
+    for s in sorted(draws):
+        norm = normalise_text(draws[s].text)
+        if not norm or norm in seen:
+            bad.append(s)
+        else:
+            seen.add(norm)
+    return bad

@@ -1,0 +1,240 @@
+"""Requests to an inference server overlap: ``generate`` and the served ``judge`` keep
+``min(concurrency, requests pending)`` requests in flight, re-samples included.
+
+The server here is a FAKE (:class:`InFlightFake`, a small loopback HTTP server), used ONLY to
+count the requests in flight, which a real server does not report; it holds each request until
+``hold`` requests are in flight (or none arrived for ``IDLE_S``), so the count is exact rather
+than a race. The real llama.cpp server tests are tests/test_openai_backend.py and
+tests/test_judge_server.py. No wall-clock threshold: only counts and the order of events.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
+from grouppref.pipeline.generate.stage import run_generate
+from grouppref.pipeline.imports.config import ImportConfig
+from grouppref.pipeline.imports.stage import run_import_candidates
+from grouppref.pipeline.rank.config import RankConfig
+from grouppref.pipeline.rank.stage import run_rank
+from grouppref.runs.store import RunStore
+from grouppref.schemas import Prompt
+from tests.fake_openai_server import _answer
+
+MODELS = ("fake-a", "fake-b")
+IDLE_S = 1.0  # a held request is answered after this long without a new arrival
+DUPLICATE = "DUPLICATE"  # a prompt holding this gets one text for its first K answers
+PROBES = ("Say OK.", "Answer with Yes or No.")  # generate's and the judge's probe: not counted
+VERDICTS = (("Yes", -0.4), ("No", -1.2), ("A", -0.6), ("B", -0.9))
+
+
+@dataclass
+class Request:
+    """One request as the fake saw it: its prompt, its number among that prompt's requests
+    (0-based), and when it arrived and was answered (the fake's event counter)."""
+
+    prompt: str
+    nth: int
+    start: int
+    end: int = -1
+
+
+@dataclass
+class InFlightFake:
+    """A FAKE OpenAI-compatible server for in-flight accounting only (see the module docstring).
+
+    Attributes:
+        hold (int): answer held requests once this many are in flight.
+        k (int): answers per prompt that a ``DUPLICATE`` prompt repeats.
+    """
+
+    hold: int
+    k: int = 0
+    now: int = 0
+    max_in_flight: int = 0
+    requests: list[Request] = field(default_factory=list)
+    _clock: int = 0
+    _release: int = 0  # bumped each time ``hold`` requests are in flight: releases them all
+    _last_arrival: float = 0.0
+    _per_prompt: Counter[str] = field(default_factory=Counter)
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def arrive(self, prompt: str) -> Request:
+        with self._cond:
+            self._clock += 1
+            self.now += 1
+            self.max_in_flight = max(self.max_in_flight, self.now)
+            request = Request(prompt, self._per_prompt[prompt], self._clock)
+            self._per_prompt[prompt] += 1
+            self.requests.append(request)
+            self._last_arrival = time.monotonic()
+            generation = self._release
+            if self.now >= self.hold:
+                self._release += 1
+                self._cond.notify_all()
+            while (self._release == generation
+                   and time.monotonic() - self._last_arrival < IDLE_S):
+                self._cond.wait(timeout=0.05)
+            return request
+
+    def leave(self, request: Request) -> None:
+        with self._cond:
+            self._clock += 1
+            self.now -= 1
+            request.end = self._clock
+
+    def answer(self, path: str, body: dict[str, Any], request: Request) -> dict[str, Any]:
+        """Generate: the fake's usual seeded text (one text for a DUPLICATE prompt's first K);
+        judge (one token asked for): "Yes", with the pointwise and pairwise verdicts among the top
+        log-probs."""
+        if body.get("max_tokens") == 1:
+            tops = [{"token": t, "logprob": lp} for t, lp in VERDICTS]
+            return {"choices": [{"index": 0, "finish_reason": "length", "message": {
+                "role": "assistant", "content": "Yes"}, "logprobs": {"content": [
+                    {"token": "Yes", "logprob": -0.4, "top_logprobs": tops}]}}],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 1}}
+        answer = _answer(path, body)
+        if DUPLICATE in request.prompt and request.nth < self.k:
+            answer["choices"][0]["message"]["content"] = "the same answer"
+        return answer
+
+    def in_flight_together(self, a: Request, b: Request) -> bool:
+        return a.start < b.end and b.start < a.end
+
+
+def _prompt_of(body: dict[str, Any]) -> str:
+    messages = body.get("messages") or []
+    return str(messages[-1]["content"]) if messages else str(body.get("prompt"))
+
+
+def _handler(fake: InFlightFake) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self._send({"object": "list", "data": [{"id": m, "object": "model"} for m in MODELS]})
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            if _prompt_of(body) in PROBES:  # answered at once, outside the accounting
+                self._send(fake.answer(self.path, body, Request("", fake.k, 0)))
+                return
+            request = fake.arrive(_prompt_of(body))
+            try:
+                self._send(fake.answer(self.path, body, request))
+            finally:
+                fake.leave(request)
+
+    return Handler
+
+
+@contextmanager
+def in_flight_fake(hold: int, k: int = 0) -> Iterator[tuple[str, InFlightFake]]:
+    """``(base URL, fake)`` of an :class:`InFlightFake` on a free loopback port."""
+    fake = InFlightFake(hold=hold, k=k)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", fake
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _generate(tmp_path: Path, url: str, texts: list[str], k: int, concurrency: int,
+              models: tuple[str, ...] = MODELS[:1], max_resample: int = 0) -> Any:
+    per_model = k // len(models)
+    config = GenerateConfig(
+        models=[ModelShare.parse(f"openai:{m}@{url}:{per_model}") for m in models],
+        server={"concurrency": concurrency}, max_new_tokens=4, max_resample=max_resample)
+    prompts = [Prompt(prompt_id=f"p{n}", text=t) for n, t in enumerate(texts)]
+    return run_generate(RunStore(tmp_path / "run"), config, prompts=prompts, show_progress=False)
+
+
+@pytest.mark.parametrize(("n_prompts", "k", "concurrency"), [(3, 4, 4), (1, 2, 4), (2, 4, 8)])
+def test_generate_keeps_min_of_concurrency_and_pending_in_flight(
+        tmp_path: Path, n_prompts: int, k: int, concurrency: int) -> None:
+    pending = n_prompts * k
+    with in_flight_fake(hold=min(concurrency, pending)) as (url, fake):
+        stage = _generate(tmp_path, url, [f"question {n}" for n in range(n_prompts)], k,
+                          concurrency)
+    assert len(fake.requests) == pending
+    assert fake.max_in_flight == min(concurrency, pending)
+    assert stage.manifest.counts.outputs == n_prompts
+    assert all(len(g.candidates) == k for g in stage.records())
+
+
+def test_generate_sends_every_served_model_of_the_mix_together(tmp_path: Path) -> None:
+    # two models, 2 slots each, 1 prompt: 4 requests; a per-model loop would keep 2 in flight
+    with in_flight_fake(hold=4) as (url, fake):
+        stage = _generate(tmp_path, url, ["one question"], 4, 8, models=MODELS)
+    assert (len(fake.requests), fake.max_in_flight) == (4, 4)
+    [group] = stage.records()
+    assert sorted(c.source.model for c in group.candidates) == ["fake-a", "fake-a", "fake-b",
+                                                                "fake-b"]
+
+
+def test_resamples_overlap_with_other_prompts_first_requests(tmp_path: Path) -> None:
+    # 3 prompts x K=3 = 9 first requests at concurrency 4; prompt 0's first 3 answers are one
+    # text, so its slots 1 and 2 are re-sampled. Without a round barrier the re-samples are
+    # sent as soon as prompt 0's answers are in, and are in flight with prompt 2's last slot.
+    texts = [f"{DUPLICATE} question", "second question", "third question"]
+    with in_flight_fake(hold=4, k=3) as (url, fake):
+        stage = _generate(tmp_path, url, texts, 3, 4, max_resample=2)
+    resamples = [r for r in fake.requests if r.nth >= 3]
+    first = [r for r in fake.requests if r.nth < 3]
+    assert len(resamples) == 2 and all(DUPLICATE in r.prompt for r in resamples)
+    last_first = max(first, key=lambda r: r.start)
+    assert any(fake.in_flight_together(r, last_first) for r in resamples)
+    assert fake.max_in_flight == 4
+    by_prompt = {g.prompt.text: g for g in stage.records()}
+    assert len(by_prompt[texts[0]].candidates) == 3  # re-sampled into 3 distinct candidates
+    assert stage.manifest.stats["resampled"] == 2
+
+
+@pytest.fixture
+def groups_run(tmp_path: Path) -> RunStore:
+    """Two hand-written groups of K = 3 in a run (the judge's input)."""
+    rows = [{"prompt": "What is 2 + 2?", "responses": ["4", "2 + 2 = 5.", "It is 4."]},
+            {"prompt": "Capital of France?", "responses": ["Paris.", "London.", "Rome."]}]
+    source = tmp_path / "groups.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    store = RunStore(tmp_path / "run")
+    run_import_candidates(store, ImportConfig(source=str(source)))
+    return store
+
+
+@pytest.mark.parametrize(("mode", "concurrency", "pending"),
+                         [("pointwise", 4, 6), ("pointwise", 8, 6), ("pairwise", 4, 12)])
+def test_served_judge_keeps_min_of_concurrency_and_pending_in_flight(
+        groups_run: RunStore, mode: str, concurrency: int, pending: int) -> None:
+    with in_flight_fake(hold=min(concurrency, pending)) as (url, fake):
+        judge = {"kind": "judge", "backend": "openai", "model": MODELS[0], "mode": mode,
+                 "server": {"base_url": url, "concurrency": concurrency}}
+        stage = run_rank(groups_run, RankConfig(rankers=[judge]))
+    assert len(fake.requests) == pending
+    assert fake.max_in_flight == min(concurrency, pending)
+    assert stage.manifest.counts.outputs == 2 and stage.manifest.counts.partial == 0
