@@ -37,11 +37,12 @@ def _half_width(xs: list[float], z: float) -> float:
 
 
 def prompt_values(p: dict[str, Any]) -> dict[str, float]:
-    """One prompt's rates from its compact result (``g``, ``s``, ``kl``)."""
+    """One prompt's rates from its compact result (``g``, ``s``, ``kl``); with no samples
+    (greedy only), the KL is the one along the greedy answer (``kl_g``)."""
     return {"greedy": _mean(p["g"]), "greedy_all": float(all(p["g"])),
             "sampled": _mean([_mean(s) for s in p["s"]]),
             "sampled_all": _mean([float(all(s)) for s in p["s"]]),
-            "kl": _mean(p["kl"])}
+            "kl": _mean(p["kl"]) if p["kl"] else p.get("kl_g", float("nan"))}
 
 
 def run_summary(run: dict[str, Any]) -> dict[str, float]:
