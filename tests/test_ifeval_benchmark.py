@@ -131,6 +131,18 @@ def test_markdown_of_a_results_file(tmp_path: Path) -> None:
     assert "| dpo | 0.750 / 0.500 | 0.750 / 0.500 |" in text  # curve: 0 steps, 2 steps
 
 
+
+def test_markdown_greedy_only_uses_the_greedy_kl_and_marks_sampled_rates_unmeasured() -> None:
+    prompts = [{"prompt_id": "a", "kinds": ["no_comma"]}]
+    run = {"method": "sft", "seed": 0, "steps": 2, "tokens_trained": 10,
+           "per_prompt": [{"g": [1], "s": [], "kl": [], "kl_g": 0.25, "len_g": 5}]}
+    assert prompt_values(run["per_prompt"][0])["kl"] == 0.25
+    text = markdown({"prompts": prompts, "scale": "cpu", "scale_settings": {"steps": 2},
+                     "runs": [run]})
+    assert "| sft | 1 | 1.000 | nan | - | - | 1.000 | - | 0.250 | 10 |" in text
+    assert "| sft | 1.00 / - |" in text
+
+
 @pytest.mark.slow
 def test_greedy_decoding_matches_generate_and_self_kl_is_zero(tiny_lm_dir: Path) -> None:
     import torch

@@ -103,8 +103,16 @@ def by_split(results: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, f
 
 
 def _fmt(x: dict[str, float], key: str = "mean", ci: str = "seed_ci") -> str:
+    """``value ± half-width``; ``-`` for a metric not measured (sampled rates at samples=0)."""
     value, half = x[key], x.get(ci, float("nan"))
+    if math.isnan(value):
+        return "-"
     return f"{value:.3f}" if math.isnan(half) else f"{value:.3f} ± {half:.3f}"
+
+
+def _pair(a: float, b: float, digits: int = 2) -> str:
+    """``greedy / sampled`` cell (``-`` for the sampled rate when there were no samples)."""
+    return f"{a:.{digits}f} / " + ("-" if math.isnan(b) else f"{b:.{digits}f}")
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -130,7 +138,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["", "Per constraint type, greedy / sampled share met (mean over seeds):", "",
               "| method | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for method, v in kinds.items():
-        cells = [f"{v[k][0]:.2f} / {v[k][1]:.2f}" if k in v else "-" for k in names]
+        cells = [_pair(*v[k]) if k in v else "-" for k in names]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", "Greedy rate by held-out prompt kind:", "",
               "| method | unseen pair | seen pair or single |", "|---|---|---|"]
@@ -160,7 +168,7 @@ def curve_table(results: dict[str, Any]) -> list[str]:
     lines = ["| method | " + " | ".join(f"{s} steps" for s in steps) + " |",
              "|---" * (len(steps) + 1) + "|"]
     for method, v in points.items():
-        at = {s: f"{g:.3f} / {x:.3f}" for s, g, x in v}
+        at = {s: _pair(g, x, 3) for s, g, x in v}
         lines.append(f"| {method} | " + " | ".join(at.get(s, "-") for s in steps) + " |")
     return lines
 
