@@ -137,10 +137,13 @@ def test_markdown_greedy_only_uses_the_greedy_kl_and_marks_sampled_rates_unmeasu
     run = {"method": "sft", "seed": 0, "steps": 2, "tokens_trained": 10,
            "per_prompt": [{"g": [1], "s": [], "kl": [], "kl_g": 0.25, "len_g": 5}]}
     assert prompt_values(run["per_prompt"][0])["kl"] == 0.25
+    worse = {**run, "method": "dpo", "per_prompt": [{**run["per_prompt"][0], "g": [0]}]}
     text = markdown({"prompts": prompts, "scale": "cpu", "scale_settings": {"steps": 2},
-                     "runs": [run]})
+                     "runs": [run, worse]})
     assert "| sft | 1 | 1.000 | nan | - | - | 1.000 | - | 0.250 | 10 |" in text
     assert "| sft | 1.00 / - |" in text
+    assert "| sft | - | +1.000 ± nan |" in text  # paired: sft − dpo on the one prompt
+    assert "| dpo | -1.000 ± nan | - |" in text
 
 
 @pytest.mark.slow

@@ -146,8 +146,26 @@ def markdown(results: dict[str, Any]) -> str:
         split = by_split(results, r)
         lines.append(f"| {method} | {split['unseen pair']:.3f} | "
                      f"{split['seen pair or single']:.3f} |")
+    lines += ["", "Paired greedy difference row − column (mean over seeds per prompt; ± 95% over "
+              "prompts):", ""] + paired_table(finals)
     lines += ["", "Learning curve (seed 0; greedy / sampled):", ""] + curve_table(results)
     return "\n".join(lines)
+
+
+def paired_table(finals: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Every trained method against every other, paired by held-out prompt (greedy rate)."""
+    greedy = {m: [_mean([_mean(r["per_prompt"][i]["g"]) for r in runs])
+                  for i in range(len(runs[0]["per_prompt"]))]
+              for m, runs in finals.items() if m != "base"}
+    names = list(greedy)
+    lines = ["| row \\ column | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for a in names:
+        cells = []
+        for b in names:
+            diff = [x - y for x, y in zip(greedy[a], greedy[b], strict=True)]
+            cells.append("-" if a == b else f"{_mean(diff):+.3f} ± {_half_width(diff, 1.96):.3f}")
+        lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def curve(results: dict[str, Any]) -> dict[str, list[tuple[int, float, float]]]:
