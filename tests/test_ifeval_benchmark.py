@@ -131,6 +131,21 @@ def test_markdown_of_a_results_file(tmp_path: Path) -> None:
     assert "| dpo | 0.750 / 0.500 | 0.750 / 0.500 |" in text  # curve: 0 steps, 2 steps
 
 
+
+def test_markdown_greedy_only_uses_the_greedy_kl_and_marks_sampled_rates_unmeasured() -> None:
+    prompts = [{"prompt_id": "a", "kinds": ["no_comma"]}]
+    run = {"method": "sft", "seed": 0, "steps": 2, "tokens_trained": 10,
+           "per_prompt": [{"g": [1], "s": [], "kl": [], "kl_g": 0.25, "len_g": 5}]}
+    assert prompt_values(run["per_prompt"][0])["kl"] == 0.25
+    worse = {**run, "method": "dpo", "per_prompt": [{**run["per_prompt"][0], "g": [0]}]}
+    text = markdown({"prompts": prompts, "scale": "cpu", "scale_settings": {"steps": 2},
+                     "runs": [run, worse]})
+    assert "| sft | 1 | 1.000 | nan | - | - | 1.000 | - | 0.250 | 10 |" in text
+    assert "| sft | 1.00 / - |" in text
+    assert "| sft | - | +1.000 ± nan |" in text  # paired: sft − dpo on the one prompt
+    assert "| dpo | -1.000 ± nan | - |" in text
+
+
 @pytest.mark.slow
 def test_greedy_decoding_matches_generate_and_self_kl_is_zero(tiny_lm_dir: Path) -> None:
     import torch
@@ -151,3 +166,52 @@ def test_greedy_decoding_matches_generate_and_self_kl_is_zero(tiny_lm_dir: Path)
         assert got.tokens[2 * n] == ref[:len(got.tokens[2 * n])]
         assert len(got.tokens[2 * n + 1]) >= 1
     assert got.kl == pytest.approx([0.0] * 4, abs=1e-5)
+
+
+def test_results_resume_keeps_runs_of_the_same_experiment_only(tmp_path: Path) -> None:
+    from benchmarks.ifeval.experiment import Results
+
+    header = {"scale_settings": {"steps": 2}, "methods": {"dpo": {"loss": "dpo"}},
+              "model": "m", "prompts": [{"prompt_id": "a", "kinds": ["json"]}]}
+    first = Results(tmp_path / "results.json", header)
+    first.data["runs"].append({"method": "dpo", "seed": 0, "steps": 2, "per_prompt": []})
+    first.data["skipped"].append("sft-seed0-steps2")
+    first.save()
+    again = Results(tmp_path / "results.json", header)
+    assert again.resumed == 1 and again.done("dpo-seed0-steps2")
+    assert not again.done("dpo-seed1-steps2") and again.data["skipped"] == []
+    changed = Results(tmp_path / "results.json", {**header, "scale_settings": {"steps": 3}})
+    assert changed.resumed == 0 and changed.data["runs"] == []
+    assert json.loads((tmp_path / "results.json.old").read_text())["runs"][0]["method"] == "dpo"
+
+
+@pytest.mark.slow
+def test_experiment_restarted_reuses_data_and_finished_runs(tiny_lm_dir: Path, tmp_path: Path,
+                                                            capsys, monkeypatch) -> None:
+    """Killed after its first trained run (a tiny budget skips the rest), the experiment
+    restarted with the same --out keeps the generated data (the generate stage is not run
+    again) and the finished runs, and does only the tasks left."""
+    from benchmarks.ifeval import experiment
+    from benchmarks.ifeval.experiment import Scale, main
+
+    # the smoke sizes with K=8 and 48 tokens: the tiny random model's text then differs in
+    # commas and sentence ends inside groups (at K=3, 16 tokens every group can be a coin flip)
+    monkeypatch.setitem(experiment.SCALES, "test", Scale(
+        train=24, test=4, k=8, seeds=1, steps=2, batch=2, samples=1, max_new_tokens=48,
+        curve=(1,), gen_batch=64, shard=8, chunk=4, lr=5e-3))
+    out = tmp_path / "exp"
+    argv = ["--model", str(tiny_lm_dir), "--out", str(out), "--scale", "test", "--threads", "1"]
+    main([*argv, "--budget-s", "0.001"])
+    first = json.loads((out / "results.json").read_text())
+    assert [r["method"] for r in first["runs"]] == ["base", "gspo_soft"]
+    assert "dpo-seed0-steps2" in first["skipped"]
+    generated = (out / "run" / "generate" / "manifest.json").read_text()
+    main([*argv, "--budget-s", "100000"])
+    second = json.loads((out / "results.json").read_text())
+    assert (out / "run" / "generate" / "manifest.json").read_text() == generated
+    assert second["runs"][:2] == first["runs"]  # kept as they were, not run again
+    names = [(r["method"], r["steps"]) for r in second["runs"][2:]]
+    assert names == [(m, 2) for m in ("dpo", "sft", "gspo_hard", "plackett_luce")] + [
+        (m, 1) for m in ("gspo_soft", "dpo", "sft", "gspo_hard", "plackett_luce")]
+    assert second["finished"] and second["skipped"] == []
+    assert "| sft | 1 |" in capsys.readouterr().out

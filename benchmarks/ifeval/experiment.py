@@ -36,12 +36,14 @@ from typing import Any
 from benchmarks.ifeval.build import build, write_jsonl
 
 PIPELINE = Path(__file__).with_name("pipeline.yaml")
+# in the order they run within a seed: the default loss and the two baselines first, so a
+# budget that cuts a seed short keeps the main comparison
 METHODS: dict[str, dict[str, Any]] = {
     "gspo_soft": {"loss": "gspo"},
-    "gspo_hard": {"loss": "gspo", "pair_targets": "hard"},
-    "plackett_luce": {"loss": "plackett_luce"},
     "dpo": {"loss": "dpo"},
     "sft": {"loss": "sft"},
+    "gspo_hard": {"loss": "gspo", "pair_targets": "hard"},
+    "plackett_luce": {"loss": "plackett_luce"},
 }
 
 
@@ -69,6 +71,11 @@ class Scale:
 SCALES = {
     "full": Scale(train=1000, test=300, k=8, seeds=3, steps=100, batch=8, samples=4,
                   max_new_tokens=48, curve=(25, 50), gen_batch=512, shard=128, chunk=100),
+    # cpu: what fits ~75 min of a 2-core machine shared with other jobs (one torch thread,
+    # measured 2026-12-01: ~0.35 CPU-s per decoded row per model, ~15 CPU-s per GSPO step of 4
+    # groups at K=8, ~4 for DPO); greedy only (samples=0: KL along the greedy answer)
+    "cpu": Scale(train=96, test=150, k=8, seeds=3, steps=12, batch=4, samples=0,
+                 max_new_tokens=48, curve=(4,), gen_batch=64, shard=16, chunk=50, lr=5e-5),
     # smoke: the plumbing on a CPU in minutes; its rate moves a tiny model in 2 steps, so a
     # KL > 0 shows the trained model (not the start) is what gets evaluated
     "smoke": Scale(train=24, test=4, k=3, seeds=1, steps=2, batch=2, samples=2,
@@ -91,15 +98,41 @@ class Log:
 
 
 class Results:
-    """The one results file, rewritten atomically after every task."""
+    """The one results file, rewritten atomically after every task.
+
+    Resuming: when ``path`` already holds a run of the same experiment (same scale settings,
+    methods, model and held-out prompts), its finished runs are kept and :meth:`done` names
+    them, so a restarted experiment skips them; anything else is started afresh (the old file
+    is kept as ``results.json.old``). Skipped tasks are forgotten: a restart tries them again.
+    """
+
+    KEYS = ("scale_settings", "methods", "model", "prompts")
 
     def __init__(self, path: Path, header: dict[str, Any]) -> None:
         self.path, self.data = path, {**header, "runs": [], "skipped": []}
+        self.resumed = 0
+        if path.exists():
+            old = json.loads(path.read_text())
+            same = all(old.get(k) == json.loads(json.dumps(header[k])) for k in self.KEYS)
+            if same:
+                self.data["runs"], self.resumed = old["runs"], len(old["runs"])
+            else:
+                shutil.copyfile(path, path.with_name(path.name + ".old"))
+
+    def done(self, name: str) -> bool:
+        """Whether the run called ``name`` (see :func:`run_name`) is already recorded."""
+        return any(run_name(r["method"], r["seed"], r["steps"]) == name
+                   for r in self.data["runs"])
 
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data) + "\n")
         tmp.replace(self.path)
+
+
+def run_name(method: str, seed: int | None, steps: int) -> str:
+    """A run's name in the log, ``skipped`` and ``evals/``: ``base`` for the untrained model."""
+    return "base" if method == "base" else f"{method}-seed{seed}-steps{steps}"
 
 
 def base_model(model: str | None, out: Path) -> str:
@@ -197,6 +230,11 @@ class Experiment:
             "machine": _machine(a.device), "data": data_info,
             "prompts": [{"prompt_id": p["prompt_id"], "kinds": p["metadata"]["kinds"].split("+")}
                         for p in self.test]})
+        if self.results.resumed:
+            self.log(f"resuming: {self.results.resumed} finished runs kept from results.json")
+            self.longest = max((r["train_seconds"] + r["eval_seconds"]
+                                for r in self.results.data["runs"] if r["method"] != "base"),
+                               default=0.0)
         self.results.save()
 
     def evaluate(self, model: Any, name: str) -> list[dict[str, Any]]:
@@ -213,6 +251,9 @@ class Experiment:
         return compact(got)
 
     def run_base(self) -> None:
+        if self.results.done("base"):
+            self.log("base: already in results.json (resumed)")
+            return
         t = time.time()
         per_prompt = self.evaluate(self.reference, "base")
         self._record({"method": "base", "seed": None, "steps": 0, "tokens_trained": 0,
@@ -223,7 +264,10 @@ class Experiment:
         from grouppref.models.loading import load_causal_lm
         from grouppref.train.trainer import train
 
-        name = f"{method}-seed{seed}-steps{steps}"
+        name = run_name(method, seed, steps)
+        if self.results.done(name):
+            self.log(f"{name}: already in results.json (resumed)")
+            return
         # the next task's time: the longest so far, its training part scaled by the steps
         estimate = self.longest * (0.4 + 0.6 * steps / self.scale.steps)
         if self.longest and self.log.elapsed() + estimate > self.args.budget_s:

@@ -37,11 +37,12 @@ def _half_width(xs: list[float], z: float) -> float:
 
 
 def prompt_values(p: dict[str, Any]) -> dict[str, float]:
-    """One prompt's rates from its compact result (``g``, ``s``, ``kl``)."""
+    """One prompt's rates from its compact result (``g``, ``s``, ``kl``); with no samples
+    (greedy only), the KL is the one along the greedy answer (``kl_g``)."""
     return {"greedy": _mean(p["g"]), "greedy_all": float(all(p["g"])),
             "sampled": _mean([_mean(s) for s in p["s"]]),
             "sampled_all": _mean([float(all(s)) for s in p["s"]]),
-            "kl": _mean(p["kl"])}
+            "kl": _mean(p["kl"]) if p["kl"] else p.get("kl_g", float("nan"))}
 
 
 def run_summary(run: dict[str, Any]) -> dict[str, float]:
@@ -102,8 +103,16 @@ def by_split(results: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, f
 
 
 def _fmt(x: dict[str, float], key: str = "mean", ci: str = "seed_ci") -> str:
+    """``value ± half-width``; ``-`` for a metric not measured (sampled rates at samples=0)."""
     value, half = x[key], x.get(ci, float("nan"))
+    if math.isnan(value):
+        return "-"
     return f"{value:.3f}" if math.isnan(half) else f"{value:.3f} ± {half:.3f}"
+
+
+def _pair(a: float, b: float, digits: int = 2) -> str:
+    """``greedy / sampled`` cell (``-`` for the sampled rate when there were no samples)."""
+    return f"{a:.{digits}f} / " + ("-" if math.isnan(b) else f"{b:.{digits}f}")
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -129,7 +138,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["", "Per constraint type, greedy / sampled share met (mean over seeds):", "",
               "| method | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for method, v in kinds.items():
-        cells = [f"{v[k][0]:.2f} / {v[k][1]:.2f}" if k in v else "-" for k in names]
+        cells = [_pair(*v[k]) if k in v else "-" for k in names]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", "Greedy rate by held-out prompt kind:", "",
               "| method | unseen pair | seen pair or single |", "|---|---|---|"]
@@ -137,8 +146,26 @@ def markdown(results: dict[str, Any]) -> str:
         split = by_split(results, r)
         lines.append(f"| {method} | {split['unseen pair']:.3f} | "
                      f"{split['seen pair or single']:.3f} |")
+    lines += ["", "Paired greedy difference row − column (mean over seeds per prompt; ± 95% over "
+              "prompts):", ""] + paired_table(finals)
     lines += ["", "Learning curve (seed 0; greedy / sampled):", ""] + curve_table(results)
     return "\n".join(lines)
+
+
+def paired_table(finals: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Every trained method against every other, paired by held-out prompt (greedy rate)."""
+    greedy = {m: [_mean([_mean(r["per_prompt"][i]["g"]) for r in runs])
+                  for i in range(len(runs[0]["per_prompt"]))]
+              for m, runs in finals.items() if m != "base"}
+    names = list(greedy)
+    lines = ["| row \\ column | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for a in names:
+        cells = []
+        for b in names:
+            diff = [x - y for x, y in zip(greedy[a], greedy[b], strict=True)]
+            cells.append("-" if a == b else f"{_mean(diff):+.3f} ± {_half_width(diff, 1.96):.3f}")
+        lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def curve(results: dict[str, Any]) -> dict[str, list[tuple[int, float, float]]]:
@@ -159,7 +186,7 @@ def curve_table(results: dict[str, Any]) -> list[str]:
     lines = ["| method | " + " | ".join(f"{s} steps" for s in steps) + " |",
              "|---" * (len(steps) + 1) + "|"]
     for method, v in points.items():
-        at = {s: f"{g:.3f} / {x:.3f}" for s, g, x in v}
+        at = {s: _pair(g, x, 3) for s, g, x in v}
         lines.append(f"| {method} | " + " | ".join(at.get(s, "-") for s in steps) + " |")
     return lines
 
