@@ -13,6 +13,8 @@ Engines, each on a fresh model with the same seed, one after the other in this p
 * ``grouppref``: the packed shared-prefix pass (``share_prefix=True``, sdpa models);
 * ``grouppref-cached``: the two-pass KV-cache fallback (prefix sharing as before the packed pass);
 * ``grouppref-unshared``: ``share_prefix=False`` (N rows of prompt + response);
+* ``grouppref-plain-head`` (only when named in ``--engines``): the packed pass with the model's
+  own LM head and ``taken_logps`` instead of the fused head (``train/taken.py``), to measure it;
 * ``hf``: the peer, a plain ``model(input_ids, labels=...).loss.backward()`` + the same AdamW on the
   same N = B·K rows of prompt + response (labels on the response tokens), what a trainer without
   prefix sharing or grouppref's log-prob code runs.
@@ -65,6 +67,7 @@ SHAPES = {  # LlamaConfig fields of the public models (weights random here)
                  num_key_value_heads=2, vocab_size=1000, tie_word_embeddings=True),
 }
 ENGINES = ("grouppref", "grouppref-cached", "grouppref-unshared", "hf")
+OPTIONAL_ENGINES = ("grouppref-plain-head",)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -162,7 +165,7 @@ def flops(engine: str, cfg, args) -> dict[str, float]:
     def causal(n: int) -> int:
         return n * (n + 1) // 2
 
-    if engine in ("grouppref", "grouppref-cached"):  # prompt once, K responses on top of it
+    if engine in ("grouppref", "grouppref-cached", "grouppref-plain-head"):  # prompt once, K on top
         tokens = b * (p + k * (t - 1))
         rows = b * (1 + k * (t - 1))  # each prompt's last position + response positions
         pairs = b * (causal(p) + k * ((t - 1) * p + causal(t - 1)))
@@ -193,6 +196,8 @@ def run_engine(engine: str, shape_name: str, args, device, dtype, step, ref) -> 
     batch.ref_logps = ref
     if engine == "grouppref-cached":
         logps_mod._FALLBACK[model] = "benchmark: the two-pass KV-cache path"
+    if engine == "grouppref-plain-head":
+        logps_mod._NO_FUSED_HEAD[model] = "benchmark: the model's own LM head + taken_logps"
     optim = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     ids, labels = hf_rows(batch)
 
@@ -322,7 +327,7 @@ def report(all_results: dict, args) -> None:
         for name, error in res["failed"].items():
             print(f"| {name} | failed: {error[:200]} |")
         g = engines.get("grouppref")
-        for other in ("hf", "grouppref-cached", "grouppref-unshared"):
+        for other in ("hf", "grouppref-cached", "grouppref-unshared", "grouppref-plain-head"):
             if g and other in engines:
                 o = engines[other]
                 cpu_step = {n: e["flops"] / e["flops_per_cpu_s"] for n, e in (("g", g), ("o", o))}
@@ -361,8 +366,8 @@ def main() -> None:
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     args.engines = [e for e in args.engines.split(",") if e]
-    if unknown := set(args.engines) - set(ENGINES):
-        sys.exit(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
+    if unknown := set(args.engines) - set(ENGINES + OPTIONAL_ENGINES):
+        sys.exit(f"unknown engines {sorted(unknown)}; choose from {ENGINES + OPTIONAL_ENGINES}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
