@@ -27,8 +27,6 @@ LM head is a plain bias-free ``nn.Linear`` whose output the model returns untouc
 pass goes further (:func:`head_taken_logps`): the model returns the hidden states, and the head
 runs here in vocabulary chunks, each chunk's softmax gradient formed in place and consumed by
 the two weight/input products while it is still in cache (no (R, V) gradient tensor).
-A tied input embedding then gets a sparse gradient that is added in place to the head's dense
-one, instead of a zero-filled (V, d) tensor summed with it.
 """
 
 from __future__ import annotations
@@ -119,31 +117,22 @@ def _fusable_head(model: Any) -> torch.nn.Linear | None:
 
 
 @contextlib.contextmanager
-def _head_bypassed(model: Any, head: torch.nn.Linear | None) -> Iterator[list[Tensor]]:
-    """While active, ``head`` returns its input (recorded in the yielded list), and a tied
-    ``nn.Embedding`` input layer gives sparse gradients (added in place to the head's dense one).
-    """
+def _head_bypassed(head: torch.nn.Linear | None) -> Iterator[list[Tensor]]:
+    """While active, ``head`` returns its input (recorded in the yielded list)."""
     seen: list[Tensor] = []
     if head is None:
         yield seen
         return
-    emb = _inner(model).get_input_embeddings()
-    sparse = (isinstance(emb, torch.nn.Embedding) and emb.weight is head.weight
-              and head.weight.requires_grad and not emb.sparse)
 
     def passthrough(x: Tensor) -> Tensor:
         seen.append(x)
         return x
 
     head.forward = passthrough  # type: ignore[method-assign]
-    if sparse:
-        emb.sparse = True
     try:
         yield seen
     finally:
         del head.forward
-        if sparse:
-            emb.sparse = False
 
 
 def _head_rows(model: Any, layout: packing.GroupLayout | None,
@@ -156,7 +145,7 @@ def _head_rows(model: Any, layout: packing.GroupLayout | None,
     head = _fusable_head(model)
     if head is not None:
         try:
-            with _head_bypassed(model, head) as seen:
+            with _head_bypassed(head) as seen:
                 out = model(**kwargs).logits
             if len(seen) == 1 and out is seen[0]:
                 return out, head
