@@ -21,12 +21,15 @@ from typing import Any
 
 import pytest
 
+from grouppref.errors import ConfigError
 from grouppref.models.openai import merge_usage
+from grouppref.models.server_settings import ServerSettings
 from grouppref.pipeline.imports.config import ImportConfig
 from grouppref.pipeline.imports.stage import run_import_candidates
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.rankers import RuleRanker, build_ranker
 from grouppref.pipeline.rank.settings import annotator_for
+from grouppref.pipeline.rank.shard_scoring import shared_server_settings
 from grouppref.pipeline.rank.stage import rank_group, run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, from_row
@@ -230,3 +233,22 @@ def test_in_process_rankers_run_while_requests_are_in_flight(
         stage = run_rank(groups_run, config)
     assert seen == [6]  # one shard; all six questions in flight while the rule ranker scored
     assert stage.manifest.counts.outputs == 2 and stage.manifest.counts.partial == 0
+
+
+def test_one_server_one_client_and_different_keys_refused(groups_run: RunStore,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    url, other = "http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"
+    shared = shared_server_settings([
+        ServerSettings(base_url=url, concurrency=2, request_timeout=30, max_retries=1),
+        ServerSettings(base_url=other, concurrency=3),
+        ServerSettings(base_url=url, concurrency=6, request_timeout=10, max_retries=4)])
+    assert list(shared) == [url, other]
+    assert (shared[url].concurrency, shared[url].request_timeout, shared[url].max_retries) == (
+        6, 30, 4)
+    monkeypatch.setenv("KEY_A", "a")
+    monkeypatch.setenv("KEY_B", "b")
+    a, b = _judge("pointwise", MODELS[0], url, 2), _judge("rubric", MODELS[0], url, 2)
+    a["server"]["api_key_env"], b["server"]["api_key_env"] = "KEY_A", "KEY_B"
+    with pytest.raises(ConfigError, match=r"127.0.0.1:9/v1 name different api_key_env .*KEY_A"):
+        run_rank(groups_run, RankConfig(rankers=[a, b]))
+    assert groups_run.manifest("rank") is None  # refused before any request or stage
