@@ -247,10 +247,11 @@ def push_run(store: RunStore, config: PushConfig, client: ArgillaClient, progres
         selection = plan_selection(store, config)
     client.require_manager("push")
     source, groups = load_groups(store, config.source_stage)
+    chosen = set(selection.ids)
     roles = {g.group_id: g.role for g in selection.selected if g.role is not None}
     report = push_groups(client, config, config.dataset_name(store),
-                         [g for g in groups if g.group_id in set(selection.ids)],
-                         progress=progress, on_batch=on_batch, roles=roles)
+                         [g for g in groups if g.group_id in chosen], progress=progress,
+                         on_batch=on_batch, roles=roles)
     report.source_stage = source
     report.selection = selection = selection.model_copy(update={"dataset": report.dataset})
     _write_log(store, report, client.credentials.api_url)
