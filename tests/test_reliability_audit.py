@@ -38,7 +38,7 @@ from grouppref.stats.reliability import (
 from grouppref.stats.uncertainty import disagreement
 from tests.factories import make_group
 from tests.test_label_push_pull import write_stage
-from tests.test_label_select import panel
+from tests.test_label_select import _one_line, _push, panel
 
 ALPHA = 0.1
 K = 4
@@ -254,3 +254,12 @@ def test_audit_share_needs_select_uncertain() -> None:
         PushConfig(select="random", budget=3, audit_share=0.2)
     with pytest.raises(ValueError, match="less than or equal to 1"):
         PushConfig(select="uncertain", budget=3, audit_share=1.5)
+
+
+def test_audit_share_without_select_uncertain_is_one_line_exit_2(tmp_path: Path) -> None:
+    store = write_stage(tmp_path / "run", panel())
+    line = _one_line(_push(store.root, "--select", "random", "--budget", "3", "--audit-share",
+                           "0.2"))
+    assert "audit_share 0.2 needs select 'uncertain' (a select 'random' push is already " \
+           "uniform); add --select uncertain or drop --audit-share" in line
+    assert not (store.root / "label").exists()  # nothing written
