@@ -159,6 +159,13 @@ def test_data_without_targeted_markers_is_estimated_exactly_as_before() -> None:
         assert not bool(now.audit_only.any())
     marked = estimate_reliability(ranks, ann, kw, **args, design=design)
     assert int(marked.groups[3]) == 8 and int(before.groups[3]) == 24
+    assert marked.audit_only.tolist() == [False, False, False, True, False]
+    few = estimate_reliability(ranks, ann, kw, **{**args, "min_groups": 9}, design=design)
+    assert not bool(few.audit_only.any())  # 8 audit groups < 9: judged on all, as before
+    for name in ("annotator_weight", "tau", "groups", "flip_rate", "dropped"):
+        assert torch.equal(getattr(few, name).nan_to_num(-9),
+                           getattr(estimate_reliability(ranks, ann, kw, **{**args, "min_groups": 9}),
+                                   name).nan_to_num(-9))
 
 
 # -- the aggregate stage through the run store ------------------------------------------------
@@ -203,8 +210,7 @@ def test_stage_judges_a_selected_human_on_its_audit_groups(tmp_path: Path) -> No
     assert fixed.votes == 16 * 6  # every ranking still counts in the fit
 
     no_audit = human_report(tmp_path, "noaudit", {"hard": "uncertain", "easy": "uncertain"})
-    assert no_audit.reliability_groups == "audit" and no_audit.groups == 0
-    assert no_audit.tau is None and no_audit.annotator_weight == 1.0  # kind weight kept
+    assert no_audit.model_dump() == old.model_dump()  # too few audit groups: all, as before
 
     forced = human_report(tmp_path, "all", {"hard": "uncertain", "easy": "audit"},
                           AggregateConfig(reliability_groups="all"))

@@ -8,11 +8,10 @@ truth). Each method sends ``n`` groups to the human:
 * ``random``: ``label push --select random`` (human rankings marked ``selection: random``);
 * ``uncertain_before``: ``--select uncertain`` (bt_posterior) with no selection marker on the
   human's rankings: the aggregate judges the human on every group it saw, as before the fix;
-* ``uncertain_audit0``: the same groups, rankings marked ``uncertain``: the aggregate has no
-  audit group for the human, so the human keeps its kind weight;
 * ``uncertain_auditF``: ``--select uncertain --audit-share F``: ``round(F n)`` groups drawn
-  uniformly from all groups (marked ``audit``), the rest the most uncertain of the others; the
-  aggregate judges the human on the audit groups only;
+  uniformly from all groups (marked ``audit``), the rest the most uncertain of the others
+  (marked ``uncertain``); the aggregate judges the human on the audit groups only, or on all
+  its groups, as before, when it has fewer than ``min_groups_for_reliability`` (5) of them;
 * ``oracle_before`` / ``oracle_audit20``: the groups whose machine-only consensus has the most
   wrong pairs (knows the truth; not a grouppref option), unmarked / with a 20 % audit share.
 
@@ -46,8 +45,8 @@ from grouppref.pipeline.aggregate.config import AggregateConfig
 
 SHARES = (0.1, 0.2, 0.4, 0.6)
 AUDIT = (0.1, 0.2)
-METHODS = ("random", "uncertain_before", "uncertain_audit0",
-           *(f"uncertain_audit{round(100 * f)}" for f in AUDIT), "oracle_before", "oracle_audit20")
+METHODS = ("random", "uncertain_before", *(f"uncertain_audit{round(100 * f)}" for f in AUDIT),
+           "oracle_before", "oracle_audit20")
 
 
 def roles_of(method: str, groups: list, n: int, seed: int, wrong: np.ndarray
@@ -110,7 +109,7 @@ def tables(rows: list[dict[str, Any]]) -> str:
         cells = [_ci(c.paired_ci(base, [0.0] * len(base)), ".3f")]
         cells += [_ci(c.paired_ci(_col(rows, share, m, "accuracy"), base)) for m in gain]
         out.append(f"| {share:.0%} | " + " | ".join(cells) + " |")
-    fixes = [("uncertain_audit0", "uncertain_before"), ("uncertain_audit20", "uncertain_before"),
+    fixes = [("uncertain_audit10", "uncertain_before"), ("uncertain_audit20", "uncertain_before"),
              ("oracle_audit20", "oracle_before")]
     head = ["human budget", *(f"{a} − {b}" for a, b in fixes)]
     out += ["", "The fix's effect on accuracy (after − before, paired by seed):", "",

@@ -25,20 +25,21 @@ Two measures per annotator, both over tensors of all groups (chunked by ``batch_
   random selection to 0.34, and an oracle selection's human was dropped). Each ranking may
   say how its group was chosen (:data:`UNMARKED`, :data:`UNIFORM`: a uniform draw or every
   group, e.g. ``audit``/``random``/``all``; :data:`TARGETED`: chosen by its uncertainty). An
-  annotator with at least one targeted ranking is judged on its uniform rankings only
-  (:func:`reliability_slots`): ``tau_a = mean_{g in U_a} tau_ag`` where ``U_a`` are its
-  groups drawn uniformly from the whole source stage (``--audit-share``). Those are a simple
-  random sample of all groups, so ``tau_a`` estimates the same population mean tau that a
-  random selection measures; the targeted groups still count in everyone else's
-  leave-one-out consensus and in the final fit. Departures: no Horvitz-Thompson use of the
-  targeted groups (their inclusion probability given the automatic rankings is 1 or 0, so
-  no reweighting can make them representative); an annotator with fewer than
-  ``min_groups`` uniform groups keeps its kind weight, unflagged, like any annotator with
-  too few groups (its reliability is not estimated, rather than estimated with a bias); an
-  unmarked ranking of such an annotator is treated as targeted (not known to be uniform).
-  The same mask applies to its pairwise agreement counts (flip rates), not to its vote
-  count. Annotators without targeted rankings (every automatic ranker, old data without
-  markers) are judged on all their groups, exactly as before.
+  annotator with at least one targeted ranking and ``min_groups`` comparable uniform ones is
+  judged on its uniform rankings only (:func:`reliability_slots`):
+  ``tau_a = mean_{g in U_a} tau_ag``, ``U_a`` its groups drawn uniformly from the whole source
+  stage (``--audit-share``). Those are a simple random sample of all groups, so ``tau_a``
+  estimates the same population mean that a random selection measures; the targeted groups
+  still count in everyone else's leave-one-out consensus and in the final fit. Departures:
+  no Horvitz-Thompson use of the targeted groups (their inclusion probability given the
+  automatic rankings is 1 or 0, so no reweighting can make them representative); an
+  annotator with fewer than ``min_groups`` comparable uniform groups is judged on all its
+  groups, as before (biased low, but it still catches a random clicker: keeping its kind
+  weight instead let one at flip 0.5 cost up to 0.15 of pair accuracy, docs/evidence.md); an
+  unmarked ranking of an annotator with targeted ones is not counted as uniform. The same
+  slots count in its pairwise agreement (flip rate), not in its vote count. Annotators
+  without targeted rankings (every automatic ranker, data without markers) are judged on all
+  their groups, exactly as before.
 * Ties. Pairs that some used ranking of a group puts in one tier are *undecided*: the flip
   rates and the noise estimate are over decided pairs only, and the share of undecided pairs
   is reported on its own (``tied_share``), with each annotator's own ``tie_rate``. Ties that
@@ -98,7 +99,7 @@ class Reliability:
     dropped: torch.Tensor  # bool: left out of the fit
     tie_rate: torch.Tensor  # share of the pairs it ranked that it put in one tier (NaN: none)
     tied_share: float | None  # dataset: share of group pairs some used ranking ties (None: no pairs)
-    audit_only: torch.Tensor | None = None  # bool: judged on its uniformly drawn groups only
+    audit_only: torch.Tensor | None = None  # bool: judged on its uniform (audit) groups only
 
 
 def fit_batches(wins: torch.Tensor, alpha: float, batch_size: int, max_iter: int) -> torch.Tensor:
@@ -139,21 +140,29 @@ def loo_concordance(ranks: torch.Tensor, slot_w: torch.Tensor, alpha: float, max
 
 def _tau_stats(ranks: torch.Tensor, ann: torch.Tensor, annotator_w: torch.Tensor, n: int,
                alpha: float, batch_size: int, max_iter: int, tie_tol: float,
-               count: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-annotator tau against the leave-one-out consensus, over the slots ``count``."""
-    acc = {key: torch.zeros(n, dtype=bt.DTYPE) for key in ("sum", "sq", "groups", "c", "d")}
+               masks: tuple[torch.Tensor, ...]) -> list[dict[str, torch.Tensor]]:
+    """Per-annotator tau against the leave-one-out consensus, once over the slots of each
+    ``(B, A)`` mask (the leave-one-out fits are shared)."""
+    keys = ("sum", "sq", "groups", "c", "d")
+    accs = [{key: torch.zeros(n, dtype=bt.DTYPE) for key in keys} for _ in masks]
     for s in range(0, ranks.shape[0], batch_size):
         r, idx = ranks[s : s + batch_size], ann[s : s + batch_size]
         slot_w = torch.where(idx >= 0, annotator_w[idx.clamp(min=0)], 0)
         c, d = loo_concordance(r, slot_w, alpha, max_iter, tie_tol)
-        has = (idx >= 0) & (c + d > 0) & count[s : s + batch_size]
-        tau = torch.where(has, (c - d) / (c + d).clamp(min=1), 0)
-        who = idx[has]
-        acc["sum"].index_add_(0, who, tau[has])
-        acc["sq"].index_add_(0, who, tau[has] ** 2)
-        acc["groups"].index_add_(0, who, torch.ones_like(tau[has]))
-        acc["c"].index_add_(0, who, c[has])
-        acc["d"].index_add_(0, who, d[has])
+        comparable = (idx >= 0) & (c + d > 0)
+        tau = torch.where(comparable, (c - d) / (c + d).clamp(min=1), 0)
+        for acc, mask in zip(accs, masks, strict=True):
+            has = comparable & mask[s : s + batch_size]
+            who = idx[has]
+            acc["sum"].index_add_(0, who, tau[has])
+            acc["sq"].index_add_(0, who, tau[has] ** 2)
+            acc["groups"].index_add_(0, who, torch.ones_like(tau[has]))
+            acc["c"].index_add_(0, who, c[has])
+            acc["d"].index_add_(0, who, d[has])
+    return [_tau_summary(acc) for acc in accs]
+
+
+def _tau_summary(acc: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     g = acc["groups"]
     mean = torch.where(g > 0, acc["sum"] / g.clamp(min=1), math.nan)
     var = torch.where(g > 1, (acc["sq"] - g * mean**2) / (g - 1).clamp(min=1), math.nan)
@@ -257,14 +266,18 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
         return Reliability(annotator_weight=empty, tau=empty, tau_se=empty, groups=empty,
                            votes=empty, loo_disagreement=empty, flip_rate=empty,
                            unreliable=none, dropped=none, tie_rate=empty, tied_share=None)
+    slots = ann >= 0
     if design is None:
-        count, targeted = ann >= 0, torch.zeros(n, dtype=torch.bool)
+        count, targeted = slots, torch.zeros(n, dtype=torch.bool)
     else:
         count, targeted = reliability_slots(ann, design, n)
     annotator_w = kind_w.clone()
     unreliable = torch.zeros(n, dtype=torch.bool)
     for _ in range(max(iterations, 1)):  # one pass even without weighting: tau is reported
-        st = _tau_stats(ranks, ann, annotator_w, n, alpha, batch_size, max_iter, tie_tol, count)
+        every, audit = _tau_stats(ranks, ann, annotator_w, n, alpha, batch_size, max_iter,
+                                  tie_tol, (slots, count))
+        audit_only = targeted & (audit["groups"] >= min_groups)  # else: all groups, as before
+        st = {key: torch.where(audit_only, audit[key], every[key]) for key in every}
         enough = st["groups"] >= min_groups
         unreliable = enough & (st["tau"] <= unreliable_tau + z * st["tau_se"].nan_to_num(0.0))
         if iterations > 0:
@@ -272,14 +285,15 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
                                                1.0)
         if drop:
             annotator_w = torch.where(unreliable, 0.0, annotator_w)
-    agr = pairwise_agreement(ranks, ann, n, batch_size, annotator_w, count)
+    agr = pairwise_agreement(ranks, ann, n, batch_size, annotator_w,
+                             slots & (~audit_only[ann.clamp(min=0)] | count))
     return Reliability(annotator_weight=annotator_w, tau=st["tau"], tau_se=st["tau_se"],
                        groups=st["groups"], votes=agr.votes, loo_disagreement=st["loo_disagreement"],
                        flip_rate=noise.flip_rates_moment(agr.agree, agr.total),
                        unreliable=unreliable, dropped=unreliable & drop & (kind_w > 0),
                        tie_rate=torch.where(agr.ranked > 0, agr.ties / agr.ranked.clamp(min=1), math.nan),
                        tied_share=agr.tied_pairs / agr.covered_pairs if agr.covered_pairs else None,
-                       audit_only=targeted)
+                       audit_only=audit_only)
 
 
 def noise_rate(rel: Reliability) -> float | None:

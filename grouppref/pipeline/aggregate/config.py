@@ -55,8 +55,8 @@ class AggregateConfig(BaseModel):
         "annotator with rankings of groups chosen by uncertainty (ranking metadata selection="
         "uncertain, from `label push --select uncertain`) is judged only on its groups drawn "
         "uniformly (selection=audit, `--audit-share`), since the hardest groups make anyone "
-        "look unreliable; without enough of them it keeps its kind weight. all: every group "
-        "(biased under selection).")
+        "look unreliable; with fewer than min_groups_for_reliability of them, on all its "
+        "groups as before. all: every group for everyone (biased under selection).")
     min_groups_for_reliability: int = Field(default=5, ge=1, description="Annotators with fewer "
                                             "comparable groups keep their kind weight, unflagged.")
     unreliable_tau: float = Field(default=0.0, ge=-1, le=1, description="Chance level of tau: an "
