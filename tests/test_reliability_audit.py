@@ -23,6 +23,7 @@ from grouppref.labeling.config import PushConfig
 from grouppref.labeling.select import select_groups
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
+from grouppref.pipeline.report.selection import describe_selection
 from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
@@ -237,6 +238,8 @@ def test_audit_share_draws_uniformly_and_fills_with_the_most_uncertain() -> None
     targeted = [ids.index(g.group_id) for g in sel.selected if g.role == "uncertain"]
     assert [float(u[i]) for i in targeted] == [float(u[i]) for i in rest[:2]]
     assert sel.threshold == pytest.approx(float(u[targeted[-1]]))
+    assert "2 of them are audit groups drawn uniformly from all groups (--audit-share 0.5)" \
+        in describe_selection(sel)
 
     hits = np.zeros(len(groups))  # every group equally likely to be audited
     seeds = 900
