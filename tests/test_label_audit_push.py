@@ -41,6 +41,7 @@ def test_audit_groups_are_marked_pulled_and_used_by_the_aggregate(
         capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     assert pushed.returncode == 0, pushed.stderr
     assert "3 of them audit groups drawn at random (seed 1)" in pushed.stdout
+    assert "no audit groups" not in pushed.stderr
     selection = LabelSelection.model_validate_json(
         (store.root / "label" / "selection.json").read_text(encoding="utf-8"))
     roles = {g.group_id: g.role for g in selection.selected}
@@ -82,3 +83,11 @@ def test_audit_groups_are_marked_pulled_and_used_by_the_aggregate(
     run_aggregate(store, AggregateConfig(min_groups_for_reliability=2, reliability_groups="all"))
     everything = next(a for a in read_report(store).annotators if a.id == name)
     assert everything.reliability_groups == "all" and everything.groups == 6
+
+    plain = subprocess.run(  # no audit share: the push says what that costs
+        [sys.executable, "-m", "grouppref", "label", "push", str(store.root), "--state-dir",
+         str(argilla_server.state_dir), "--dataset", "audit-none", "--select", "uncertain",
+         "--budget", "2", "--uncertainty", "kendall_w"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert plain.returncode == 0, plain.stderr
+    assert "note: no audit groups" in plain.stderr and "--audit-share 0.2" in plain.stderr

@@ -97,6 +97,11 @@ def _push(config: PushConfig, extras: dict[str, Any], force: bool) -> None:
         out.print(f"  selected {len(selection.selected)} of {selection.groups} groups: "
                   f"{esc(how)}; list in {selection_path(store)}",
                   highlight=False)
+        if selection.select == "uncertain" and not audit:
+            err.print("note: no audit groups: the aggregate will judge these annotators on the "
+                      "hardest groups only, which makes good ones look unreliable; "
+                      "--audit-share 0.2 sends a random fifth of the budget to measure them "
+                      "(docs/labeling-push-pull.md)", highlight=False)
 
 
 push = config_command(
