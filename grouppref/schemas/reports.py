@@ -197,6 +197,24 @@ class TrainStats(_Report):
                                         "order (empty without refresh).")
 
 
+class RewardModelStats(_Report):
+    """What a reward-model training measured (``RUN/train_rm`` manifest stats, ``metrics.json``
+    in the model folder)."""
+
+    steps: int
+    epochs: float
+    loss: str
+    train: dict[str, Any] = Field(description="Last logging window's training metrics.")
+    eval_start: dict[str, Any] = Field(description="Held-out metrics before training (empty: "
+                                       "nothing held out).")
+    eval: dict[str, Any] = Field(description="Held-out metrics at the end.")
+    groups: dict[str, int] = Field(description="train, held_out, rejected, dropped_candidates.")
+    pairs_per_s: float = Field(description="Weighted pairs (i<j, w_ij>0) trained per second, "
+                               "over the whole loop.")
+    seconds: float
+    data_fingerprint: str = Field(default="", description="Fingerprint of the training data.")
+
+
 class EvalReport(_Report):
     """A model (and its baseline) scored on a group dataset's consensus (``RUN/eval``)."""
 

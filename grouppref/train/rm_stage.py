@@ -18,9 +18,10 @@ from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.manifest import write_rejects
 from grouppref.runs.store import RunStore, Shard, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
+from grouppref.schemas.reports import RewardModelStats
 from grouppref.train.distributed import process_state
-from grouppref.train.model_card import TrainedOn, _readable, hub_id, public_name, trained_on
-from grouppref.train.rm_config import RewardModelConfig, RewardModelStats
+from grouppref.train.model_card import TrainedOn, hub_id, make_readable, public_name, trained_on
+from grouppref.train.rm_config import RewardModelConfig
 from grouppref.train.sources import load_groups
 
 STAGE = "train_rm"
@@ -87,7 +88,7 @@ def finish_rm_folder(out_dir: Path, config: RewardModelConfig, stats: RewardMode
     (out_dir / "metrics.json").write_text(json.dumps(stats.model_dump(mode="json"), indent=2)
                                           + "\n")
     ModelCard(card_text(config, stats, data, out_dir.resolve().name)).save(out_dir / "README.md")
-    _readable(out_dir)
+    make_readable(out_dir)
 
 
 def _settings(config: RewardModelConfig, out_dir: Path) -> dict[str, Any]:
