@@ -199,10 +199,9 @@ class RunStore:
         every process of a distributed launch can ask, and only the main one writes)."""
         m = self.manifest(stage)
         key = fingerprint_inputs(input_fingerprint, self.input_fingerprints(inputs))
-        if (m is None or m.config_hash != config_hash(config, stage_version)
-                or m.input_fingerprint != key or m.stage_version != stage_version):
+        if not _same_key(m, config_hash(config, stage_version), key, stage_version):
             return None
-        return m if self._reusable(m) else None
+        return m if m is not None and self._reusable(m) else None
 
     def open_stage(
         self,
@@ -238,32 +237,26 @@ class RunStore:
         fingerprint = fingerprint_inputs(input_fingerprint, read)
         chash = config_hash(config, stage_version)
         previous = self.manifest(stage)
-        same_key = (
-            previous is not None
-            and previous.config_hash == chash
-            and previous.input_fingerprint == fingerprint
-            and previous.stage_version == stage_version
-        )
+        same_key = _same_key(previous, chash, fingerprint, stage_version)
         if previous is not None and same_key and not force and self._reusable(previous):
             return StageRun(self, previous, record_type, cached=True)
-        stage_dir = self.stage_dir(stage)
-        resuming = previous is not None and same_key and previous.status == "running" and not force
-        if not resuming:
-            shutil.rmtree(stage_dir / SHARDS, ignore_errors=True)
-        config_data = config.model_dump(mode="json") if isinstance(config, BaseModel) else config
+        resuming = same_key and not force and previous is not None and previous.status == "running"
+        resumed = previous if resuming else None
+        if resumed is None:
+            shutil.rmtree(self.stage_dir(stage) / SHARDS, ignore_errors=True)
         manifest = Manifest(
-            stage=stage,
-            run=self.name,
-            status="running",
-            stage_version=stage_version,
-            config=config_data,
-            config_hash=chash,
-            input_fingerprint=fingerprint,
-            inputs=read,
+            stage=stage, run=self.name, status="running", stage_version=stage_version,
+            config=config.model_dump(mode="json") if isinstance(config, BaseModel) else config,
+            config_hash=chash, input_fingerprint=fingerprint, inputs=read,
             record_type=record_type.__name__ if record_type else None,
-            started_at=previous.started_at if resuming and previous else now(),
-            seconds=previous.seconds if resuming and previous else None,
-            versions=package_versions(),
-        )
+            started_at=resumed.started_at if resumed else now(),
+            seconds=resumed.seconds if resumed else None, versions=package_versions())
         self.write_manifest(manifest)
         return StageRun(self, manifest, record_type, cached=False)
+
+
+def _same_key(manifest: Manifest | None, chash: str, fingerprint: str, stage_version: str) -> bool:
+    """Whether ``manifest`` was made with this cache key (settings, input, stage version)."""
+    return (manifest is not None and manifest.config_hash == chash
+            and manifest.input_fingerprint == fingerprint
+            and manifest.stage_version == stage_version)
