@@ -249,8 +249,9 @@ class RunStore:
             config=config.model_dump(mode="json") if isinstance(config, BaseModel) else config,
             config_hash=chash, input_fingerprint=fingerprint, inputs=read,
             record_type=record_type.__name__ if record_type else None,
-            started_at=resumed.started_at if resumed else now(),
-            seconds=resumed.seconds if resumed else None, versions=package_versions())
+            started_at=resumed.started_at if resumed is not None else now(),
+            seconds=resumed.seconds if resumed is not None else None,
+            versions=package_versions())
         self.write_manifest(manifest)
         return StageRun(self, manifest, record_type, cached=False)
 
