@@ -16,7 +16,7 @@ two candidates is rejected. Nothing is dropped without a :class:`Reject`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,19 +185,27 @@ def tokenize_groups(groups: Iterable[ValidatedGroup], tokenizer: Any, config: Da
         ConfigError: the tokenizer cannot serve ``config`` (checked once, before any row).
     """
     check_tokenizer(tokenizer, config)
+    return encode_each(groups, lambda g: tokenize_group(g, tokenizer, config), stage)
+
+
+def encode_each(groups: Iterable[ValidatedGroup], encode: Callable[[ValidatedGroup], TokenizedGroup],
+                stage: str) -> tuple[list[TokenizedGroup], list[Reject]]:
+    """``encode`` every group: a ``RowError`` becomes a row reject, each candidate the
+    encoding dropped (``TokenizedGroup.dropped``) a part reject. Rows are numbered from 1, so
+    ``len(groups) == len(encoded) + row rejects``."""
     out: list[TokenizedGroup] = []
     rejects: list[Reject] = []
     for row, group in enumerate(groups, start=1):
         try:
-            tok = tokenize_group(group, tokenizer, config)
+            enc = encode(group)
         except RowError as e:
             rejects.append(Reject(stage=stage, reason=e.reason, row=row, group_id=group.group_id,
                                   field=e.field))
             continue
         rejects.extend(Reject(stage=stage, reason=reason, row=row, group_id=group.group_id,
                               field=f"candidates[{cid}]", scope="part")
-                       for cid, reason in tok.dropped.items())
-        out.append(tok)
+                       for cid, reason in enc.dropped.items())
+        out.append(enc)
     return out, rejects
 
 

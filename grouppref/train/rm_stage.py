@@ -16,13 +16,13 @@ from typing import Any
 
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.manifest import write_rejects
-from grouppref.runs.store import RunStore, Shard, StageRun
+from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import RewardModelStats
 from grouppref.train.distributed import process_state
 from grouppref.train.model_card import TrainedOn, hub_id, make_readable, public_name, trained_on
 from grouppref.train.rm_config import RewardModelConfig
-from grouppref.train.sources import load_groups
+from grouppref.train.sources import load_groups, record_training
 
 STAGE = "train_rm"
 STAGE_VERSION = "1"
@@ -133,11 +133,8 @@ def run_train_rm(store: RunStore, config: RewardModelConfig, force: bool = False
         stats = RewardModelStats(**result.stats, data_fingerprint=data.fingerprint)
         finish_rm_folder(out, config, stats, trained_on(str(store.root), "run", store,
                                                         data.stale))
-        used = set(result.used)
-        records = [g for g in data.groups if g.group_id in used]
-        stage.write_shard(Shard(index=0, start=0, items=records), records, result.rejects)
-        stage.finish(inputs=data.rows, stats=stats.model_dump(mode="json"),
-                     outputs={"model": str(out)})
+        record_training(stage, data, result.used, result.rejects,
+                        stats.model_dump(mode="json"), out)
     state.wait_for_everyone()
     return stage or StageRun(store, store.require(STAGE), ValidatedGroup, cached=False)
 

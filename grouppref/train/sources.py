@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from grouppref.readers.published import read_validated
 from grouppref.runs.freshness import require_fresh
-from grouppref.runs.store import RunStore
+from grouppref.runs.store import RunStore, Shard, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 
 INPUT_STAGE = "validate"
@@ -70,3 +71,13 @@ def load_groups(source: str | Path, stage: str = "train", *,
     read = read_validated(text, stage)
     return GroupSource(source=text, groups=read.groups, rejects=read.rejects, rows=read.rows,
                        fingerprint=read.fingerprint, format=read.format)
+
+
+def record_training(stage: StageRun[ValidatedGroup], data: GroupSource, used: list[str],
+                    rejects: list[Reject], stats: dict[str, Any], model_dir: Path) -> None:
+    """Finish a training stage of a run (``train``, ``train_rm``): the groups it used (ids
+    ``used``) are its records, with its rejects, its stats and the model folder as output."""
+    keep = set(used)
+    records = [g for g in data.groups if g.group_id in keep]
+    stage.write_shard(Shard(index=0, start=0, items=records), records, rejects)
+    stage.finish(inputs=data.rows, stats=stats, outputs={"model": str(model_dir)})

@@ -16,7 +16,7 @@ from typing import Any
 
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.manifest import write_rejects
-from grouppref.runs.store import RunStore, Shard, StageRun
+from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import TrainStats
 from grouppref.train.config import TrainConfig
@@ -27,7 +27,7 @@ from grouppref.train.model_card import (
     public_rejects,
     trained_on,
 )
-from grouppref.train.sources import load_groups
+from grouppref.train.sources import load_groups, record_training
 from grouppref.train.trainer import train
 
 STAGE = "train"
@@ -85,11 +85,8 @@ def run_train(store: RunStore, config: TrainConfig, force: bool = False, *,
     if stage is not None:
         finish_model_folder(out, config, result.stats,
                             trained_on(str(store.root), "run", store, data.stale))
-        used = set(result.used)
-        records = [g for g in data.groups if g.group_id in used]
-        stage.write_shard(Shard(index=0, start=0, items=records), records, result.rejects)
-        stage.finish(inputs=data.rows, stats=result.stats.model_dump(mode="json"),
-                     outputs={"model": str(out)})
+        record_training(stage, data, result.used, result.rejects,
+                        result.stats.model_dump(mode="json"), out)
     state.wait_for_everyone()
     return stage or StageRun(store, store.require(STAGE), ValidatedGroup, cached=False)
 
