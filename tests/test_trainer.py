@@ -258,7 +258,7 @@ def test_gradient_checkpointing_with_shared_prefix_equals_the_run_without(
                 grad_accum=2, max_steps=3, logging_steps=1, data=PLAIN)
     plain = train(TrainConfig(**base), groups, tmp_path / "plain")
     ckpt = train(TrainConfig(**base, gradient_checkpointing=True), groups, tmp_path / "ckpt")
-    assert ckpt.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
+    assert ckpt.model.is_activation_checkpointing and not plain.model.is_activation_checkpointing
     lines, ref_lines = _train_lines(tmp_path / "ckpt"), _train_lines(tmp_path / "plain")
     assert [r["step"] for r in lines] == [r["step"] for r in ref_lines] == [1, 2, 3]
     for got, want in zip(lines, ref_lines, strict=True):
