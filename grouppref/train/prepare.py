@@ -1,19 +1,43 @@
 """What both trainers (the policy's, :mod:`grouppref.train.trainer`, and the reward model's,
 :mod:`grouppref.train.rm_loop`) prepare before their loop the same way: a fresh ``Accelerator``,
-gradient checkpointing, the autocast dtype, and the check that some group is left to train on."""
+gradient checkpointing, the autocast dtype, the check that some group is left to train on, and
+the fields of the object their loop works on (:class:`LoopRun`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from grouppref.errors import StageError
 from grouppref.schemas import Reject
+from grouppref.train import checkpoint
+from grouppref.train.data import TokenizedGroup
 from grouppref.train.distributed import cpu_launch
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(kw_only=True)
+class LoopRun:
+    """Everything a training loop touches (one object instead of ten arguments); each trainer
+    adds its own fields."""
+
+    config: Any
+    accelerator: Any
+    model: Any  # prepared (wrapped) by accelerate
+    optimizer: Any
+    scheduler: Any
+    loader: Any
+    held_out: list[TokenizedGroup]
+    pad_token_id: int
+    total_steps: int
+    steps_per_epoch: int
+    log: checkpoint.MetricsLog
+    state: checkpoint.TrainState = field(default_factory=checkpoint.TrainState)
+    last_train: dict[str, float] = field(default_factory=dict)  # the last logging window
 
 
 def fresh_accelerator(config: Any, **extra: Any) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,12 @@ from grouppref.schemas import ValidatedGroup
 from grouppref.train import checkpoint
 from grouppref.train.config import check_precision
 from grouppref.train.data import TokenizedGroup, collate_groups
-from grouppref.train.prepare import autocast_dtype, enable_checkpointing, fresh_accelerator
+from grouppref.train.prepare import (
+    LoopRun,
+    autocast_dtype,
+    enable_checkpointing,
+    fresh_accelerator,
+)
 from grouppref.train.rm_config import RewardModelConfig
 from grouppref.train.rm_trainer import (
     TRAIN_METRICS,
@@ -35,25 +40,13 @@ from grouppref.train.rm_trainer import (
 )
 
 
-@dataclass
-class _Run:
-    """What the loop touches."""
+@dataclass(kw_only=True)
+class _Run(LoopRun):
+    """The reward-model loop's run: it also counts pairs and its own time."""
 
     config: RewardModelConfig
-    accelerator: Any
-    model: Any
-    optimizer: Any
-    scheduler: Any
-    loader: Any
-    held_out: list[TokenizedGroup]
-    pad_token_id: int
-    total_steps: int
-    steps_per_epoch: int
-    log: checkpoint.MetricsLog
-    state: checkpoint.TrainState = field(default_factory=checkpoint.TrainState)
-    last_train: dict[str, float] = field(default_factory=dict)
-    pairs: int = 0
-    seconds: float = 0.0
+    pairs: int = 0  # weighted pairs trained on
+    seconds: float = 0.0  # of the loop
 
     def eval(self) -> dict[str, float]:
         model = self.accelerator.unwrap_model(self.model)

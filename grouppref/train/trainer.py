@@ -30,12 +30,12 @@ from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import TrainStats
 from grouppref.train import checkpoint
 from grouppref.train.config import TrainConfig, check_precision, check_trackers
-from grouppref.train.data import GroupBatch, TokenizedGroup, collate_groups
+from grouppref.train.data import GroupBatch, collate_groups
 from grouppref.train.eval import evaluate, reward_metrics
 from grouppref.train.loop import Objective, step_loss
 from grouppref.train.mix import MixSampler, mix_loader
 from grouppref.train.model_card import public_stats
-from grouppref.train.prepare import autocast_dtype
+from grouppref.train.prepare import LoopRun, autocast_dtype
 from grouppref.train.trainer_setup import (
     Prepared,
     check_checkpointing,
@@ -61,25 +61,13 @@ class TrainResult:
     used: list[str] = field(default_factory=list)  # group ids trained or evaluated on
 
 
-@dataclass
-class _Run:
-    """Everything the loop touches (one object instead of ten arguments)."""
+@dataclass(kw_only=True)
+class _Run(LoopRun):
+    """The policy loop's run: its output folder, objective, refresher and mix sampler."""
 
     config: TrainConfig
-    accelerator: Any
-    model: Any
-    optimizer: Any
-    scheduler: Any
-    loader: Any
-    held_out: list[TokenizedGroup]
-    pad_token_id: int
     out_dir: Path
-    total_steps: int
-    steps_per_epoch: int
-    state: checkpoint.TrainState
-    log: checkpoint.MetricsLog
     objective: Objective
-    last_train: dict[str, float] = field(default_factory=dict)
     refresh: Any = None  # a grouppref.train.refresh.Refresher when config.refresh is set
     mix: MixSampler | None = None  # the batch sampler when config.mix is set
 
@@ -192,9 +180,8 @@ def _build_run(config: TrainConfig, prep: Prepared, model: Any, out_dir: Path) -
     return _Run(config=config, accelerator=accelerator, model=model, optimizer=optimizer,
                 scheduler=scheduler, loader=loader, held_out=prep.held_out,
                 pad_token_id=pad_token_id, out_dir=out_dir, total_steps=total,
-                steps_per_epoch=steps_per_epoch, state=checkpoint.TrainState(),
-                log=checkpoint.MetricsLog(out_dir, accelerator), objective=Objective.of(config),
-                mix=mix)
+                steps_per_epoch=steps_per_epoch, log=checkpoint.MetricsLog(out_dir, accelerator),
+                objective=Objective.of(config), mix=mix)
 
 
 def _start_run(config: TrainConfig, prep: Prepared, policy: Any, out_dir: Path,
