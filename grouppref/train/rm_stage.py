@@ -22,7 +22,12 @@ from grouppref.schemas.reports import RewardModelStats
 from grouppref.train.distributed import process_state
 from grouppref.train.model_card import TrainedOn, hub_id, make_readable, public_name, trained_on
 from grouppref.train.rm_config import RewardModelConfig
-from grouppref.train.sources import load_groups, record_training
+from grouppref.train.sources import (
+    load_groups,
+    open_training_stage,
+    record_training,
+    training_stage_result,
+)
 
 STAGE = "train_rm"
 STAGE_VERSION = "1"
@@ -116,18 +121,9 @@ def run_train_rm(store: RunStore, config: RewardModelConfig, force: bool = False
     settings = _settings(config, out)
     key = sha256_text(canonical_json({"model": fingerprint,
                                       "stale": data.stale}))
-    if not force:
-        hit = store.cached(STAGE, settings, input_fingerprint=key, inputs=[INPUT_STAGE],
-                           stage_version=STAGE_VERSION)
-        if hit is not None:
-            return StageRun(store, hit, ValidatedGroup, cached=True)
-    state = process_state()
-    state.wait_for_everyone()
-    stage = None
-    if state.is_main_process:
-        stage = store.open_stage(STAGE, settings, input_fingerprint=key, inputs=[INPUT_STAGE],
-                                 record_type=ValidatedGroup, stage_version=STAGE_VERSION,
-                                 force=True)
+    stage = open_training_stage(store, STAGE, settings, key, STAGE_VERSION, reuse=not force)
+    if stage is not None and stage.cached:
+        return stage
     result = train_reward_model(config, data.groups, out)
     if stage is not None:
         stats = RewardModelStats(**result.stats, data_fingerprint=data.fingerprint)
@@ -135,8 +131,7 @@ def run_train_rm(store: RunStore, config: RewardModelConfig, force: bool = False
                                                         data.stale))
         record_training(stage, data, result.used, result.rejects,
                         stats.model_dump(mode="json"), out)
-    state.wait_for_everyone()
-    return stage or StageRun(store, store.require(STAGE), ValidatedGroup, cached=False)
+    return training_stage_result(store, STAGE, stage)
 
 
 @dataclass

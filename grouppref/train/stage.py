@@ -27,7 +27,12 @@ from grouppref.train.model_card import (
     public_rejects,
     trained_on,
 )
-from grouppref.train.sources import load_groups, record_training
+from grouppref.train.sources import (
+    load_groups,
+    open_training_stage,
+    record_training,
+    training_stage_result,
+)
 from grouppref.train.trainer import train
 
 STAGE = "train"
@@ -67,18 +72,10 @@ def run_train(store: RunStore, config: TrainConfig, force: bool = False, *,
     settings = _stage_config(config, out)
     # a model trained on stale data carries a card that says so: another output, another key
     marker = sha256_text(canonical_json({"stale": data.stale})) if data.stale else ""
-    if not force and not resume:
-        hit = store.cached(STAGE, settings, input_fingerprint=marker, inputs=[INPUT_STAGE],
-                           stage_version=STAGE_VERSION)
-        if hit is not None:
-            return StageRun(store, hit, ValidatedGroup, cached=True)
-    state = process_state()
-    state.wait_for_everyone()  # every process has decided before the manifest changes
-    stage = None
-    if state.is_main_process:
-        stage = store.open_stage(STAGE, settings, input_fingerprint=marker, inputs=[INPUT_STAGE],
-                                 record_type=ValidatedGroup, stage_version=STAGE_VERSION,
-                                 force=True)
+    stage = open_training_stage(store, STAGE, settings, marker, STAGE_VERSION,
+                                reuse=not force and not resume)
+    if stage is not None and stage.cached:
+        return stage
     result = train(config, data.groups, out, resume=resume,
                    reference_cache=reference_cache or store.stage_dir(STAGE) / "reference",
                    refresh_dir=store.stage_dir(STAGE) / "refresh")
@@ -87,8 +84,7 @@ def run_train(store: RunStore, config: TrainConfig, force: bool = False, *,
                             trained_on(str(store.root), "run", store, data.stale))
         record_training(stage, data, result.used, result.rejects,
                         result.stats.model_dump(mode="json"), out)
-    state.wait_for_everyone()
-    return stage or StageRun(store, store.require(STAGE), ValidatedGroup, cached=False)
+    return training_stage_result(store, STAGE, stage)
 
 
 @dataclass
