@@ -186,20 +186,37 @@ class RefreshRound(_Report):
                          "again.")
 
 
-class TrainStats(_Report):
-    """What a training run measured (``RUN/train`` manifest stats and ``metrics.json``)."""
+class _TrainingReport(_Report):
+    """The numbers every training (policy or reward model) reports."""
 
     steps: int
     epochs: float
     train: dict[str, Any] = Field(description="Last logging window's training metrics.")
     eval_start: dict[str, Any] = Field(description="Held-out metrics before training (empty: "
-                                       "no held-out split).")
+                                       "nothing held out).")
     eval: dict[str, Any] = Field(description="Held-out metrics at the end.")
+
+
+class TrainStats(_TrainingReport):
+    """What a training run measured (``RUN/train`` manifest stats and ``metrics.json``)."""
+
     groups: GroupCounts
     reference: ReferenceInfo
     seconds: float
     refresh: list[RefreshRound] = Field(default_factory=list, description="Refresh rounds, in "
                                         "order (empty without refresh).")
+
+
+class RewardModelStats(_TrainingReport):
+    """What a reward-model training measured (``RUN/train_rm`` manifest stats, ``metrics.json``
+    in the model folder)."""
+
+    loss: str
+    groups: dict[str, int] = Field(description="train, held_out, rejected, dropped_candidates.")
+    pairs_per_s: float = Field(description="Weighted pairs (i<j, w_ij>0) trained per second, "
+                               "over the whole loop.")
+    seconds: float
+    data_fingerprint: str = Field(default="", description="Fingerprint of the training data.")
 
 
 class EvalReport(_Report):
