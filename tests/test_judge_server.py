@@ -23,6 +23,7 @@ from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas.reports import ServerUsage
 from tests.llama_server import MODEL_ALIAS
+from tests.test_rank_served_overlap import _one_after_another
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS = [{"prompt": "What is 2 + 2?", "responses": ["4", "2 + 2 = 5.", "It is 4."]},
@@ -100,6 +101,37 @@ def test_a_judge_answer_that_is_not_a_rating_is_a_counted_part_reject(
     for reject in stage.rejects():
         assert reject.scope == "part" and reject.field == f"rankings[judge:{MODEL_ALIAS}@rubric]"
         assert "is not a rating (no 'Rating: N' line): 'I cannot rate this.'" in reject.reason
+
+
+SHORT_RATING = 'root ::= "Rating: " [1-9] "\\nRationale: " [a-z]+ "."'  # a short rubric answer
+
+
+@pytest.mark.slow
+def test_three_judges_together_equal_one_after_another(groups_run: RunStore,
+                                                      llama_server: str) -> None:
+    """Pointwise, pairwise and rubric judges on one real server, their requests together (the
+    rank stage) and one judge after another (each with its own pool, as before): the same
+    rankings (scores to 1e-5: llama.cpp reuses the KV cache of the previous prompt's prefix, and
+    the order of requests differs), the same tiers and the same usage counts."""
+    rubric = _judge(llama_server, mode="rubric", answer_tokens=24,
+                    server={"base_url": llama_server, "concurrency": 2,
+                            "server_params": {"grammar": SHORT_RATING}})
+    config = RankConfig(rankers=[_judge(llama_server), _judge(llama_server, mode="pairwise"),
+                                 rubric])
+    stage = run_rank(groups_run, config)
+    records, rejects, usage = _one_after_another(groups_run, config)
+    assert stage.counts.partial == 0 and rejects == []
+    for got, want in zip(stage.records(), records, strict=True):
+        pairs = list(zip(got.rankings, want.rankings, strict=True))
+        assert [(a.annotator, a.tiers) for a, _ in pairs] == [(b.annotator, b.tiers) for _, b in pairs]
+        for a, b in pairs:
+            assert a.scores == pytest.approx(b.scores, abs=1e-5)
+            assert a.metadata == b.metadata  # the rubric's ratings and rationales
+    [got_usage] = stage.manifest.stats["servers"]
+    [want_usage] = usage
+    for key in ("requests", "succeeded", "retried", "refused", "prompt_tokens",
+                "completion_tokens"):
+        assert got_usage[key] == want_usage[key], key
 
 
 def _cli(args: list[str]) -> subprocess.CompletedProcess[str]:

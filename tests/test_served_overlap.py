@@ -150,18 +150,26 @@ def _handler(fake: InFlightFake) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def in_flight_fake(hold: int, k: int = 0) -> Iterator[tuple[str, InFlightFake]]:
-    """``(base URL, fake)`` of an :class:`InFlightFake` on a free loopback port."""
-    fake = InFlightFake(hold=hold, k=k)
+def serve_fake(fake: InFlightFake) -> Iterator[str]:
+    """The base URL of ``fake`` served on a free loopback port (several servers may share one
+    fake: its counts are then across them)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", fake
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def in_flight_fake(hold: int, k: int = 0) -> Iterator[tuple[str, InFlightFake]]:
+    """``(base URL, fake)`` of an :class:`InFlightFake` on a free loopback port."""
+    fake = InFlightFake(hold=hold, k=k)
+    with serve_fake(fake) as url:
+        yield url, fake
 
 
 def _generate(tmp_path: Path, url: str, texts: list[str], k: int, concurrency: int,

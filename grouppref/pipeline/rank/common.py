@@ -1,10 +1,13 @@
 """What the rankers and the rank stage share: the outcome of scoring one group (scores, a
 :class:`Judged` result with the judge's notes, or a :class:`Skip`), the error that skips a
-group, and the judge prompts, which are the same text in process and on a server."""
+group, the judge prompts, which are the same text in process and on a server, and how a
+ranker turns a flat list of scores back into per-group outcomes."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from grouppref.errors import GroupPrefError
 
@@ -36,3 +39,29 @@ class Judged:
 
 
 Outcome = list[float] | Judged | Skip
+
+
+def finite_scores(scores: list[float]) -> list[float]:
+    """``scores`` when every one is finite.
+
+    Raises:
+        RankerInputError: a NaN or infinite score (the group is skipped)."""
+    if not all(math.isfinite(x) for x in scores):
+        raise RankerInputError(f"non-finite scores {scores}")
+    return scores
+
+
+def collect_outcomes(slots: list[Any], values: list[float]) -> list[Outcome]:
+    """Per group, its scores ``values[offset : offset + count]`` for a slot ``(offset, count)``,
+    or the slot itself when it is a :class:`Skip` (or a Skip when a score is not finite)."""
+    out: list[Outcome] = []
+    for slot in slots:
+        if isinstance(slot, Skip):
+            out.append(slot)
+            continue
+        offset, count = slot
+        try:
+            out.append(finite_scores(values[offset : offset + count]))
+        except RankerInputError as e:
+            out.append(Skip(str(e)))
+    return out

@@ -1,7 +1,9 @@
 """An LLM judge served by an OpenAI-compatible server (``judge`` with ``backend: openai``).
 
 Every judge question is one ``/chat/completions`` request (the server applies the model's chat
-template), all of a shard's requests in flight at once (up to ``server.concurrency``):
+template). All of a shard's requests, this judge's and those of the stage's other served judges,
+go out at once on one event loop, up to each server's ``concurrency``
+(:mod:`~grouppref.pipeline.rank.shard_scoring`):
 
 - **pointwise**: the in-process judge's question (:data:`POINTWISE_TEMPLATE`), one token asked
   for with its ``top_logprobs``; the score is :func:`verdict_log_odds` of Yes against No.
@@ -27,7 +29,7 @@ from typing import Any
 
 import torch
 
-from grouppref.models.openai import RequestRefused, ServerError, ServerPool
+from grouppref.models.openai import RequestRefused, ServerError, ServerPool, gather
 from grouppref.models.openai_api import CHAT, answer_text, first_token_top_logprobs, merge_params
 from grouppref.models.server_settings import read_api_key, server_label
 from grouppref.pipeline.rank import scoring as rs
@@ -135,6 +137,8 @@ class ServerJudgeRanker:
         self.settings = settings
         self.url = settings.server.base_url or ""
         self.pool: ServerPool | None = None
+        self._owns_pool = False  # False: a pool the stage shares among its served judges
+        self._connected = False
         self._usage: list[ServerUsage] = []
 
     def model_path(self) -> None:
@@ -146,14 +150,22 @@ class ServerJudgeRanker:
         """Raise ``ConfigError`` when the named API-key variable is not set (no request yet)."""
         read_api_key(self.settings.server.api_key_env)
 
+    def attach(self, pool: ServerPool) -> None:
+        """Send through ``pool``, which the rank stage shares among its served judges (it holds
+        a client for this judge's URL; the stage counts its usage and closes it)."""
+        self.pool, self._owns_pool, self._connected = pool, False, False
+
     def connect(self) -> None:
-        """Open the connection pool, check the model on the server and, for the log-prob modes,
-        that it returns top log-probs (one short request). The rank stage calls it before it
-        opens the stage, so a bad URL, model or key leaves the run as it was."""
-        if self.pool is not None:
+        """Check the model on the server and, for the log-prob modes, that it returns top
+        log-probs (one short request), through the attached pool or a pool of its own. The rank
+        stage calls it before it opens the stage, so a bad URL, model or key leaves the run as
+        it was."""
+        if self._connected:
             return
-        self.pool = ServerPool({self.url: self.settings.server})
-        self.pool.__enter__()
+        if self.pool is None:
+            self.pool = ServerPool({self.url: self.settings.server})
+            self.pool.__enter__()
+            self._owns_pool = True
         self.pool.check_model(self.url, self.settings.model or "")
         if self.settings.mode != "rubric":
             [answer] = self.pool.post(self.url, CHAT, [self._body("Answer with Yes or No.")])
@@ -162,21 +174,23 @@ class ServerJudgeRanker:
                 raise ServerError(f"judge {self.settings.model!r} at {server_label(self.url)}: "
                                   f"{why}; the {self.settings.mode} mode reads the verdict's "
                                   "top log-probs (use mode rubric with a server without them)")
+        self._connected = True
 
     def load(self) -> None:
         """Connect, unless :meth:`connect` already did."""
         self.connect()
 
     def close(self) -> None:
-        """Close the connection pool (keeping its usage counts)."""
-        if self.pool is not None:
+        """Close its own connection pool (keeping its usage counts), or let go of a shared one."""
+        if self.pool is not None and self._owns_pool:
             self._usage = self.pool.usage()
             self.pool.__exit__(None, None, None)
-            self.pool = None
+        self.pool, self._owns_pool, self._connected = None, False, False
 
     def usage(self) -> list[ServerUsage]:
-        """Requests and tokens so far (this session)."""
-        return self.pool.usage() if self.pool is not None else self._usage
+        """Requests and tokens so far (this session) through a pool of its own; a shared
+        pool's usage is counted by its owner."""
+        return self.pool.usage() if self.pool is not None and self._owns_pool else self._usage
 
     # -- requests -----------------------------------------------------------------------------
     def _body(self, content: str) -> dict[str, Any]:
@@ -217,25 +231,36 @@ class ServerJudgeRanker:
         were bounds), or a :class:`Skip` with the reason."""
         if self.pool is None:
             raise RuntimeError("load() the judge first")
+        return self.pool.run(self.score_async(groups))
+
+    async def score_async(self, groups: Sequence[CandidateGroup]) -> list[Outcome]:
+        """:meth:`score` as a coroutine on the pool's event loop, so that other judges' requests
+        (:class:`~grouppref.pipeline.rank.shard_scoring.ShardScorer`) are in flight with these;
+        every question of every group is sent at once (the server's limit applies)."""
+        if self.pool is None:
+            raise RuntimeError("load() the judge first")
         questions = [self.questions(g) for g in groups]
         bodies = [self._body(q) for qs in questions for q in qs]
-        answers = self.pool.post(self.url, CHAT, bodies)
+        answers = await gather([self.pool.request(self.url, CHAT, b) for b in bodies])
         out: list[Outcome] = []
         at = 0
         for group, qs in zip(groups, questions, strict=True):
             mine = answers[at:at + len(qs)]
             at += len(qs)
-            refused = next((a for a in mine if isinstance(a, RequestRefused)), None)
-            if refused is not None:
-                out.append(Skip(f"the server refused a judge request: {refused}"))
-                continue
-            answered = [a for a in mine if isinstance(a, dict)]
-            try:
-                out.append(self._rubric(group, answered) if self.settings.mode == "rubric"
-                           else self._verdicts(group, answered))
-            except RankerInputError as e:
-                out.append(Skip(str(e)))
+            out.append(self._outcome(group, mine))
         return out
+
+    def _outcome(self, group: CandidateGroup, answers: list[dict[str, Any] | RequestRefused]
+                 ) -> Outcome:
+        refused = next((a for a in answers if isinstance(a, RequestRefused)), None)
+        if refused is not None:
+            return Skip(f"the server refused a judge request: {refused}")
+        answered = [a for a in answers if isinstance(a, dict)]
+        try:
+            return (self._rubric(group, answered) if self.settings.mode == "rubric"
+                    else self._verdicts(group, answered))
+        except RankerInputError as e:
+            return Skip(str(e))
 
     def _verdicts(self, group: CandidateGroup, answers: list[dict[str, Any]]) -> Outcome:
         pointwise = self.settings.mode == "pointwise"

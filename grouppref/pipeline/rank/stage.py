@@ -29,6 +29,7 @@ from grouppref.pipeline.rank.settings import (
     ranker_keys,
     validation_message,
 )
+from grouppref.pipeline.rank.shard_scoring import ShardScorer
 from grouppref.runs.hashing import sha256_text
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore, StageRun
@@ -126,7 +127,8 @@ def run_rank(store: RunStore, config: RankConfig, force: bool = False) -> StageR
     """Rank every group of ``config.input_stage`` with every ranker; write ``RUN/rank``.
 
     Models are checked (path or Hub id, architecture, one output for a reward model) before
-    any work, and loaded only when a shard is left to compute.
+    any work, and loaded only when a shard is left to compute. A shard's served-judge requests
+    all go out together and the in-process rankers run meanwhile (:class:`ShardScorer`).
 
     Raises:
         ModelNotFoundError: a model path or id that does not exist.
@@ -136,6 +138,7 @@ def run_rank(store: RunStore, config: RankConfig, force: bool = False) -> StageR
     rankers = [build_ranker(s, config.device, config.dtype) for s in config.rankers]
     for ranker in rankers:
         ranker.check()
+    scorer = ShardScorer(rankers)
     rows = _read_input(store, config)
     parsed = [_parse_row(row, i + 1, config.input_stage) for i, row in enumerate(rows)]
     groups = [(i + 1, g) for i, g in enumerate(parsed) if isinstance(g, AnnotatedGroup)]
@@ -143,11 +146,9 @@ def run_rank(store: RunStore, config: RankConfig, force: bool = False) -> StageR
     previous = store.manifest(STAGE)  # a resumed run adds its server usage to this one's
     key: dict[str, Any] = {"input_fingerprint": fingerprint, "inputs": [config.input_stage],
                            "stage_version": STAGE_VERSION}
-    try:
+    with scorer:  # served judges hold a connection pool
         if force or store.cached(STAGE, config, **key) is None:
-            for ranker in rankers:  # served judges: reach the server before the stage opens
-                if hasattr(ranker, "connect"):
-                    ranker.connect()
+            scorer.connect()  # served judges: reach the servers before the stage opens
         stage = store.open_stage(STAGE, config, record_type=AnnotatedGroup, force=force, **key)
         if stage.cached:
             return stage
@@ -155,42 +156,29 @@ def run_rank(store: RunStore, config: RankConfig, force: bool = False) -> StageR
         annotators = [annotator_for(s) for s in config.rankers]
         before = (previous.stats.get("servers") or []) if previous is not None and (
             previous.status == "running" and stage.done_items(groups, config.shard_size)) else []
-        _rank_shards(stage, rankers, groups, config, annotators, before)
-    finally:
-        for ranker in rankers:  # served judges hold a connection pool
-            if hasattr(ranker, "close"):
-                ranker.close()
+        _rank_shards(stage, scorer, groups, config, annotators, before)
     stage.finish(inputs=len(rows))
-    return _with_stats(store, stage, config, annotators, _server_usage(rankers, before))
+    return _with_stats(store, stage, config, annotators, merge_usage(before, scorer.usage()))
 
 
-def _server_usage(rankers: list[Ranker], before: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Requests and tokens of the served judges: earlier sessions' plus this one's."""
-    return merge_usage(before, [u for r in rankers if hasattr(r, "usage") for u in r.usage()])
-
-
-def _rank_shards(stage: StageRun[AnnotatedGroup], rankers: list[Ranker],
+def _rank_shards(stage: StageRun[AnnotatedGroup], scorer: ShardScorer,
                  groups: list[tuple[int, AnnotatedGroup]], config: RankConfig,
                  annotators: list[Annotator], before: list[dict[str, Any]]) -> None:
-    """Score and write every pending shard (models loaded before the first one)."""
-    loaded = False
+    """Score and write every pending shard (models loaded at the first one: a cached or fully
+    resumed stage loads no model); ``before`` is earlier sessions' server usage."""
     with stage_progress() as bar:
         task = bar.add_task(STAGE, total=len(groups), unit="groups",
                             completed=stage.done_items(groups, config.shard_size))
         for shard in stage.pending_shards(groups, shard_size=config.shard_size):
-            if not loaded:  # a cached or fully resumed stage loads no model
-                for ranker in rankers:
-                    ranker.load()
-                loaded = True
             batch = [g for _, g in shard.items]
-            outcomes = [r.score(batch) for r in rankers]  # (rankers, groups)
+            outcomes = scorer.score(batch)  # (rankers, groups)
             records, rejects = [], []
             for j, (number, group) in enumerate(shard.items):
                 record, part = rank_group(group, [o[j] for o in outcomes], config, annotators,
                                           number)
                 records.append(record)
                 rejects.extend(part)
-            if servers := _server_usage(rankers, before):  # saved with the shard (resume)
+            if servers := merge_usage(before, scorer.usage()):  # saved with the shard (resume)
                 stage.manifest = stage.manifest.model_copy(update={"stats": {"servers": servers}})
             stage.write_shard(shard, records, rejects)
             bar.advance(task, len(shard.items))

@@ -1,0 +1,197 @@
+"""Several served judges in one rank stage: one after another (the peer: each judge with its own
+connection pool, as before) vs together (:class:`ShardScorer`: one event loop, each server's
+own limit), against FAKE servers that answer every request after a fixed delay.
+
+The servers are FAKES (:class:`DelayFake`, loopback ``ThreadingHTTPServer``): each holds every
+request for ``--delay`` seconds, then answers with verdict log-probs (one-token questions) or
+``Rating: N`` (rubric questions), made from a hash of the question, and counts the requests in
+flight. They measure what the client overlaps, not a model: with a fixed delay, the wall time
+is set by how many requests are in flight at once. Judges: pointwise on server 1, pairwise on
+server 2, rubric on server 1 (so server 1 is shared by two judges), each at ``--concurrency``.
+Both sides score the same groups; the script checks that their outcomes are equal.
+
+Expected, with G groups of K and concurrency c (waves of c requests, ``delay`` each): one after
+another ``(GK/c + GK(K-1)/c + GK/c) * delay``; together ``max(2GK/c, GK(K-1)/c) * delay``.
+
+Example:
+    .venv/bin/python benchmarks/rank_served.py --groups 16 --k 4 --concurrency 4 --delay 0.05
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from grouppref.pipeline.rank.rankers import build_ranker
+from grouppref.pipeline.rank.settings import JudgeRankerSettings
+from grouppref.pipeline.rank.shard_scoring import ShardScorer
+from grouppref.schemas import AnnotatedGroup
+from tests.factories import make_group
+
+MODEL = "fake-judge"
+
+
+@dataclass
+class InFlight:
+    """Requests in flight now, the most at once, and the requests seen."""
+
+    now: int = 0
+    most: int = 0
+    requests: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def step(self, by: int) -> None:
+        with self.lock:
+            self.now += by
+            self.requests += by > 0
+            self.most = max(self.most, self.now)
+
+
+@dataclass
+class DelayFake:
+    """A FAKE OpenAI-compatible server: every request answered after ``delay`` seconds; counted
+    in its own tally and in one shared by all the fakes of a run."""
+
+    delay: float
+    shared: InFlight
+    own: InFlight = field(default_factory=InFlight)
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        for tally in (self.own, self.shared):
+            tally.step(1)
+        time.sleep(self.delay)
+        for tally in (self.own, self.shared):
+            tally.step(-1)
+        question = str(body["messages"][-1]["content"])
+        digest = int(hashlib.sha256(question.encode()).hexdigest()[:8], 16)
+        if body.get("max_tokens") == 1:
+            lp = -0.05 - (digest % 997) / 300
+            tops = [{"token": t, "logprob": v} for t, v in
+                    (("Yes", lp), ("No", -1.0), ("A", lp), ("B", -1.0))]
+            logprobs: dict[str, Any] | None = {"content": [
+                {"token": "Yes", "logprob": lp, "top_logprobs": tops}]}
+            content = "Yes"
+        else:
+            logprobs, content = None, f"Rating: {digest % 10 + 1}\nRationale: fake."
+        return {"choices": [{"index": 0, "finish_reason": "stop", "logprobs": logprobs,
+                             "message": {"role": "assistant", "content": content}}],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 1}}
+
+
+def _handler(fake: DelayFake) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as real servers
+        disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms ACK stall
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self._send({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            self._send(fake.answer(body))
+
+    return Handler
+
+
+@contextmanager
+def serve(fake: DelayFake) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def workload(n: int, k: int) -> list[AnnotatedGroup]:
+    return [AnnotatedGroup(**dict(make_group(prompt_text=f"What is {i} + {i}?",
+                                             texts=[f"It is {2 * i + j}." for j in range(k)])))
+            for i in range(n)]
+
+
+def judges(url1: str, url2: str, concurrency: int) -> list[JudgeRankerSettings]:
+    server = {"concurrency": concurrency}
+    return [JudgeRankerSettings(backend="openai", model=MODEL, mode=mode,
+                                server={**server, "base_url": url})
+            for mode, url in (("pointwise", url1), ("pairwise", url2), ("rubric", url1))]
+
+
+def one_after_another(settings: list[JudgeRankerSettings], groups: list[AnnotatedGroup]
+                      ) -> tuple[float, list[Any]]:
+    rankers = [build_ranker(s) for s in settings]
+    try:
+        for r in rankers:
+            r.load()  # own pool: /models and the probe, untimed
+        t0 = time.perf_counter()
+        out = [r.score(groups) for r in rankers]
+        return time.perf_counter() - t0, out
+    finally:
+        for r in rankers:
+            r.close()
+
+
+def together(settings: list[JudgeRankerSettings], groups: list[AnnotatedGroup]
+             ) -> tuple[float, list[Any]]:
+    with ShardScorer([build_ranker(s) for s in settings]) as scorer:
+        scorer.load()  # shared pool: /models and the probes, untimed
+        t0 = time.perf_counter()
+        out = scorer.score(groups)
+        return time.perf_counter() - t0, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--delay", type=float, default=0.05, help="seconds per request")
+    args = parser.parse_args()
+    print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    groups = workload(args.groups, args.k)
+    rows = []
+    for label, run in (("one after another", one_after_another), ("together", together)):
+        both = InFlight()
+        fakes = [DelayFake(args.delay, both), DelayFake(args.delay, both)]
+        with ExitStack() as stack:
+            url1, url2 = (stack.enter_context(serve(f)) for f in fakes)
+            seconds, out = run(judges(url1, url2, args.concurrency), groups)
+        rows.append((label, seconds, [f.own.most for f in fakes] + [both.most], both.requests,
+                     out))
+    g, k, c = args.groups, args.k, args.concurrency
+    waves = {"one after another": -(-g * k // c) * 2 + -(-g * k * (k - 1) // c),
+             "together": max(-(-2 * g * k // c), -(-g * k * (k - 1) // c))}
+    print(f"{g} groups, K={k}, concurrency {c} per judge, fake delay {args.delay:g} s/request")
+    print(f"{'side':<18} {'wall s':>7} {'expected s':>10} {'most in flight: s1':>18} "
+          f"{'s2':>3} {'both':>5} {'requests':>8}")
+    for label, seconds, most, requests, _ in rows:
+        print(f"{label:<18} {seconds:>7.2f} {waves[label] * args.delay:>10.2f} {most[0]:>18} "
+              f"{most[1]:>3} {most[2]:>5} {requests:>8}")
+    print(f"speed-up together / one after another: {rows[0][1] / rows[1][1]:.2f}x; "
+          f"outcomes equal: {rows[0][4] == rows[1][4]}")
+    print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+
+
+if __name__ == "__main__":
+    main()
