@@ -13,6 +13,8 @@ Engines, each on a fresh model with the same seed, one after the other in this p
 * ``grouppref``: the packed shared-prefix pass (``share_prefix=True``, sdpa models);
 * ``grouppref-cached``: the two-pass KV-cache fallback (prefix sharing as before the packed pass);
 * ``grouppref-unshared``: ``share_prefix=False`` (N rows of prompt + response);
+* ``grouppref-plain-head`` (only when named in ``--engines``): the packed pass with the model's
+  own LM head and ``taken_logps`` instead of the fused head (``train/taken.py``), to measure it;
 * ``hf``: the peer, a plain ``model(input_ids, labels=...).loss.backward()`` + the same AdamW on the
   same N = B·K rows of prompt + response (labels on the response tokens), what a trainer without
   prefix sharing or grouppref's log-prob code runs.
@@ -65,6 +67,7 @@ SHAPES = {  # LlamaConfig fields of the public models (weights random here)
                  num_key_value_heads=2, vocab_size=1000, tie_word_embeddings=True),
 }
 ENGINES = ("grouppref", "grouppref-cached", "grouppref-unshared", "hf")
+OPTIONAL_ENGINES = ("grouppref-plain-head",)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -162,12 +165,15 @@ def flops(engine: str, cfg, args) -> dict[str, float]:
     def causal(n: int) -> int:
         return n * (n + 1) // 2
 
-    if engine in ("grouppref", "grouppref-cached"):  # prompt once, K responses on top of it
+    if engine in ("grouppref", "grouppref-cached", "grouppref-plain-head"):  # prompt once, K on top
         tokens = b * (p + k * (t - 1))
         rows = b * (1 + k * (t - 1))  # each prompt's last position + response positions
         pairs = b * (causal(p) + k * ((t - 1) * p + causal(t - 1)))
     elif engine == "grouppref-unshared":  # N rows of prompt + response minus its last token
         tokens, rows, pairs = b * k * (p + t - 1), b * k * t, b * k * causal(p + t - 1)
+    elif engine == "trl":  # DPO on the K(K-1)/2 pairs: prompt + chosen, prompt + rejected rows;
+        n = b * k * (k - 1)  # its fused LM head projects the completion positions only
+        tokens, rows, pairs = n * (p + t), n * t, n * causal(p + t)
     else:  # hf: N rows of prompt + response; logits on every position
         tokens, rows, pairs = b * k * (p + t), b * k * (p + t), b * k * causal(p + t)
     total = 6 * dense * tokens + 6 * d * v * rows + 12 * heads * head_dim * pairs * layers
@@ -190,6 +196,8 @@ def run_engine(engine: str, shape_name: str, args, device, dtype, step, ref) -> 
     batch.ref_logps = ref
     if engine == "grouppref-cached":
         logps_mod._FALLBACK[model] = "benchmark: the two-pass KV-cache path"
+    if engine == "grouppref-plain-head":
+        logps_mod._NO_FUSED_HEAD[model] = "benchmark: the model's own LM head + taken_logps"
     optim = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     ids, labels = hf_rows(batch)
 
@@ -212,9 +220,11 @@ def run_engine(engine: str, shape_name: str, args, device, dtype, step, ref) -> 
         cpu.append(time.process_time() - start_cpu)
     measured = times[args.warmup:]
     half = len(measured) // 2
+    profile = profile_steps(one, args.profile, device) if args.profile else None
     out = {"engine": engine, "shape": shape_name, "step_times": times,
            "median_s": statistics.median(measured), "mean_s": statistics.fmean(measured),
-           "drift": statistics.fmean(measured[half:]) / statistics.fmean(measured[:half]),
+           "drift": (statistics.fmean(measured[half:]) / statistics.fmean(measured[:half])
+                     if half else float("nan")),
            **flops(engine, cfg, args)}
     out["achieved_flops"] = out["flops"] / out["median_s"]
     out["step_cpu_times"] = cpu
@@ -223,18 +233,52 @@ def run_engine(engine: str, shape_name: str, args, device, dtype, step, ref) -> 
     out["data_tokens_per_s"] = out["data_tokens"] / out["median_s"]
     if device.type == "cuda":
         out["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    if profile is not None:
+        out["profile"] = profile
     return out, ref
 
 
-def bench_shape(shape_name: str, args, device, dtype, step) -> dict:
-    shape = SHAPES[shape_name]
+def profile_steps(one, steps: int, device: torch.device, top: int = 14) -> dict:
+    """Self time per operator over ``steps`` more steps under ``torch.profiler``.
+
+    Self times are what each operator spent outside its children, so they add up to the step;
+    shares of that total are comparable across runs on a loaded machine, absolute times are not.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            one()
+        sync(device)
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [(e.key, getattr(e, attr), e.count) for e in prof.key_averages()]
+    total = sum(t for _, t, _ in events)
+    events.sort(key=lambda e: -e[1])
+    return {"steps": steps, "self_ms_per_step": total / 1e3 / steps, "clock": attr,
+            "ops": [{"op": k, "share": t / total, "ms_per_step": t / 1e3 / steps,
+                     "calls_per_step": c / steps} for k, t, c in events[:top]]}
+
+
+def model_peak(shape: dict, tokens: int, device: torch.device, dtype: torch.dtype,
+               seconds: float) -> tuple[dict[str, float], float, float]:
+    """The matmul peak for a model shape: square and (tokens x d x ffn, ffn x d, d x V) products.
+
+    Returns:
+        tuple: FLOP/s by shape, the best wall-clock FLOP/s, the best FLOP per CPU-second.
+    """
     d, f, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
-    m = args.groups * (args.prompt_len + args.k * args.resp_len)
     square = 2048 if device.type == "cpu" else 8192
-    peaks = matmul_peak(device, dtype, [(square, square, square), (m, d, f), (m, f, d), (m, d, v)],
-                        args.peak_seconds)
+    peaks = matmul_peak(device, dtype, [(square, square, square), (tokens, d, f), (tokens, f, d),
+                                        (tokens, d, v)], seconds)
     peak = max(v for name, v in peaks.items() if not name.endswith("CPU-s"))
     peak_cpu = max(v for name, v in peaks.items() if name.endswith("CPU-s"))
+    return peaks, peak, peak_cpu
+
+
+def bench_shape(shape_name: str, args, device, dtype, step) -> dict:
+    m = args.groups * (args.prompt_len + args.k * args.resp_len)
+    peaks, peak, peak_cpu = model_peak(SHAPES[shape_name], m, device, dtype, args.peak_seconds)
     results, failed, ref = {}, {}, None
     for engine in args.engines:
         try:
@@ -277,10 +321,13 @@ def report(all_results: dict, args) -> None:
                   f"{r['model_tokens_per_s']:.0f} | {r['flops'] / 1e9:.1f} | "
                   f"{r['achieved_flops'] / 1e9:.1f} | {r['fraction_of_peak']:.0%} |{per_cpu} "
                   f"{r['drift']:.2f} |")
+        for name, r in engines.items():
+            if "profile" in r:
+                print_profile(name, r["profile"])
         for name, error in res["failed"].items():
             print(f"| {name} | failed: {error[:200]} |")
         g = engines.get("grouppref")
-        for other in ("hf", "grouppref-cached", "grouppref-unshared"):
+        for other in ("hf", "grouppref-cached", "grouppref-unshared", "grouppref-plain-head"):
             if g and other in engines:
                 o = engines[other]
                 cpu_step = {n: e["flops"] / e["flops_per_cpu_s"] for n, e in (("g", g), ("o", o))}
@@ -288,6 +335,16 @@ def report(all_results: dict, args) -> None:
                       f"data tokens/s, {g['achieved_flops'] / o['achieved_flops']:.2f}x achieved "
                       "FLOP/s" + (f"; {cpu_step['o'] / cpu_step['g']:.2f}x data tokens per CPU-s"
                                   if cpu else ""))
+
+
+def print_profile(engine: str, prof: dict) -> None:
+    print(f"\n{engine} profile: {prof['steps']} steps, {prof['self_ms_per_step']:.0f} ms self time "
+          f"per step ({prof['clock']})\n")
+    print("| op | share of self time | ms/step | calls/step |")
+    print("|---|---|---|---|")
+    for op in prof["ops"]:
+        print(f"| {op['op']} | {op['share']:.1%} | {op['ms_per_step']:.1f} | "
+              f"{op['calls_per_step']:.0f} |")
 
 
 def main() -> None:
@@ -304,11 +361,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--peak-seconds", type=float, default=1.0, help="time per matmul shape")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="after timing, profile this many more steps per engine (torch.profiler)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     args.engines = [e for e in args.engines.split(",") if e]
-    if unknown := set(args.engines) - set(ENGINES):
-        sys.exit(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
+    if unknown := set(args.engines) - set(ENGINES + OPTIONAL_ENGINES):
+        sys.exit(f"unknown engines {sorted(unknown)}; choose from {ENGINES + OPTIONAL_ENGINES}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
@@ -322,7 +381,8 @@ def main() -> None:
                "python": platform.python_version(), "threads": torch.get_num_threads(),
                "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
                                else platform.processor() or platform.machine()),
-               "load_avg": os.getloadavg(), "step": step_name, "shapes": {}}
+               "load_avg": os.getloadavg(), "step": step_name,
+               "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE", ""), "shapes": {}}
     print(f"step: {step_name}", file=sys.stderr)
     for shape_name in args.shape.split(","):
         results["shapes"][shape_name] = bench_shape(shape_name, args, device, dtype, step)

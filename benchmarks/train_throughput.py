@@ -17,7 +17,14 @@ Each engine runs in its own subprocess, one after the other, so peak RSS is per 
 
 pairs/s counts preference pairs trained per second (a group of 4 carries 6); model tokens/s
 counts tokens run through the model; data tokens/s counts the distinct tokens of the groups
-consumed per second (prompt + 4 responses = 320 per group).
+consumed per second (prompt + 4 responses = 320 per group). The grouppref engines run the
+trainer's own step (``grouppref.train.loop.run_steps``).
+
+Steady state: ``--warmup`` unmeasured steps (default 3), then ``--steps`` measured ones (default
+10). The parent process also measures the machine's fp32 matmul peak with the same number of
+threads (``benchmarks/train_peak.py``: square and model-shaped products) and prints each engine's
+analytic FLOPs per step (useful work only, as in train_peak.py) as GFLOP/s and as a fraction of
+that peak, beside the ratio to TRL.
 
 Usage::
 
@@ -89,7 +96,7 @@ def run_grouppref(args, share_prefix: bool) -> dict:
     from grouppref.models.loading import load_causal_lm, load_tokenizer
     from grouppref.train.data import collate_groups
     from grouppref.train.logps import group_logps
-    from grouppref.train.losses import gspo_loss, implicit_rewards
+    from grouppref.train.loop import Objective, run_steps
 
     tokenizer = load_tokenizer(None)
     model = load_causal_lm(None)
@@ -105,21 +112,18 @@ def run_grouppref(args, share_prefix: bool) -> dict:
     model.train()
     optim = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     times, cpu = [], []
+    objective = Objective(loss="gspo", beta=0.1)
     for batch in batches:
         start, start_cpu = time.perf_counter(), time.process_time()
-        logps = group_logps(model, batch, share_prefix=share_prefix)  # (B, K)
-        s = implicit_rewards(logps, batch.ref_logps, beta=0.1)
-        loss = gspo_loss(s, batch.p_ij, batch.w_ij, batch.valid).mean()
-        loss.backward()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
+        run_steps(model, optim, [batch], objective, share_prefix=share_prefix)
         times.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     n_groups = args.steps * args.groups_per_step
     run_tokens = (args.prompt_len + K * args.resp_len if share_prefix
                   else K * (args.prompt_len + args.resp_len))
     return {"groups": n_groups, "pairs": n_groups * PAIRS_PER_GROUP,
-            "model_tokens": n_groups * run_tokens, "step_times": times, "step_cpu_times": cpu}
+            "model_tokens": n_groups * run_tokens, "step_times": times, "step_cpu_times": cpu,
+            "config": model.config}
 
 
 def run_trl(args) -> dict:
@@ -167,7 +171,16 @@ def run_trl(args) -> dict:
     n_groups = args.steps * args.groups_per_step
     return {"groups": n_groups, "pairs": n_groups * PAIRS_PER_GROUP,
             "model_tokens": n_groups * PAIRS_PER_GROUP * 2 * (args.prompt_len + args.resp_len),
-            "step_times": times, "step_cpu_times": cpu}
+            "step_times": times, "step_cpu_times": cpu, "config": model.config}
+
+
+def step_flops(engine: str, config, args) -> float:
+    """Analytic useful FLOPs of one optimizer step of ``engine`` (train_peak.py's count)."""
+    from train_peak import flops
+
+    shape = argparse.Namespace(groups=args.groups_per_step, k=K, prompt_len=args.prompt_len,
+                               resp_len=args.resp_len)
+    return flops(engine, config, shape)["flops"]
 
 
 def run_engine(args) -> dict:
@@ -183,7 +196,10 @@ def run_engine(args) -> dict:
     data_tokens = out["groups"] * (args.prompt_len + K * args.resp_len)
     seconds = sum(out["step_times"][args.warmup:])
     cpu_seconds = sum(out["step_cpu_times"][args.warmup:])
+    flops = step_flops(args.engine, out.pop("config"), args) * args.steps
     out.update(engine=args.engine, threads=torch.get_num_threads(), seconds=seconds,
+               flops_per_step=flops / args.steps, flops_per_s=flops / seconds,
+               flops_per_cpu_s=flops / cpu_seconds,
                cpu_seconds=cpu_seconds, pairs_per_s=out["pairs"] / seconds,
                pairs_per_cpu_s=out["pairs"] / cpu_seconds,
                pairs_per_s_best=out["pairs"] / args.steps / min(out["step_times"][args.warmup:]),
@@ -193,7 +209,23 @@ def run_engine(args) -> dict:
     return out
 
 
+def machine_peak(args) -> tuple[float, float]:
+    """fp32 matmul peak (FLOP/s wall, FLOP per CPU-s) with the engines' thread count."""
+    import torch
+    from train_peak import SHAPES, model_peak
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokens = args.groups_per_step * (args.prompt_len + K * args.resp_len)
+    _, peak, peak_cpu = model_peak(SHAPES["smollm2-135m"], tokens, torch.device("cpu"),
+                                   torch.float32, args.peak_seconds)
+    return peak, peak_cpu
+
+
 def compare(args) -> None:
+    peak, peak_cpu = machine_peak(args)
+    print(f"fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s ({peak_cpu / 1e9:.1f} GFLOP per CPU-s)",
+          file=sys.stderr)
     results = {}
     for engine in ENGINES:
         cmd = [sys.executable, __file__, "--engine", engine, "--steps", str(args.steps),
@@ -208,23 +240,32 @@ def compare(args) -> None:
     print(f"\nSmolLM2-135M, CPU fp32, {torch_threads(results)} threads; groups of K={K}, prompt "
           f"{args.prompt_len} + responses {args.resp_len} tokens; {args.groups_per_step} groups "
           f"({args.groups_per_step * PAIRS_PER_GROUP} pairs) per step; {args.steps} measured steps "
-          f"after {args.warmup} warm-up\n")
+          f"after {args.warmup} warm-up; fp32 matmul peak {peak / 1e9:.1f} GFLOP/s "
+          f"({peak_cpu / 1e9:.1f} GFLOP per CPU-s)\n")
     print("| engine | s/step | pairs/s | pairs/s (fastest step) | pairs per CPU-s | "
-          "model tokens/s | data tokens/s | peak RSS (MB) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "model tokens/s | data tokens/s | GFLOP/step | of matmul peak | of peak per CPU-s "
+          "| peak RSS (MB) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         print(f"| {name} | {r['seconds'] / args.steps:.2f} | {r['pairs_per_s']:.3f} | "
               f"{r['pairs_per_s_best']:.3f} | {r['pairs_per_cpu_s']:.3f} | "
-              f"{r['model_tokens_per_s']:.0f} | "
-              f"{r['data_tokens_per_s']:.0f} | {r['peak_rss_mb']:.0f} |")
+              f"{r['model_tokens_per_s']:.0f} | {r['data_tokens_per_s']:.0f} | "
+              f"{r['flops_per_step'] / 1e9:.0f} | {r['flops_per_s'] / peak:.0%} | "
+              f"{r['flops_per_cpu_s'] / peak_cpu:.0%} | {r['peak_rss_mb']:.0f} |")
+    print("\nstep times (s), warm-up first:")
+    for name, r in results.items():
+        print(f"  {name}: " + " ".join(f"{t:.2f}" for t in r["step_times"]))
     g, u, t = results["grouppref"], results["grouppref-unshared"], results["trl"]
     for label, key in (("wall clock", "pairs_per_s"), ("fastest step", "pairs_per_s_best"),
                        ("CPU time", "pairs_per_cpu_s")):
         print(f"\n{label}: grouppref / TRL pairs/s {g[key] / t[key]:.2f}x (target >= 6x); "
               f"prefix sharing alone (shared / unshared) {g[key] / u[key]:.2f}x (target >= 1.3x); "
               f"unshared grouppref / TRL {u[key] / t[key]:.2f}x")
+    print(f"grouppref step vs the matmul peak: {g['flops_per_s'] / peak:.0%} wall, "
+          f"{g['flops_per_cpu_s'] / peak_cpu:.0%} per CPU-s (target >= 70%)")
     print(f"peak RSS grouppref / TRL: {g['peak_rss_mb'] / t['peak_rss_mb']:.2f} (target <= 1)")
-    print("\nraw:", json.dumps(results))
+    print("\nraw:", json.dumps({"matmul_peak_flops": peak, "matmul_peak_flops_per_cpu_s": peak_cpu,
+                                "load_avg": os.getloadavg(), **results}))
 
 
 def torch_threads(results: dict) -> int:
@@ -234,12 +275,14 @@ def torch_threads(results: dict) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=ENGINES, help="run one engine and print a JSON line")
-    parser.add_argument("--steps", type=int, default=3, help="measured optimizer steps")
-    parser.add_argument("--warmup", type=int, default=1, help="unmeasured first steps")
+    parser.add_argument("--steps", type=int, default=10, help="measured optimizer steps")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured first steps")
     parser.add_argument("--groups-per-step", type=int, default=2, help="groups per step (x6 pairs)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--prompt-len", type=int, default=64, help="prompt tokens")
     parser.add_argument("--resp-len", type=int, default=64, help="response tokens, EOS included")
+    parser.add_argument("--peak-seconds", type=float, default=1.0,
+                        help="time per matmul shape when measuring the peak")
     args = parser.parse_args()
     if args.engine:
         print(json.dumps(run_engine(args)))

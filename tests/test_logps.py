@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from grouppref.errors import ConfigError
-from grouppref.train import packing
+from grouppref.train import logps as logps_mod
+from grouppref.train import packing, taken
 from grouppref.train.data import GroupBatch, TokenizedGroup, collate_groups
 from grouppref.train.logps import group_logps, taken_logps
 
@@ -152,3 +153,52 @@ def test_taken_logps_equals_log_softmax_with_grads():
     (want_grad,) = torch.autograd.grad((want * weights).sum(), logits)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(grad, want_grad)
+
+
+def test_head_taken_logps_equals_head_then_log_softmax_with_grads(monkeypatch):
+    """The LM head fused in vocabulary chunks (5 chunks here, the last one short) equals
+    ``log_softmax(hidden @ W.T)[rows, targets]``, values and both gradients."""
+    monkeypatch.setattr(taken, "HEAD_CHUNK", 12)
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(7, 16, generator=g).requires_grad_()
+    weight = torch.randn(50, 16, generator=g).requires_grad_()
+    rows, targets = torch.tensor([0, 0, 2, 6, 3, 5]), torch.tensor([4, 49, 12, 0, 4, 36])
+    weights = torch.arange(1.0, 7.0)
+    got = logps_mod.head_taken_logps(hidden, weight, rows, targets)
+    got_grads = torch.autograd.grad((got * weights).sum(), (hidden, weight))
+    want = (hidden @ weight.T).log_softmax(-1)[rows, targets]
+    want_grads = torch.autograd.grad((want * weights).sum(), (hidden, weight))
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_packed_pass_fuses_the_head_and_restores_it(model, reference):
+    """The tiny Llama (tied head, CPU) takes the fused head, equals the naive loop (the tied
+    weight's gradient sums the head's and the input embedding's parts), and gets its head's
+    own ``forward`` back."""
+    assert logps_mod._fusable_head(model) is model.lm_head
+    batch = collate_groups(_groups(), PAD)
+    _assert_same(_value_and_grads(model, lambda: group_logps(model, batch)), reference)
+    assert "forward" not in vars(model.lm_head)
+    with torch.no_grad():  # outside training the model's head runs as usual
+        assert logps_mod._fusable_head(model) is None
+
+
+def test_model_transforming_its_logits_gets_the_real_head():
+    """Granite divides its logits by ``logits_scaling`` after the head: the packed pass sees the
+    head's output was transformed, reruns with the real head (once per model) and equals the
+    unshared pass."""
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    torch.manual_seed(0)
+    cfg = GraniteConfig(vocab_size=5000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, logits_scaling=4.0,
+                        tie_word_embeddings=True, attn_implementation="sdpa")
+    granite = GraniteForCausalLM(cfg).train()
+    batch = collate_groups(_groups(), PAD)
+    got = _value_and_grads(granite, lambda: group_logps(granite, batch))
+    assert granite in logps_mod._NO_FUSED_HEAD and logps_mod._fusable_head(granite) is None
+    assert granite.config._attn_implementation == packing.NAME  # still the packed pass
+    want = _value_and_grads(granite, lambda: _naive(granite, _groups()))
+    _assert_same(got, want)

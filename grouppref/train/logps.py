@@ -22,13 +22,19 @@ The unshared path concatenates prompt and response per candidate and runs N full
 the reference the shared path must equal (1e-4 in fp32, tests/test_logps.py).
 
 Log-probs of the taken tokens come from :func:`taken_logps`: a log-sum-exp per logit row in
-chunks and one gather, with no (rows, V) log-softmax kept for backward.
+chunks and one gather, with no (rows, V) log-softmax kept for backward. On CPU, when the model's
+LM head is a plain bias-free ``nn.Linear`` whose output the model returns untouched, the packed
+pass goes further (:func:`head_taken_logps`): the model returns the hidden states, and the head
+runs here in vocabulary chunks, each chunk's softmax gradient formed in place and consumed by
+the two weight/input products while it is still in cache (no (R, V) gradient tensor).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -36,74 +42,14 @@ import torch
 from grouppref.errors import ConfigError
 from grouppref.train import packing
 from grouppref.train.batch import GroupBatch
+from grouppref.train.taken import head_taken_logps, taken_logps, token_logps
+
+__all__ = ["group_logps", "head_taken_logps", "taken_logps", "token_logps"]
 
 Tensor = torch.Tensor
 
-# Logit bytes per log-sum-exp chunk: ~2 MB on CPU (the chunk stays in cache); 256 MB on an
-# accelerator, where a chunk of a few rows would cost a kernel launch per few rows.
-CHUNK_BYTES = {"cpu": 1 << 21}
-CHUNK_BYTES_ACCELERATOR = 1 << 28
 _FALLBACK: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-
-
-class _TakenLogps(torch.autograd.Function):
-    """``logits[r, y] - logsumexp(logits[r])`` for M (row, target) pairs; see :func:`taken_logps`."""
-
-    @staticmethod
-    def forward(ctx: Any, logits: Tensor, rows: Tensor, targets: Tensor) -> Tensor:
-        chunk = CHUNK_BYTES.get(logits.device.type, CHUNK_BYTES_ACCELERATOR)
-        step = max(1, chunk // (logits.shape[1] * logits.element_size()))
-        lse = torch.cat([torch.logsumexp(logits[i:i + step].float(), dim=-1)
-                         for i in range(0, logits.shape[0], step)])  # (R,)
-        ctx.save_for_backward(logits, lse, rows, targets)
-        ctx.step = step
-        return logits[rows, targets].float() - lse[rows]
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        # d/dlogits of Σ_m g_m (logits[r_m, y_m] - lse[r_m]) = onehot·g - softmax · Σ_{m: r_m = r} g_m
-        logits, lse, rows, targets = ctx.saved_tensors
-        per_row = torch.zeros_like(lse).index_add_(0, rows, grad.float())  # (R,)
-        out = torch.empty_like(logits)
-        for i in range(0, logits.shape[0], ctx.step):
-            part = (logits[i:i + ctx.step].float() - lse[i:i + ctx.step, None]).exp_()
-            torch.mul(part, per_row[i:i + ctx.step, None].neg(), out=out[i:i + ctx.step])
-        out.index_put_((rows, targets), grad.to(out.dtype), accumulate=True)
-        return out, None, None
-
-
-def taken_logps(logits: Tensor, rows: Tensor, targets: Tensor) -> Tensor:
-    """``log softmax(logits[rows[m]])[targets[m]]`` in float32, for M pairs.
-
-    Equals ``logits.log_softmax(-1)[rows, targets]``, but the backward pass rebuilds the
-    softmax from the saved logits and a (R,) log-sum-exp chunk by chunk instead of keeping a
-    (R, V) log-softmax and zero-filling a (R, V) gradient for the gather. A row may serve
-    several pairs (a prompt's last logit predicts the first token of all K responses).
-
-    Args:
-        logits (Tensor): (R, V), any float dtype.
-        rows (Tensor): long (M,), row of each pair.
-        targets (Tensor): long (M,), token id of each pair.
-
-    Returns:
-        Tensor: float32 (M,). Differentiable in ``logits``.
-    """
-    return _TakenLogps.apply(logits, rows, targets)
-
-
-def token_logps(logits: Tensor, targets: Tensor) -> Tensor:
-    """``log softmax(logits)[target]`` in float32 for every position.
-
-    Args:
-        logits (Tensor): shape (..., V).
-        targets (Tensor): long, shape (...).
-
-    Returns:
-        Tensor: shape (...).
-    """
-    flat = logits.reshape(-1, logits.shape[-1])
-    rows = torch.arange(flat.shape[0], device=flat.device)
-    return taken_logps(flat, rows, targets.reshape(-1)).view(targets.shape)
+_NO_FUSED_HEAD: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def _positions(mask: Tensor) -> Tensor:
@@ -138,13 +84,77 @@ def _align(ids: Tensor, mask: Tensor, left: bool) -> tuple[Tensor, Tensor]:
     return ids.gather(1, idx), mask.gather(1, idx)
 
 
-def _sum_taken(logits: Tensor, rows: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
-    """Σ_t of the taken-token log-probs per candidate: (R, V) logits, (N, T) rows/targets/mask -> (N,)."""
+def _sum_taken(logits: Tensor, rows: Tensor, targets: Tensor, mask: Tensor,
+               head: torch.nn.Linear | None = None) -> Tensor:
+    """Σ_t of the taken-token log-probs per candidate: (R, V) logits, (N, T) rows/targets/mask -> (N,).
+
+    With ``head``, ``logits`` are the (R, d) hidden states entering it (:func:`head_taken_logps`).
+    """
     n, t = mask.shape
     keep = mask.reshape(-1).bool()
     owner = torch.arange(n, device=mask.device).repeat_interleave(t)[keep]  # (M,)
-    taken = taken_logps(logits, rows.reshape(-1)[keep], targets.reshape(-1)[keep])
+    rows, targets = rows.reshape(-1)[keep], targets.reshape(-1)[keep]
+    taken = (taken_logps(logits, rows, targets) if head is None
+             else head_taken_logps(logits, head.weight, rows, targets))
     return torch.zeros(n, dtype=taken.dtype, device=taken.device).index_add(0, owner, taken)
+
+
+def _fusable_head(model: Any) -> torch.nn.Linear | None:
+    """The LM head when :func:`head_taken_logps` can replace it, else None.
+
+    CPU (where it was measured), a plain bias-free ``nn.Linear`` with a plain parameter (not a
+    sharded DTensor, no hook or offloading wrapper on its ``forward``), gradients on, and a
+    model not yet seen to transform the head's output.
+    """
+    inner = _inner(model)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if (inner in _NO_FUSED_HEAD or type(head) is not torch.nn.Linear or head.bias is not None
+            or type(head.weight) is not torch.nn.Parameter or head.weight.device.type != "cpu"
+            or "forward" in vars(head) or getattr(head, "_hf_hook", None) is not None
+            or not torch.is_grad_enabled()):
+        return None
+    return head
+
+
+@contextlib.contextmanager
+def _head_bypassed(head: torch.nn.Linear | None) -> Iterator[list[Tensor]]:
+    """While active, ``head`` returns its input (recorded in the yielded list)."""
+    seen: list[Tensor] = []
+    if head is None:
+        yield seen
+        return
+
+    def passthrough(x: Tensor) -> Tensor:
+        seen.append(x)
+        return x
+
+    head.forward = passthrough  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        del head.forward
+
+
+def _head_rows(model: Any, layout: packing.GroupLayout | None,
+               **kwargs: Any) -> tuple[Tensor, torch.nn.Linear | None]:
+    """A training call's output: the hidden states entering a fusable head (and the head), else
+    the logits. A model that turns out to transform its head's output is rerun, once per model.
+    """
+    if layout is not None:
+        kwargs[packing.LAYOUT_KWARG] = layout
+    head = _fusable_head(model)
+    if head is not None:
+        try:
+            with _head_bypassed(head) as seen:
+                out = model(**kwargs).logits
+            if len(seen) == 1 and out is seen[0]:
+                return out, head
+        except Exception:  # noqa: BLE001 - its code after the head needed real logits
+            pass
+        _NO_FUSED_HEAD[_inner(model)] = "the model transforms the LM head's output"
+        if layout is not None:
+            layout.calls, layout.unsupported = 0, None
+    return model(**kwargs).logits, None
 
 
 def _packed(model: Any, prompt: tuple[Tensor, Tensor], cand: tuple[Tensor, Tensor],
@@ -167,15 +177,15 @@ def _packed(model: Any, prompt: tuple[Tensor, Tensor], cand: tuple[Tensor, Tenso
     ids = torch.cat([prompt_ids, resp_in.reshape(b, k * t)], dim=1)  # (B, L)
     pos = torch.cat([layout.prompt_pos, layout.resp_pos.reshape(b, k * t)], dim=1)
     placeholder = torch.ones(b, 1, 1, 1, dtype=torch.bool, device=ids.device)  # 4D: used as is
-    out = model(input_ids=ids, attention_mask=placeholder, position_ids=pos, use_cache=False,
-                logits_to_keep=1 + k * t, **{packing.LAYOUT_KWARG: layout})
+    out, head = _head_rows(model, layout, input_ids=ids, attention_mask=placeholder,
+                           position_ids=pos, use_cache=False, logits_to_keep=1 + k * t)
     layers = getattr(_inner(model).config, "num_hidden_layers", None)
     ok = layout.unsupported is None and layout.calls == layers
-    logits = out.logits.reshape(b * (1 + k * t), -1)  # row b·(1+K·T) + c: column P-1+c of row b
+    logits = out.reshape(b * (1 + k * t), -1)  # row b·(1+K·T) + c: column P-1+c of row b
     first = torch.arange(b, device=ids.device).repeat_interleave(k) * (1 + k * t)  # (B·K,)
     rows = torch.cat([first[:, None], first[:, None] + 1 + (torch.arange(b * k, device=ids.device)
                       % k)[:, None] * t + torch.arange(t, device=ids.device)], dim=1)  # (B·K, T)
-    return _sum_taken(logits, rows, resp, resp_mask), ok
+    return _sum_taken(logits, rows, resp, resp_mask, head), ok
 
 
 def _cached(model: Any, prompt: tuple[Tensor, Tensor], cand: tuple[Tensor, Tensor],
@@ -213,10 +223,11 @@ def _unshared(model: Any, prompt: tuple[Tensor, Tensor], cand: tuple[Tensor, Ten
     ids = torch.cat([prompt_ids[rows], resp], dim=1)[:, :-1]  # (N, P+T-1)
     mask = torch.cat([prompt_mask[rows], resp_mask], dim=1)[:, :-1]
     n, t = resp.shape
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask),
-                   use_cache=False, logits_to_keep=t).logits  # (N, T, V)
+    logits, head = _head_rows(model, None, input_ids=ids, attention_mask=mask,
+                              position_ids=_positions(mask), use_cache=False,
+                              logits_to_keep=t)  # (N, T, V), or (N, T, d) with a head
     logit_rows = torch.arange(n * t, device=resp.device).view(n, t)
-    return _sum_taken(logits.reshape(n * t, -1), logit_rows, resp, resp_mask)
+    return _sum_taken(logits.reshape(n * t, -1), logit_rows, resp, resp_mask, head)
 
 
 def _shared(model: Any, batch: GroupBatch, prompt: tuple[Tensor, Tensor]) -> Tensor:
