@@ -167,7 +167,7 @@ def plan_refresh(config: TrainConfig, groups: Sequence[ValidatedGroup], tokenize
         ConfigError: a ranker that cannot score the prompts (e.g. ``verify`` and no reference
             answer), more prompts per round than there are, a policy the sampler cannot run
             (not a causal LM, a context too short for ``max_new_tokens``, weights sharded by
-            FSDP / DeepSpeed).
+            FSDP / DeepSpeed), served judges on one server with different ``api_key_env``.
         ModelNotFoundError: a ranker's model that does not exist.
     """
     refresh = config.refresh
