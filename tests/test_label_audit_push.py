@@ -19,11 +19,14 @@ from grouppref.labeling.config import PullConfig
 from grouppref.labeling.pull import pull_run
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
+from grouppref.pipeline.report.config import ReportConfig
+from grouppref.pipeline.report.stage import render_report
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup
 from grouppref.schemas.reports import LabelSelection
 from tests.test_label_push_pull import annotator_http, annotator_records, respond, write_stage
 from tests.test_label_select_push import run_groups
+from tests.test_report_selection import selection_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,6 +86,10 @@ def test_audit_groups_are_marked_pulled_and_used_by_the_aggregate(
     run_aggregate(store, AggregateConfig(min_groups_for_reliability=2, reliability_groups="all"))
     everything = next(a for a in read_report(store).annotators if a.id == name)
     assert everything.reliability_groups == "all" and everything.groups == 6
+
+    shown = selection_rows(render_report(RunStore(store.root), ReportConfig()))
+    assert {row["group"]: row["role"] for row in shown} == roles  # why each group was sent
+    assert [row["role"] for row in shown] == ["uncertain"] * 3 + ["audit"] * 3
 
     plain = subprocess.run(  # no audit share: the push says what that costs
         [sys.executable, "-m", "grouppref", "label", "push", str(store.root), "--state-dir",

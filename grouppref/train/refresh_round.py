@@ -35,6 +35,7 @@ from grouppref.pipeline.rank.settings import (
     SimilarityRankerSettings,
     annotator_for,
 )
+from grouppref.pipeline.rank.shard_scoring import ShardScorer
 from grouppref.pipeline.rank.stage import rank_group
 from grouppref.schemas import (
     AnnotatedGroup,
@@ -66,7 +67,16 @@ def needs_reference(settings: RankerSettings) -> bool:
 
 @dataclass
 class RefreshPlan:
-    """What the refresh rounds use, checked before any model loads."""
+    """What the refresh rounds use, checked before any model loads.
+
+    ``scorer`` scores a round's groups with every ranker as the rank stage does (served
+    judges' requests together, in-process rankers meanwhile); it loads the in-process rankers'
+    models at the first round and keeps them; its connection pool is open only while a round
+    is ranked.
+
+    Raises:
+        ConfigError: served judges on one server with different ``api_key_env``.
+    """
 
     config: TrainConfig
     prompts: list[Prompt]  # the pool the rounds draw from
@@ -75,14 +85,10 @@ class RefreshPlan:
     rankers: list[Ranker]
     annotators: list[Annotator]
     notes: list[str] = field(default_factory=list)
-    loaded: bool = False
+    scorer: ShardScorer = field(init=False)
 
-    def load_rankers(self) -> None:
-        """Load the rankers' models (once)."""
-        if not self.loaded:
-            for ranker in self.rankers:
-                ranker.load()
-            self.loaded = True
+    def __post_init__(self) -> None:
+        self.scorer = ShardScorer(self.rankers)
 
 
 def _pool(config: TrainConfig, groups: Sequence[ValidatedGroup]) -> tuple[list[Prompt], str]:
@@ -161,7 +167,7 @@ def plan_refresh(config: TrainConfig, groups: Sequence[ValidatedGroup], tokenize
         ConfigError: a ranker that cannot score the prompts (e.g. ``verify`` and no reference
             answer), more prompts per round than there are, a policy the sampler cannot run
             (not a causal LM, a context too short for ``max_new_tokens``, weights sharded by
-            FSDP / DeepSpeed).
+            FSDP / DeepSpeed), served judges on one server with different ``api_key_env``.
         ModelNotFoundError: a ranker's model that does not exist.
     """
     refresh = config.refresh
@@ -278,12 +284,16 @@ def _for_round(group: CandidateGroup, suffix: str, round_: int, step: int) -> Ca
 def rank_groups(plan: RefreshPlan, groups: Sequence[CandidateGroup]
                 ) -> tuple[list[AnnotatedGroup], list[Reject]]:
     """Every ranker's ranking of every group (as the rank stage adds them); part-rejects for
-    the groups a ranker skipped."""
+    the groups a ranker skipped. The rankers score together (:class:`ShardScorer`: the served
+    judges' requests at once, the in-process rankers meanwhile); the served judges' connection
+    pool is closed when the round is ranked (training holds no idle connections)."""
     if not groups:
         return [], []
-    plan.load_rankers()
     annotated = [AnnotatedGroup(**dict(g)) for g in groups]
-    outcomes = [r.score(annotated) for r in plan.rankers]  # (rankers, groups)
+    try:
+        outcomes = plan.scorer.score(annotated)  # (rankers, groups)
+    finally:
+        plan.scorer.close()
     out, rejects = [], []
     for j, group in enumerate(annotated):
         record, part = rank_group(group, [o[j] for o in outcomes], plan.rank_config,

@@ -9,7 +9,7 @@ from typing import Any
 from grouppref.runs.store import RunStore
 from grouppref.schemas.reports import LabelSelection
 
-SHOWN = 20  # selected groups listed
+SHOWN = 20  # selected groups listed per role
 
 
 def selection_path(store: RunStore) -> Path:
@@ -48,7 +48,14 @@ def describe_selection(sel: LabelSelection) -> str:
 
 
 def selection_table(sel: LabelSelection) -> tuple[list[str], list[list[Any]]]:
-    """Header and rows of the first :data:`SHOWN` groups sent (rank, group id, uncertainty)."""
-    rows: list[list[Any]] = [[i + 1, g.group_id, g.uncertainty]
-                             for i, g in enumerate(sel.selected[:SHOWN])]
-    return ["#", "group", "uncertainty"], rows
+    """Header and rows of the groups sent (place in the push, group id, why it was sent,
+    uncertainty): the first :data:`SHOWN` of each role, so the audit groups (sent after the
+    most uncertain ones) are listed too. The role is ``-`` for a selection recorded before
+    roles were."""
+    shown: dict[str | None, int] = {}
+    rows: list[list[Any]] = []
+    for i, g in enumerate(sel.selected):
+        shown[g.role] = shown.get(g.role, 0) + 1
+        if shown[g.role] <= SHOWN:
+            rows.append([i + 1, g.group_id, g.role, g.uncertainty])
+    return ["#", "group", "role", "uncertainty"], rows
