@@ -11,8 +11,9 @@ For the same prompts and K:
   grouppref sends for the candidates (same bodies, same per-candidate seeds, so the server does
   the same work), and nothing else.
 
-grouppref's time is the whole ``run_generate`` call (``/models`` check, probe request, shards,
-the final dataset and manifest; model loading excluded for the in-process side). Re-sampling is
+grouppref's time is the whole ``run_generate`` call (``/models`` check, the first draw that
+the check sends, shards, the final dataset and manifest; model loading excluded for the
+in-process side). Re-sampling is
 off (``max_resample 0``) so both server sides send the same requests (the same bodies, in the
 same order). Before timing, one untimed request warms the server and one untimed one-prompt
 ``run_generate`` warms grouppref's lazy imports (datasets, pyarrow: once per process, not per
@@ -23,7 +24,11 @@ prints the server's CPU seconds per side: the same requests should cost the serv
 and on a loaded machine they do not (llama.cpp's threads spin while waiting for each other).
 Prints candidates/s and tokens/s side by side and the ratio grouppref / bare loop per concurrency
 (target: >= 0.9), with ``uptime`` before and after (the ratio is the claim; absolute numbers
-depend on the machine and its load).
+depend on the machine and its load). Per run it also prints the client side, which holds under
+load: the client process's CPU per sampling request (in total, and while a request was in
+flight: at concurrency 1, CPU taken from a server on the same cores), its threads, the gaps
+between an answer and the next request, and the time before the first sampling request (with
+the setup requests in it) and after the last.
 
 Example (starts its own server on a free loopback port):
     .venv/bin/python benchmarks/generate_server.py --n-prompts 32 --k 4 --max-new-tokens 64 \\

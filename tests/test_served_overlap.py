@@ -10,6 +10,7 @@ tests/test_judge_server.py. No wall-clock threshold: only counts and the order o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -23,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from grouppref.models.openai import ServerPool, gather
+from grouppref.models.server_settings import ServerSettings
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.generate.stage import run_generate
 from grouppref.pipeline.imports.config import ImportConfig
@@ -31,7 +34,8 @@ from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas import Prompt
-from tests.fake_openai_server import _answer
+from tests.fake_openai_server import MODEL as FAKE_MODEL
+from tests.fake_openai_server import SLOW, _answer, fake_openai_server
 
 MODELS = ("fake-a", "fake-b")
 IDLE_S = 1.0  # a held request is answered after this long without a new arrival
@@ -272,6 +276,24 @@ def test_in_process_model_samples_while_served_requests_are_in_flight(
         assert len(served) == 2
         assert [c.text for c in served] == [f"answer {c.source.seed}" for c in served]
         assert [c.source.params["attempt"] for c in group.candidates] == [0] * len(group.candidates)
+
+
+def test_background_requests_can_be_cancelled_and_the_pool_reused() -> None:
+    """ServerPool.start runs requests in a thread (the mix above); a failed in-process batch or
+    Ctrl-C cancels them: result() raises at once instead of waiting for the slow answer, and
+    the pool's event loop serves the next requests."""
+    body = {"model": FAKE_MODEL, "prompt": "hi", "seed": 1}
+    with fake_openai_server(script=[SLOW]) as (url, state):
+        with ServerPool({url: ServerSettings(base_url=url, request_timeout=60)}) as pool:
+            job = pool.start(gather([pool.request(url, "/completions", body)]))
+            while not state.requests:  # the slow request is in flight
+                time.sleep(0.01)
+            job.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                job.result()
+            [answer] = pool.post(url, "/completions", [body])
+    assert isinstance(answer, dict) and answer["choices"][0]["text"] == "answer 1"
+    assert len(state.requests) == 2
 
 
 @pytest.fixture
