@@ -241,8 +241,52 @@ def test_settings_that_cannot_work_here_fail_before_loading(tmp_path: Path) -> N
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="'fp16' needs a CUDA GPU"):
             train(TrainConfig(model="/no/such/model", mixed_precision="fp16"), groups, tmp_path)
-    with pytest.raises(ValueError, match="set share_prefix to false"):
-        TrainConfig(gradient_checkpointing=True)
+
+
+def _train_lines(out: Path) -> list[dict]:
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["split"] == "train"]
+
+
+def test_gradient_checkpointing_with_shared_prefix_equals_the_run_without(
+        tiny_lm_dir: Path, tmp_path: Path) -> None:
+    """Checkpointing recomputes the packed shared-prefix pass in backward: every step's loss
+    and gradient norm, the held-out eval and the trained weights equal the run without it
+    (fp32; 3 steps, 2 micro-batches each)."""
+    groups = synthetic_groups(12, 4, seed=2)
+    base = dict(model=str(tiny_lm_dir), lr=1e-3, lr_scheduler="constant", batch_size=3,
+                grad_accum=2, max_steps=3, logging_steps=1, data=PLAIN)
+    plain = train(TrainConfig(**base), groups, tmp_path / "plain")
+    ckpt = train(TrainConfig(**base, gradient_checkpointing=True), groups, tmp_path / "ckpt")
+    assert ckpt.model.is_activation_checkpointing and not plain.model.is_activation_checkpointing
+    lines, ref_lines = _train_lines(tmp_path / "ckpt"), _train_lines(tmp_path / "plain")
+    assert [r["step"] for r in lines] == [r["step"] for r in ref_lines] == [1, 2, 3]
+    for got, want in zip(lines, ref_lines, strict=True):
+        for key in ("loss", "grad_norm", "margin", "kl"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (got["step"], key)
+    assert ref_lines[-1]["grad_norm"] > 0
+    assert ckpt.stats.eval["pair_accuracy"] == pytest.approx(plain.stats.eval["pair_accuracy"])
+    weights, ref_weights = _final_params(ckpt.model), _final_params(plain.model)
+    assert not torch.equal(ref_weights, _final_params(load_causal_lm(str(tiny_lm_dir))))
+    assert torch.allclose(weights, ref_weights, atol=1e-6)
+
+
+def test_checkpointing_with_shared_prefix_needs_an_sdpa_model(tiny_lm_dir: Path) -> None:
+    """Other attention takes the KV-cache fallback, which checkpointing turns off: one clear
+    error before the reference pass (the checks of the packed pass are in test_logps.py)."""
+    from transformers import LlamaForCausalLM
+
+    from grouppref.train.trainer import check_checkpointing
+
+    both = TrainConfig(model=str(tiny_lm_dir), gradient_checkpointing=True)
+    sdpa = LlamaForCausalLM.from_pretrained(tiny_lm_dir, attn_implementation="sdpa")
+    eager = LlamaForCausalLM.from_pretrained(tiny_lm_dir, attn_implementation="eager")
+    check_checkpointing(sdpa, both)
+    check_checkpointing(eager, both.model_copy(update={"share_prefix": False}))
+    check_checkpointing(eager, both.model_copy(update={"gradient_checkpointing": False}))
+    with pytest.raises(ConfigError, match="needs a model on sdpa attention, and this one uses "
+                                          "'eager'; set --no-share-prefix"):
+        check_checkpointing(eager, both)
 
 
 def test_resume_without_checkpoint_fails_before_loading(tmp_path: Path) -> None:

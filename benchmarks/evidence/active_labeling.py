@@ -92,8 +92,11 @@ def make_panel(groups: int, f_auto: float, seed: int
 
 
 def with_humans(groups: list[AnnotatedGroup], truth: np.ndarray, chosen: set[str],
-                f_human: float, seed: int) -> list[AnnotatedGroup]:
-    """``groups`` with one human ranking (Mallows, ``f_human``) in each chosen group."""
+                f_human: float, seed: int, roles: dict[str, str] | None = None
+                ) -> list[AnnotatedGroup]:
+    """``groups`` with one human ranking (Mallows, ``f_human``) in each chosen group; with
+    ``roles``, the ranking's metadata ``selection`` says why its group was sent (as ``label
+    pull`` copies it from the pushed record)."""
     rng = np.random.default_rng(10_000 + seed)
     spec = AnnotatorSpec(id="human", flip_rate=f_human)
     out = []
@@ -101,6 +104,8 @@ def with_humans(groups: list[AnnotatedGroup], truth: np.ndarray, chosen: set[str
         order = simulate_order(truth[g].tolist(), spec, rng)  # drawn for all: same per group
         if group.group_id in chosen:
             human = _ranking(group.group_id, group.candidate_ids(), order, "human", "human")
+            if roles is not None:
+                human = human.model_copy(update={"metadata": {"selection": roles[group.group_id]}})
             group = group.model_copy(update={"rankings": [*group.rankings, human]})
         out.append(group)
     return out

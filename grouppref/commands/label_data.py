@@ -89,10 +89,19 @@ def _push(config: PushConfig, extras: dict[str, Any], force: bool) -> None:
         how = (f"the most uncertain by {selection.uncertainty} (sent: >= "
                f"{selection.threshold:.3g}, the rest: mean {selection.rest_mean:.3g})"
                if selection.select == "uncertain" and selection.rest_mean is not None
+               and selection.threshold is not None
                else f"{selection.select} (seed {selection.seed})")
+        audit = sum(g.role == "audit" for g in selection.selected)
+        if audit:
+            how += f", {audit} of them audit groups drawn at random (seed {selection.seed})"
         out.print(f"  selected {len(selection.selected)} of {selection.groups} groups: "
                   f"{esc(how)}; list in {selection_path(store)}",
                   highlight=False)
+        if selection.select == "uncertain" and not audit:
+            err.print("note: no audit groups: the aggregate will judge these annotators on the "
+                      "hardest groups only, which makes good ones look unreliable; "
+                      "--audit-share 0.2 sends a random fifth of the budget to measure them "
+                      "(docs/labeling-push-pull.md)", highlight=False)
 
 
 push = config_command(

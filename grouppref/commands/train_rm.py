@@ -16,7 +16,8 @@ from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out, print_counts, print_stage
 from grouppref.commands.train import DataArg
 from grouppref.errors import ConfigError
-from grouppref.train.rm_config import RewardModelConfig, RewardModelStats
+from grouppref.schemas.reports import RewardModelStats
+from grouppref.train.rm_config import RewardModelConfig
 
 
 def _run_train_rm(config: RewardModelConfig, extras: dict[str, Any], force: bool) -> None:

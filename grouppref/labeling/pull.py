@@ -4,7 +4,9 @@
 stage ``RUN/label`` (``AnnotatedGroup``): every group of the input stage (the one ``push``
 read) with its automatic rankings plus one ``Ranking`` per *submitted* Argilla response
 (annotator id = Argilla username, kind ``human``, ``created_at`` = the response's last
-update). Drafts and discarded responses are counted, never used. Rankings pulled earlier stay
+update; ``metadata.selection`` = the record's ``selection``, why the push sent the group:
+``uncertain``, ``audit``, ``random`` or ``all``, which the aggregate's reliability uses).
+Drafts and discarded responses are counted, never used. Rankings pulled earlier stay
 in the output even if they were since deleted in Argilla, so the stage always holds every
 human ranking seen so far; a response changed in Argilla replaces the earlier version. A
 response that cannot become a ranking (its username cannot be an annotator id, or the record
@@ -39,6 +41,7 @@ from grouppref.labeling.dataset import (
     ranking_from_response,
 )
 from grouppref.labeling.push import by_size, load_groups, pushed_groups
+from grouppref.pipeline.aggregate.config import SELECTION_KEY
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore, StageRun
@@ -63,6 +66,7 @@ class ArgillaResponse:
     ranking: list[dict[str, Any]] | None
     rationale: str | None
     mapping: dict[str, str]
+    selection: str | None = None  # the record's metadata `selection` (why it was pushed)
 
 
 @dataclass
@@ -105,6 +109,7 @@ def fetch_state(client: ArgillaClient, names: list[str], workspace: str,
     names_of = client.usernames(user_ids, state.datasets[0]["workspace_id"]) if user_ids else {}
     for rec in state.records:
         mapping = (rec.get("metadata") or {}).get(MAPPING_KEY) or {}
+        selection = (rec.get("metadata") or {}).get(SELECTION_KEY)
         for r in rec.get("responses") or []:
             values = r.get("values") or {}
             state.responses.append(ArgillaResponse(
@@ -112,7 +117,8 @@ def fetch_state(client: ArgillaClient, names: list[str], workspace: str,
                 username=names_of[str(r["user_id"])], status=r["status"],
                 updated_at=str(r["updated_at"]),
                 ranking=(values.get(RANKING) or {}).get("value"),
-                rationale=(values.get(RATIONALE) or {}).get("value"), mapping=mapping))
+                rationale=(values.get(RATIONALE) or {}).get("value"), mapping=mapping,
+                selection=selection if isinstance(selection, str) else None))
     return state
 
 
@@ -149,8 +155,8 @@ def label_status(store: RunStore, config: TargetConfig, client: ArgillaClient) -
 
 def _fingerprint(state: DatasetState) -> str:
     """The remote half of the pull's input: the dataset and its submitted responses."""
-    submitted = sorted((r.response_id, r.updated_at) for r in state.responses
-                       if r.status == "submitted")
+    submitted = sorted((r.response_id, r.updated_at, *([r.selection] if r.selection else []))
+                       for r in state.responses if r.status == "submitted")
     datasets = sorted(str(ds["id"]) for ds in state.datasets)
     return sha256_text(canonical_json({"datasets": datasets, "submitted": submitted}))
 
@@ -207,8 +213,10 @@ def _pulled_rankings(groups: dict[str, AnnotatedGroup], state: DatasetState,
             continue
         try:
             when = datetime.fromisoformat(r.updated_at)
-            pulled[r.group_id][r.username] = ranking_from_response(
-                r.ranking or [], r.mapping, group, r.username, when)
+            ranking = ranking_from_response(r.ranking or [], r.mapping, group, r.username, when)
+            if r.selection:
+                ranking = ranking.model_copy(update={"metadata": {SELECTION_KEY: r.selection}})
+            pulled[r.group_id][r.username] = ranking
         except ValueError as e:
             counts["rejected"] += 1
             rejects.append(Reject(stage=LABEL_STAGE, group_id=r.group_id, field=RANKING,

@@ -10,8 +10,11 @@ records instead of adding copies. A group whose record already holds responses a
 pushed with other candidates is refused (its rankings would point at the wrong texts).
 
 With ``select`` ``uncertain`` or ``random`` only ``budget`` groups are sent
-(:mod:`grouppref.labeling.select`); the choice, with each group's uncertainty, goes to
-``RUN/label/selection.json`` and into ``push.json``.
+(:mod:`grouppref.labeling.select`); the choice, with each group's uncertainty and role, goes
+to ``RUN/label/selection.json`` and into ``push.json``, and each record's metadata says why
+its group was sent (``selection``: ``uncertain``, ``audit``, ``random`` or ``all``; extra
+metadata, so datasets made before keep their schema). Pull copies it onto the human rankings,
+and the aggregate measures reliability accordingly.
 
 Writes ``RUN/label/push.json`` (datasets, counts, refused groups, selection); never the API
 key.
@@ -42,6 +45,7 @@ from grouppref.labeling.dataset import (
     schema_diff,
     schema_summary,
 )
+from grouppref.pipeline.aggregate.config import SELECTION_KEY
 from grouppref.pipeline.report.selection import read_selection, selection_path
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore
@@ -244,9 +248,10 @@ def push_run(store: RunStore, config: PushConfig, client: ArgillaClient, progres
     client.require_manager("push")
     source, groups = load_groups(store, config.source_stage)
     chosen = set(selection.ids)
+    roles = {g.group_id: g.role for g in selection.selected if g.role is not None}
     report = push_groups(client, config, config.dataset_name(store),
                          [g for g in groups if g.group_id in chosen], progress=progress,
-                         on_batch=on_batch)
+                         on_batch=on_batch, roles=roles)
     report.source_stage = source
     report.selection = selection = selection.model_copy(update={"dataset": report.dataset})
     _write_log(store, report, client.credentials.api_url)
@@ -256,9 +261,12 @@ def push_run(store: RunStore, config: PushConfig, client: ArgillaClient, progres
 
 def push_groups(client: ArgillaClient, config: PushConfig, base: str,
                 groups: Sequence[AnnotatedGroup], progress: bool = True,
-                on_batch: Callable[[int, int], None] | None = None) -> PushReport:
-    """Upsert ``groups`` into the datasets ``<base>-k<k>`` (created or checked first)."""
+                on_batch: Callable[[int, int], None] | None = None,
+                roles: dict[str, str] | None = None) -> PushReport:
+    """Upsert ``groups`` into the datasets ``<base>-k<k>`` (created or checked first);
+    ``roles`` (group id -> why it was selected) go into the records' metadata ``selection``."""
     report = PushReport(dataset=base, workspace=config.workspace, source_stage="")
+    roles = roles or {}
     chat = any(g.prompt.messages is not None for g in groups)
     done = 0
     with stage_progress(disable=not progress) as bar:
@@ -278,8 +286,8 @@ def push_groups(client: ArgillaClient, config: PushConfig, base: str,
             bar.advance(task, len(refused))
             for start in range(0, len(todo), config.batch_size):
                 batch = todo[start : start + config.batch_size]
-                items = [record_payload(g, question_ids, spec.chat, config.suggest_from)
-                         for g in batch]
+                items = [with_role(record_payload(g, question_ids, spec.chat, config.suggest_from),
+                                   roles.get(g.group_id)) for g in batch]
                 client.request("PUT", f"/api/v1/datasets/{did}/records/bulk",
                                json_body={"items": items})
                 updated = sum(g.group_id in existing for g in batch)  # the server does not say
@@ -291,6 +299,13 @@ def push_groups(client: ArgillaClient, config: PushConfig, base: str,
                     on_batch(done, len(groups))
     report.retried = client.retried
     return report
+
+
+def with_role(item: dict[str, Any], role: str | None) -> dict[str, Any]:
+    """A record payload with the group's selection role in its metadata (unchanged: none)."""
+    if role is not None:
+        item["metadata"][SELECTION_KEY] = role
+    return item
 
 
 def _write_log(store: RunStore, report: PushReport, api_url: str) -> None:

@@ -21,7 +21,19 @@
     ``uncertainty = -gap`` (a group without reward scores counts as gap 0).
 
 Equal uncertainties are ordered at random (``seed``), so a budget that cuts through a run of
-ties takes a random sample of it. The selection is a typed
+ties takes a random sample of it.
+
+**Audit groups** (``audit_share`` F, with ``uncertain``): ``round(F * budget)`` groups are
+drawn uniformly without replacement from *all* groups first (``seed``), and the rest of the
+budget is the most uncertain of the other groups. The audit groups are a simple random sample
+of the source stage, independent of the automatic rankings, so an annotator's agreement with
+the consensus on them measures its reliability without the selection's bias; the aggregate
+uses only them for an annotator who also saw uncertain groups
+(:mod:`grouppref.stats.reliability`). Every selected group has a ``role`` (``uncertain``,
+``audit``, ``random`` or ``all``) that the push writes into the record's metadata
+(``selection``), and pull copies onto the human rankings it reads back.
+
+The selection is a typed
 :class:`~grouppref.schemas.reports.LabelSelection` that the push writes to
 ``RUN/label/selection.json``.
 """
@@ -159,23 +171,36 @@ def select_groups(groups: Sequence[AnnotatedGroup], config: PushConfig, source: 
         ConfigError: a budget larger than the run, or a criterion whose inputs are missing.
     """
     base = {"select": config.select, "budget": config.budget, "seed": config.seed,
-            "source_stage": source, "groups": len(groups)}
+            "source_stage": source, "groups": len(groups), "audit_share": config.audit_share}
     if config.select == "all":
-        return LabelSelection(**base, selected=[SelectedGroup(group_id=g.group_id,
-                                                              uncertainty=None) for g in groups])
+        return LabelSelection(**base, selected=[SelectedGroup(
+            group_id=g.group_id, uncertainty=None, role="all") for g in groups])
     check_budget(config, len(groups), source)
     n = config.budget or len(groups)
     gen = torch.Generator().manual_seed(config.seed)
     if config.select == "random":
         picked = torch.randperm(len(groups), generator=gen)[:n].tolist()
         return LabelSelection(**base, selected=[SelectedGroup(
-            group_id=groups[i].group_id, uncertainty=None) for i in picked])
+            group_id=groups[i].group_id, uncertainty=None, role="random") for i in picked])
     u = uncertainty_of(groups, config.uncertainty, source)
-    picked = top_n(u, n, gen)
-    rest = sorted(set(range(len(groups))) - set(picked))
+    audit, targeted = split_budget(u, n, config.audit_share, gen)
+    rest = sorted(set(range(len(groups))) - set(audit) - set(targeted))
+    sent = [(i, "uncertain") for i in targeted] + [(i, "audit") for i in audit]
     return LabelSelection(
         **base, uncertainty=config.uncertainty, measure=MEASURES[config.uncertainty],
-        selected=[SelectedGroup(group_id=groups[i].group_id, uncertainty=float(u[i]))
-                  for i in picked],
-        threshold=float(u[picked[-1]]),
+        selected=[SelectedGroup(group_id=groups[i].group_id, uncertainty=float(u[i]), role=role)
+                  for i, role in sent],
+        threshold=float(u[targeted[-1]]) if targeted else None,
         rest_mean=float(u[rest].mean()) if rest else None)
+
+
+def split_budget(uncertainty: torch.Tensor, n: int, audit_share: float,
+                 generator: torch.Generator) -> tuple[list[int], list[int]]:
+    """``(audit, targeted)``: ``round(audit_share * n)`` indices drawn uniformly from all
+    groups, then the ``n - len(audit)`` most uncertain of the others, most uncertain first."""
+    b = uncertainty.shape[0]
+    n_audit = round(audit_share * n)
+    audit = torch.randperm(b, generator=generator)[:n_audit].tolist() if n_audit else []
+    u = uncertainty.clone()
+    u[audit] = -math.inf  # never picked again while others remain
+    return audit, top_n(u, n - n_audit, generator)

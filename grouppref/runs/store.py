@@ -12,8 +12,10 @@ fingerprint and stage version (and its non-record outputs still exist): it is th
 (``force=True`` re-runs it). The input fingerprint covers the files it read and the output
 fingerprint of every stage of the run it read, so re-running an upstream stage with other
 settings makes every stage below it *stale* (:meth:`RunStore.stale_inputs`). A stage that was
-killed resumes: shards already written are kept, the rest are computed. A shard is written to
-a temporary name and renamed, so a shard on disk is always whole.
+killed resumes: shards already written are kept, the rest are computed. Writing shards and
+merging them is :class:`~grouppref.runs.stage_run.StageRun`'s part
+(:mod:`grouppref.runs.stage_run`; imported from here too); this module keeps the run's folders,
+manifests, cache keys and staleness.
 
 Typical use inside a stage::
 
@@ -28,13 +30,10 @@ Typical use inside a stage::
 
 from __future__ import annotations
 
-import os
 import shutil
-import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -48,192 +47,26 @@ from grouppref.runs.hashing import (
 )
 from grouppref.runs.manifest import (
     MANIFEST,
-    REJECTS,
-    Counts,
     Manifest,
     atomic_write_text,
     now,
     package_versions,
-    read_rejects,
-    write_rejects,
 )
-from grouppref.schemas.records import Reject
+from grouppref.runs.stage_run import DATA, SHARDS, Shard, StageRun
 
 if TYPE_CHECKING:
     import datasets
 
-T = TypeVar("T")
+__all__ = ["DATA", "SHARDS", "RunStore", "Shard", "StageRun", "is_remote"]  # StageRun, Shard: stage_run.py
+
 R = TypeVar("R", bound=BaseModel)
 
-DATA = "data"
-SHARDS = "shards"
 REMOTE_PREFIXES = ("hub:", "argilla:", "http://", "https://")
-
-
-@dataclass(frozen=True)
-class Shard(Generic[T]):
-    """A slice of a stage's input: ``items`` are input rows ``start .. start+len(items)-1``."""
-
-    index: int
-    start: int
-    items: Sequence[T]
 
 
 def is_remote(location: str) -> bool:
     """True for an output that lives elsewhere (a Hub repo, an Argilla dataset)."""
     return location.startswith(REMOTE_PREFIXES)
-
-
-class StageRun(Generic[R]):
-    """One execution (or cached result) of a stage; made by :meth:`RunStore.open_stage`.
-
-    It is also what every stage returns (the Stage contract, :mod:`grouppref.runs.stage`):
-    ``cached``, ``manifest`` (counts, stats, outputs), ``dir``, ``records()`` and ``rejects()``.
-    """
-
-    def __init__(self, store: RunStore, manifest: Manifest, record_type: type[R] | None,
-                 cached: bool):
-        self.store = store
-        self.manifest = manifest
-        self.record_type = record_type
-        self.cached = cached
-        self.dir = store.stage_dir(manifest.stage)
-        self._t0 = time.perf_counter()
-        self._seconds_before = 0.0 if cached else (manifest.seconds or 0.0)
-
-    @property
-    def name(self) -> str:
-        return self.manifest.stage
-
-    @property
-    def counts(self) -> Counts:
-        return self.manifest.counts
-
-    @property
-    def outputs(self) -> dict[str, str]:
-        return self.manifest.outputs
-
-    # -- work -------------------------------------------------------------------------------
-    def _shard_path(self, index: int) -> Path:
-        return self.dir / SHARDS / f"shard-{index:05d}.parquet"
-
-    def shard_done(self, index: int) -> bool:
-        return self._shard_path(index).exists()
-
-    def pending_shards(self, items: Sequence[T], shard_size: int) -> Iterator[Shard[T]]:
-        """Yield the shards of ``items`` not yet written (all of them on a fresh run)."""
-        if shard_size < 1:
-            raise StageError(f"shard_size must be >= 1, got {shard_size}")
-        for index, start in enumerate(range(0, len(items), shard_size)):
-            if not self.shard_done(index):
-                yield Shard(index=index, start=start, items=items[start : start + shard_size])
-
-    def done_items(self, items: Sequence[T], shard_size: int) -> int:
-        """How many of ``items`` lie in shards already written (for progress bars on resume)."""
-        return sum(
-            len(items[s : s + shard_size])
-            for i, s in enumerate(range(0, len(items), shard_size))
-            if self.shard_done(i)
-        )
-
-    def _features(self) -> Any:
-        from grouppref.schemas.arrow import features_for
-
-        if self.record_type is None:
-            raise StageError(f"stage {self.name!r} writes no records (it has outputs: "
-                             f"{sorted(self.outputs)})")
-        return features_for(self.record_type)
-
-    def write_shard(self, shard: Shard[Any], records: Sequence[R], rejects: Sequence[Reject]) -> None:
-        """Persist one shard's output and rejects; rename makes it all-or-nothing."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        from grouppref.schemas.arrow import to_row
-
-        path = self._shard_path(shard.index)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_rejects(path.with_suffix(".rejects.jsonl"), rejects)
-        table = pa.Table.from_pylist([to_row(r) for r in records],
-                                     schema=self._features().arrow_schema)
-        tmp = path.with_name(path.name + ".tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)  # the shard counts as done only from here on
-        elapsed = self._seconds_before + time.perf_counter() - self._t0
-        self.manifest = self.manifest.model_copy(update={"seconds": round(elapsed, 3)})
-        self.store.write_manifest(self.manifest)  # a resumed run adds to this time
-
-    def add_rejects(self, name: str, rejects: Sequence[Reject]) -> None:
-        """Rejects found outside shards (e.g. while reading the input file), kept on resume."""
-        (self.dir / SHARDS).mkdir(parents=True, exist_ok=True)
-        write_rejects(self.dir / SHARDS / f"{name}.rejects.jsonl", rejects)
-
-    def _write_data(self) -> int:
-        """Merge the shards into ``data/`` (atomically); returns the number of records."""
-        import datasets
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        features = self._features()
-        tables = [pq.read_table(p) for p in sorted((self.dir / SHARDS).glob("shard-*.parquet"))]
-        table = pa.concat_tables(tables) if tables else features.arrow_schema.empty_table()
-        dataset = datasets.Dataset(table, info=datasets.DatasetInfo(features=features))
-        data_dir, tmp_dir = self.dir / DATA, self.dir / (DATA + ".tmp")
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        # An empty dataset must still be saved as one (empty) shard to load back.
-        dataset.save_to_disk(str(tmp_dir), num_shards=1 if len(dataset) == 0 else None)
-        shutil.rmtree(data_dir, ignore_errors=True)
-        os.replace(tmp_dir, data_dir)
-        return len(dataset)
-
-    def finish(self, inputs: int, stats: dict[str, Any] | None = None, *,
-               outputs: dict[str, str] | None = None, kept: int | None = None) -> StageRun[R]:
-        """Merge the shards into ``data/``, write ``rejects.jsonl`` and the final manifest.
-
-        Args:
-            inputs (int): rows the stage read; must equal outputs + whole-row rejects.
-            stats (dict | None): stage-specific numbers for the manifest (noise rate, tokens, ...).
-            outputs (dict[str, str] | None): non-record outputs, name -> location (a model
-                folder, an export path, ``hub:owner/name``, ``argilla:URL#dataset``).
-            kept (int | None): for a stage that writes no records: how many input rows it
-                used (its ``outputs`` count).
-
-        Raises:
-            StageError: if the counts do not add up (a row would be silently lost).
-        """
-        shard_dir = self.dir / SHARDS
-        produced = self._write_data() if self.record_type is not None else (kept or 0)
-        rejects = [r for f in sorted(shard_dir.glob("*.rejects.jsonl")) for r in read_rejects(f)]
-        counts = Counts(inputs=inputs, outputs=produced,
-                        rejected=sum(r.scope == "row" for r in rejects),
-                        partial=sum(r.scope == "part" for r in rejects))
-        if counts.inputs != counts.outputs + counts.rejected:
-            raise StageError(
-                f"stage {self.manifest.stage!r}: {counts.inputs} rows in but {counts.outputs} out "
-                f"+ {counts.rejected} rejected; a row would be lost (this is a bug in the stage)"
-            )
-        write_rejects(self.dir / REJECTS, rejects)
-        self.manifest = self.manifest.model_copy(update={
-            "status": "complete", "counts": counts, "finished_at": now(), "outputs": outputs or {},
-            "seconds": round(self._seconds_before + time.perf_counter() - self._t0, 3),
-            "stats": stats or {}})
-        self.manifest.output_fingerprint = self.store.output_fingerprint(self.manifest)
-        self.store.write_manifest(self.manifest)
-        shutil.rmtree(shard_dir, ignore_errors=True)
-        return self
-
-    # -- results ----------------------------------------------------------------------------
-    def dataset(self) -> datasets.Dataset:
-        return self.store.load_dataset(self.manifest.stage)
-
-    def records(self) -> list[R]:
-        from grouppref.schemas.arrow import from_dataset
-
-        self._features()
-        return from_dataset(self.dataset(), self.record_type)  # type: ignore[arg-type]
-
-    def rejects(self) -> list[Reject]:
-        return read_rejects(self.dir / REJECTS)
 
 
 class RunStore:
@@ -366,10 +199,9 @@ class RunStore:
         every process of a distributed launch can ask, and only the main one writes)."""
         m = self.manifest(stage)
         key = fingerprint_inputs(input_fingerprint, self.input_fingerprints(inputs))
-        if (m is None or m.config_hash != config_hash(config, stage_version)
-                or m.input_fingerprint != key or m.stage_version != stage_version):
+        if not _same_key(m, config_hash(config, stage_version), key, stage_version):
             return None
-        return m if self._reusable(m) else None
+        return m if m is not None and self._reusable(m) else None
 
     def open_stage(
         self,
@@ -405,32 +237,27 @@ class RunStore:
         fingerprint = fingerprint_inputs(input_fingerprint, read)
         chash = config_hash(config, stage_version)
         previous = self.manifest(stage)
-        same_key = (
-            previous is not None
-            and previous.config_hash == chash
-            and previous.input_fingerprint == fingerprint
-            and previous.stage_version == stage_version
-        )
+        same_key = _same_key(previous, chash, fingerprint, stage_version)
         if previous is not None and same_key and not force and self._reusable(previous):
             return StageRun(self, previous, record_type, cached=True)
-        stage_dir = self.stage_dir(stage)
-        resuming = previous is not None and same_key and previous.status == "running" and not force
-        if not resuming:
-            shutil.rmtree(stage_dir / SHARDS, ignore_errors=True)
-        config_data = config.model_dump(mode="json") if isinstance(config, BaseModel) else config
+        resuming = same_key and not force and previous is not None and previous.status == "running"
+        resumed = previous if resuming else None
+        if resumed is None:
+            shutil.rmtree(self.stage_dir(stage) / SHARDS, ignore_errors=True)
         manifest = Manifest(
-            stage=stage,
-            run=self.name,
-            status="running",
-            stage_version=stage_version,
-            config=config_data,
-            config_hash=chash,
-            input_fingerprint=fingerprint,
-            inputs=read,
+            stage=stage, run=self.name, status="running", stage_version=stage_version,
+            config=config.model_dump(mode="json") if isinstance(config, BaseModel) else config,
+            config_hash=chash, input_fingerprint=fingerprint, inputs=read,
             record_type=record_type.__name__ if record_type else None,
-            started_at=previous.started_at if resuming and previous else now(),
-            seconds=previous.seconds if resuming and previous else None,
-            versions=package_versions(),
-        )
+            started_at=resumed.started_at if resumed is not None else now(),
+            seconds=resumed.seconds if resumed is not None else None,
+            versions=package_versions())
         self.write_manifest(manifest)
         return StageRun(self, manifest, record_type, cached=False)
+
+
+def _same_key(manifest: Manifest | None, chash: str, fingerprint: str, stage_version: str) -> bool:
+    """Whether ``manifest`` was made with this cache key (settings, input, stage version)."""
+    return (manifest is not None and manifest.config_hash == chash
+            and manifest.input_fingerprint == fingerprint
+            and manifest.stage_version == stage_version)

@@ -239,7 +239,9 @@ class Ranking(Record):
     )
     metadata: Metadata | None = Field(
         default=None, description="What the annotator said beyond the scores, e.g. an LLM "
-        "judge's rating and rationale per candidate (rating:<candidate_id>, rationale:<...>)."
+        "judge's rating and rationale per candidate (rating:<candidate_id>, rationale:<...>); "
+        "for a human ranking pulled from Argilla, selection: why `label push` sent the group "
+        "(uncertain, audit, random, all), which the aggregate's reliability uses."
     )
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
 

@@ -39,7 +39,8 @@ class AnnotatorReliability(_Report):
     kind: str
     groups: int = Field(description="Groups with a comparable leave-one-out consensus.")
     votes: int = Field(description="Strict pairwise votes cast.")
-    tau: float | None = Field(description="Mean Kendall tau-b against the leave-one-out consensus.")
+    tau: float | None = Field(description="Mean (c - d) / (c + d) against the leave-one-out "
+                              "consensus (concordant / discordant strict pairs).")
     tau_se: float | None
     flip_rate: float | None = Field(description="Moment estimate of its share of flipped votes "
                                     "(on pairs no used ranking ties).")
@@ -50,6 +51,10 @@ class AnnotatorReliability(_Report):
                                     "(kind weight x reliability; 0: left out).")
     unreliable: bool
     dropped: bool
+    reliability_groups: Literal["all", "audit"] = Field(
+        default="all", description="Groups its tau and flip rate were measured on: all, or "
+        "only those drawn uniformly (audit) because it also ranked groups chosen by "
+        "uncertainty; `groups` counts them.")
 
 
 class Histogram(_Report):
@@ -181,20 +186,37 @@ class RefreshRound(_Report):
                          "again.")
 
 
-class TrainStats(_Report):
-    """What a training run measured (``RUN/train`` manifest stats and ``metrics.json``)."""
+class _TrainingReport(_Report):
+    """The numbers every training (policy or reward model) reports."""
 
     steps: int
     epochs: float
     train: dict[str, Any] = Field(description="Last logging window's training metrics.")
     eval_start: dict[str, Any] = Field(description="Held-out metrics before training (empty: "
-                                       "no held-out split).")
+                                       "nothing held out).")
     eval: dict[str, Any] = Field(description="Held-out metrics at the end.")
+
+
+class TrainStats(_TrainingReport):
+    """What a training run measured (``RUN/train`` manifest stats and ``metrics.json``)."""
+
     groups: GroupCounts
     reference: ReferenceInfo
     seconds: float
     refresh: list[RefreshRound] = Field(default_factory=list, description="Refresh rounds, in "
                                         "order (empty without refresh).")
+
+
+class RewardModelStats(_TrainingReport):
+    """What a reward-model training measured (``RUN/train_rm`` manifest stats, ``metrics.json``
+    in the model folder)."""
+
+    loss: str
+    groups: dict[str, int] = Field(description="train, held_out, rejected, dropped_candidates.")
+    pairs_per_s: float = Field(description="Weighted pairs (i<j, w_ij>0) trained per second, "
+                               "over the whole loop.")
+    seconds: float
+    data_fingerprint: str = Field(default="", description="Fingerprint of the training data.")
 
 
 class EvalReport(_Report):
@@ -246,6 +268,10 @@ class SelectedGroup(_Report):
     group_id: str
     uncertainty: float | None = Field(description="The criterion's value (larger: less "
                                       "certain); none for a random selection.")
+    role: Literal["uncertain", "audit", "random", "all"] | None = Field(
+        default=None, description="Why it was sent: the most uncertain, a uniform audit draw "
+        "(--audit-share), a random draw, or every group (None: recorded before roles; the "
+        "pushed record's metadata `selection` says the same).")
 
 
 class LabelSelection(_Report):
@@ -258,7 +284,9 @@ class LabelSelection(_Report):
     measure: str | None = Field(default=None, description="What the uncertainty value is.")
     budget: int | None = Field(default=None, description="Groups asked for (none: all).")
     seed: int = Field(default=0, description="Seed of the random draw (random) or of the "
-                      "order among equal uncertainties (uncertain).")
+                      "order among equal uncertainties and the audit draw (uncertain).")
+    audit_share: float = Field(default=0.0, description="Share of the budget drawn uniformly "
+                               "from all groups as audit groups (uncertain).")
     source_stage: str
     dataset: str | None = Field(default=None, description="Base name of the Argilla datasets "
                                 "the groups went to (set by the push).")
@@ -266,7 +294,7 @@ class LabelSelection(_Report):
     selected: list[SelectedGroup] = Field(default_factory=list, description="The groups sent, "
                                           "most uncertain first (all of them for select=all).")
     threshold: float | None = Field(default=None, description="Uncertainty of the last group "
-                                    "sent (uncertain).")
+                                    "sent for its uncertainty (uncertain).")
     rest_mean: float | None = Field(default=None, description="Mean uncertainty of the groups "
                                     "not sent (uncertain).")
 

@@ -2,8 +2,10 @@
 
 Two measures per annotator, both over tensors of all groups (chunked by ``batch_size``):
 
-* ``tau``: Kendall's tau-b of each of its rankings against the *leave-one-out* consensus (the
-  weighted BT fit of the group's other rankings), averaged over its groups. Leaving the
+* ``tau``: ``(c - d) / (c + d)`` of each of its rankings against the *leave-one-out*
+  consensus (the weighted BT fit of the group's other rankings), ``c``/``d`` the pairs both
+  order strictly the same / the other way (Kendall's tau when neither ties; Goodman-Kruskal's
+  gamma when one does), averaged over its groups. Leaving the
   annotator out matters: with 3 annotators a group's full consensus is pulled towards each
   one's own votes. ``tau`` drives the annotator weights: ``annotator_weight = kind_weight * clip(tau, 0, 1)``,
   iterated (consensus -> tau -> weights -> refit) ``reliability_iterations`` times.
@@ -16,6 +18,28 @@ Two measures per annotator, both over tensors of all groups (chunked by ``batch_
   true 0.40. The dataset's noise estimate is the vote-weighted mean of ``flip_rate`` over the
   annotators used (falling back to the leave-one-out disagreement for an annotator with fewer
   than two overlap partners).
+* Selection-aware reliability (``design``). ``label push --select uncertain`` sends people
+  the groups where the machines' consensus is least trustworthy, so an annotator judged
+  against the leave-one-out consensus of *those* groups looks worse than it is (measured in
+  docs/evidence.md, "Humans where it matters": a 5%-flip human's weight fell from ~0.5 under
+  random selection to 0.34, and an oracle selection's human was dropped). Each ranking may
+  say how its group was chosen (:data:`UNMARKED`, :data:`UNIFORM`: a uniform draw or every
+  group, e.g. ``audit``/``random``/``all``; :data:`TARGETED`: chosen by its uncertainty). An
+  annotator with at least one targeted ranking and ``min_groups`` comparable uniform ones is
+  judged on its uniform rankings only (:func:`reliability_slots`):
+  ``tau_a = mean_{g in U_a} tau_ag``, ``U_a`` its groups drawn uniformly from the whole source
+  stage (``--audit-share``). Those are a simple random sample of all groups, so ``tau_a``
+  estimates the same population mean that a random selection measures; the targeted groups
+  still count in everyone else's leave-one-out consensus and in the final fit. Departures:
+  no Horvitz-Thompson use of the targeted groups (their inclusion probability given the
+  automatic rankings is 1 or 0, so no reweighting can make them representative); an
+  annotator with fewer than ``min_groups`` comparable uniform groups is judged on all its
+  groups, as before (biased low, but it still catches a random clicker: keeping its kind
+  weight instead let one at flip 0.5 cost up to 0.15 of pair accuracy, docs/evidence.md); an
+  unmarked ranking of an annotator with targeted ones is not counted as uniform. The same
+  slots count in its pairwise agreement (flip rate), not in its vote count. Annotators
+  without targeted rankings (every automatic ranker, data without markers) are judged on all
+  their groups, exactly as before.
 * Ties. Pairs that some used ranking of a group puts in one tier are *undecided*: the flip
   rates and the noise estimate are over decided pairs only, and the share of undecided pairs
   is reported on its own (``tied_share``), with each annotator's own ``tie_rate``. Ties that
@@ -33,13 +57,39 @@ import torch
 
 from grouppref.stats import bt, noise, rankstats
 
+UNMARKED, UNIFORM, TARGETED = 0, 1, 2  # how a ranking's group was chosen (``design`` codes)
+
+
+def reliability_slots(ann: torch.Tensor, design: torch.Tensor, n: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which rankings count in each annotator's reliability, given how their groups were chosen.
+
+    ``targeted_a = any(design[s] == TARGETED for the slots s of annotator a)``; a slot counts
+    when it is a ranking and ``not targeted_a or design[s] == UNIFORM``.
+
+    Args:
+        ann (torch.Tensor): ``(B, A)`` annotator index of each slot, ``-1`` for padding.
+        design (torch.Tensor): ``(B, A)`` :data:`UNMARKED` / :data:`UNIFORM` /
+            :data:`TARGETED` of each slot.
+        n (int): number of annotators.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``count`` ``(B, A)`` bool and ``targeted`` ``(N,)``
+        bool (the annotators judged on their uniform groups only).
+    """
+    slot = ann >= 0
+    targeted = torch.zeros(n, dtype=torch.bool)
+    targeted[ann[slot & (design == TARGETED)]] = True
+    count = slot & (~targeted[ann.clamp(min=0)] | (design == UNIFORM))
+    return count, targeted
+
 
 @dataclass
 class Reliability:
     """Per-annotator results; every tensor has shape ``(N,)`` (N annotators)."""
 
     annotator_weight: torch.Tensor  # final weight of the annotator's rankings in the fit
-    tau: torch.Tensor  # mean tau-b against the leave-one-out consensus (NaN: no comparable group)
+    tau: torch.Tensor  # mean (c-d)/(c+d) against the leave-one-out consensus (NaN: no comparable group)
     tau_se: torch.Tensor  # its standard error over groups
     groups: torch.Tensor  # groups with a comparable leave-one-out consensus
     votes: torch.Tensor  # strict pairwise votes cast on decided pairs (no used ranking ties them)
@@ -49,6 +99,7 @@ class Reliability:
     dropped: torch.Tensor  # bool: left out of the fit
     tie_rate: torch.Tensor  # share of the pairs it ranked that it put in one tier (NaN: none)
     tied_share: float | None  # dataset: share of group pairs some used ranking ties (None: no pairs)
+    audit_only: torch.Tensor | None = None  # bool: judged on its uniform (audit) groups only
 
 
 def fit_batches(wins: torch.Tensor, alpha: float, batch_size: int, max_iter: int) -> torch.Tensor:
@@ -88,21 +139,30 @@ def loo_concordance(ranks: torch.Tensor, slot_w: torch.Tensor, alpha: float, max
 
 
 def _tau_stats(ranks: torch.Tensor, ann: torch.Tensor, annotator_w: torch.Tensor, n: int,
-               alpha: float, batch_size: int, max_iter: int, tie_tol: float) -> dict[str, torch.Tensor]:
-    """Per-annotator tau against the leave-one-out consensus, over all groups."""
-    acc = {key: torch.zeros(n, dtype=bt.DTYPE) for key in ("sum", "sq", "groups", "c", "d")}
+               alpha: float, batch_size: int, max_iter: int, tie_tol: float,
+               masks: tuple[torch.Tensor, ...]) -> list[dict[str, torch.Tensor]]:
+    """Per-annotator tau against the leave-one-out consensus, once over the slots of each
+    ``(B, A)`` mask (the leave-one-out fits are shared)."""
+    keys = ("sum", "sq", "groups", "c", "d")
+    accs = [{key: torch.zeros(n, dtype=bt.DTYPE) for key in keys} for _ in masks]
     for s in range(0, ranks.shape[0], batch_size):
         r, idx = ranks[s : s + batch_size], ann[s : s + batch_size]
         slot_w = torch.where(idx >= 0, annotator_w[idx.clamp(min=0)], 0)
         c, d = loo_concordance(r, slot_w, alpha, max_iter, tie_tol)
-        has = (idx >= 0) & (c + d > 0)
-        tau = torch.where(has, (c - d) / (c + d).clamp(min=1), 0)
-        who = idx[has]
-        acc["sum"].index_add_(0, who, tau[has])
-        acc["sq"].index_add_(0, who, tau[has] ** 2)
-        acc["groups"].index_add_(0, who, torch.ones_like(tau[has]))
-        acc["c"].index_add_(0, who, c[has])
-        acc["d"].index_add_(0, who, d[has])
+        comparable = (idx >= 0) & (c + d > 0)
+        tau = torch.where(comparable, (c - d) / (c + d).clamp(min=1), 0)
+        for acc, mask in zip(accs, masks, strict=True):
+            has = comparable & mask[s : s + batch_size]
+            who = idx[has]
+            acc["sum"].index_add_(0, who, tau[has])
+            acc["sq"].index_add_(0, who, tau[has] ** 2)
+            acc["groups"].index_add_(0, who, torch.ones_like(tau[has]))
+            acc["c"].index_add_(0, who, c[has])
+            acc["d"].index_add_(0, who, d[has])
+    return [_tau_summary(acc) for acc in accs]
+
+
+def _tau_summary(acc: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     g = acc["groups"]
     mean = torch.where(g > 0, acc["sum"] / g.clamp(min=1), math.nan)
     var = torch.where(g > 1, (acc["sq"] - g * mean**2) / (g - 1).clamp(min=1), math.nan)
@@ -125,7 +185,8 @@ class Agreement:
 
 
 def pairwise_agreement(ranks: torch.Tensor, ann: torch.Tensor, n: int, batch_size: int,
-                       annotator_w: torch.Tensor | None = None) -> Agreement:
+                       annotator_w: torch.Tensor | None = None,
+                       count: torch.Tensor | None = None) -> Agreement:
     """Agreement counts for the moment estimator, on *decided* pairs only.
 
     A pair that some used ranking of its group puts in one tier (a rule ranker scoring two
@@ -140,6 +201,9 @@ def pairwise_agreement(ranks: torch.Tensor, ann: torch.Tensor, n: int, batch_siz
         n (int): number of annotators.
         batch_size (int): groups per chunk.
         annotator_w (torch.Tensor | None): ``(N,)`` annotator weights.
+        count (torch.Tensor | None): ``(B, A)`` bool, slots whose agreement counts (both slots
+            of a pair must count; :func:`reliability_slots`); all when None. Votes, ties and
+            the tied-pair shares count every slot.
 
     Returns:
         Agreement: pooled counts.
@@ -159,6 +223,9 @@ def pairwise_agreement(ranks: torch.Tensor, ann: torch.Tensor, n: int, batch_siz
         c, d = rankstats.concordance_slots(r, decided=~tied)  # (B, A, A)
         a = idx.shape[1]
         pair = (idx[:, :, None] >= 0) & (idx[:, None, :] >= 0) & ~torch.eye(a, dtype=torch.bool)
+        if count is not None:
+            cnt = count[s : s + batch_size]
+            pair = pair & cnt[:, :, None] & cnt[:, None, :]
         ia = idx[:, :, None].expand(-1, a, a)[pair]
         ib = idx[:, None, :].expand(-1, a, a)[pair]
         agree.index_put_((ia, ib), c[pair], accumulate=True)
@@ -176,13 +243,16 @@ def pairwise_agreement(ranks: torch.Tensor, ann: torch.Tensor, n: int, batch_siz
 def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.Tensor, *,
                          alpha: float, iterations: int, min_groups: int, unreliable_tau: float,
                          z: float, drop: bool, batch_size: int, max_iter: int,
-                         tie_tol: float) -> Reliability:
+                         tie_tol: float, design: torch.Tensor | None = None) -> Reliability:
     """Iterate consensus -> tau -> weights, then estimate flip rates.
 
     Args:
         ranks (torch.Tensor): ``(B, A, K)`` tier indices, ``-1`` for padding.
         ann (torch.Tensor): ``(B, A)`` annotator index of each slot, ``-1`` for padding.
         kind_w (torch.Tensor): ``(N,)`` weight of each annotator's kind (0: not used).
+        design (torch.Tensor | None): ``(B, A)`` how each ranking's group was chosen
+            (:data:`UNMARKED`, :data:`UNIFORM`, :data:`TARGETED`); None: every ranking counts
+            (the estimator before selection markers; see the module docstring).
         alpha, iterations, min_groups, unreliable_tau, z, drop, batch_size, max_iter, tie_tol:
             the :class:`~grouppref.pipeline.aggregate.stage.AggregateConfig` settings.
 
@@ -196,10 +266,18 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
         return Reliability(annotator_weight=empty, tau=empty, tau_se=empty, groups=empty,
                            votes=empty, loo_disagreement=empty, flip_rate=empty,
                            unreliable=none, dropped=none, tie_rate=empty, tied_share=None)
+    slots = ann >= 0
+    if design is None:
+        count, targeted = slots, torch.zeros(n, dtype=torch.bool)
+    else:
+        count, targeted = reliability_slots(ann, design, n)
     annotator_w = kind_w.clone()
     unreliable = torch.zeros(n, dtype=torch.bool)
     for _ in range(max(iterations, 1)):  # one pass even without weighting: tau is reported
-        st = _tau_stats(ranks, ann, annotator_w, n, alpha, batch_size, max_iter, tie_tol)
+        every, audit = _tau_stats(ranks, ann, annotator_w, n, alpha, batch_size, max_iter,
+                                  tie_tol, (slots, count))
+        audit_only = targeted & (audit["groups"] >= min_groups)  # else: all groups, as before
+        st = {key: torch.where(audit_only, audit[key], every[key]) for key in every}
         enough = st["groups"] >= min_groups
         unreliable = enough & (st["tau"] <= unreliable_tau + z * st["tau_se"].nan_to_num(0.0))
         if iterations > 0:
@@ -207,13 +285,15 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
                                                1.0)
         if drop:
             annotator_w = torch.where(unreliable, 0.0, annotator_w)
-    agr = pairwise_agreement(ranks, ann, n, batch_size, annotator_w)
+    agr = pairwise_agreement(ranks, ann, n, batch_size, annotator_w,
+                             slots & (~audit_only[ann.clamp(min=0)] | count))
     return Reliability(annotator_weight=annotator_w, tau=st["tau"], tau_se=st["tau_se"],
                        groups=st["groups"], votes=agr.votes, loo_disagreement=st["loo_disagreement"],
                        flip_rate=noise.flip_rates_moment(agr.agree, agr.total),
                        unreliable=unreliable, dropped=unreliable & drop & (kind_w > 0),
                        tie_rate=torch.where(agr.ranked > 0, agr.ties / agr.ranked.clamp(min=1), math.nan),
-                       tied_share=agr.tied_pairs / agr.covered_pairs if agr.covered_pairs else None)
+                       tied_share=agr.tied_pairs / agr.covered_pairs if agr.covered_pairs else None,
+                       audit_only=audit_only)
 
 
 def noise_rate(rel: Reliability) -> float | None:

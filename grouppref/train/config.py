@@ -200,7 +200,8 @@ class TrainConfig(BaseModel):
         default="no", description="Autocast precision: bf16 (CPU or a bf16 GPU), fp16 (CUDA only)."
     )
     gradient_checkpointing: bool = Field(
-        default=False, description="Recompute activations in backward to save memory."
+        default=False, description="Recompute activations in backward to save memory (with "
+        "share_prefix: models on sdpa attention only)."
     )
     lora: LoraSettings | None = Field(default=None, description="Train LoRA adapters only.")
     share_prefix: bool = Field(
@@ -257,9 +258,6 @@ class TrainConfig(BaseModel):
                     "is added); lower it or raise max_response_length")
         if self.mix is not None and self.refresh is not None:
             raise ValueError("mix and refresh both decide what each batch holds; use one")
-        if self.gradient_checkpointing and self.share_prefix:
-            raise ValueError("gradient_checkpointing turns the KV cache off, which share_prefix "
-                             "needs; set share_prefix to false (--no-share-prefix) with it")
         return self
 
     def reference_name(self) -> str | None:

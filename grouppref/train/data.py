@@ -16,7 +16,7 @@ two candidates is rejected. Nothing is dropped without a :class:`Reject`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +84,14 @@ def _prompt_ids(group: ValidatedGroup, tokenizer: Any, config: DataConfig) -> li
     return list(tokenizer(prompt.text)["input_ids"])
 
 
-def _pair_matrices(group: ValidatedGroup, keep: list[str]) -> tuple[list[list[float]], list[list[float]]]:
+def pair_targets(group: ValidatedGroup, keep: list[str]
+                 ) -> tuple[list[list[float]], list[list[float]], list[int]]:
+    """The training targets of ``group`` restricted to the candidates ``keep`` (in that order):
+    ``p_ij``, ``w_ij`` and the consensus order (see :class:`TokenizedGroup`).
+
+    Raises:
+        RowError: no pair with weight > 0 among ``keep`` (the group carries no signal).
+    """
     index = {cid: i for i, cid in enumerate(keep)}
     k = len(keep)
     p = [[0.5] * k for _ in range(k)]
@@ -94,17 +101,16 @@ def _pair_matrices(group: ValidatedGroup, keep: list[str]) -> tuple[list[list[fl
             i, j = index[pair.winner], index[pair.loser]
             p[i][j], p[j][i] = pair.p, 1.0 - pair.p
             w[i][j] = w[j][i] = pair.weight
-    return p, w
-
-
-def _consensus_order(group: ValidatedGroup, keep: list[str]) -> list[int]:
-    index = {cid: i for i, cid in enumerate(keep)}
+    if not any(x > 0 for row in w for x in row):
+        raise RowError("no preference pair with weight > 0 among the candidates kept; "
+                       "the group carries no training signal", field="pairs",
+                       group_id=group.group_id)
     order: list[int] = []
     for tier in group.consensus:
         members = [cid for cid in tier if cid in index]
         members.sort(key=lambda cid: (-group.strengths[cid], index[cid]))
         order.extend(index[cid] for cid in members)
-    return order
+    return p, w, order
 
 
 def tokenize_group(group: ValidatedGroup, tokenizer: Any, config: DataConfig) -> TokenizedGroup:
@@ -151,13 +157,10 @@ def tokenize_group(group: ValidatedGroup, tokenizer: Any, config: DataConfig) ->
                        f"max_response_length={config.max_response_length}; a group needs 2 "
                        "(raise max_response_length or use overflow='truncate')",
                        field="candidates", group_id=gid)
-    p_ij, w_ij = _pair_matrices(group, keep)
-    if not any(w > 0 for row in w_ij for w in row):
-        raise RowError("no preference pair with weight > 0 among the candidates kept; "
-                       "the group carries no training signal", field="pairs", group_id=gid)
+    p_ij, w_ij, order = pair_targets(group, keep)
     return TokenizedGroup(
         group_id=gid, prompt_ids=prompt_ids, cand_ids=cand_ids, p_ij=p_ij, w_ij=w_ij,
-        order=_consensus_order(group, keep), ref_logps=None, behavior_logps=behavior,
+        order=order, ref_logps=None, behavior_logps=behavior,
         split=group.split, candidate_ids=keep, num_truncated=truncated, dropped=dropped,
         kinds=consensus_kinds(group))
 
@@ -182,19 +185,27 @@ def tokenize_groups(groups: Iterable[ValidatedGroup], tokenizer: Any, config: Da
         ConfigError: the tokenizer cannot serve ``config`` (checked once, before any row).
     """
     check_tokenizer(tokenizer, config)
+    return encode_each(groups, lambda g: tokenize_group(g, tokenizer, config), stage)
+
+
+def encode_each(groups: Iterable[ValidatedGroup], encode: Callable[[ValidatedGroup], TokenizedGroup],
+                stage: str) -> tuple[list[TokenizedGroup], list[Reject]]:
+    """``encode`` every group: a ``RowError`` becomes a row reject, each candidate the
+    encoding dropped (``TokenizedGroup.dropped``) a part reject. Rows are numbered from 1, so
+    ``len(groups) == len(encoded) + row rejects``."""
     out: list[TokenizedGroup] = []
     rejects: list[Reject] = []
     for row, group in enumerate(groups, start=1):
         try:
-            tok = tokenize_group(group, tokenizer, config)
+            enc = encode(group)
         except RowError as e:
             rejects.append(Reject(stage=stage, reason=e.reason, row=row, group_id=group.group_id,
                                   field=e.field))
             continue
         rejects.extend(Reject(stage=stage, reason=reason, row=row, group_id=group.group_id,
                               field=f"candidates[{cid}]", scope="part")
-                       for cid, reason in tok.dropped.items())
-        out.append(tok)
+                       for cid, reason in enc.dropped.items())
+        out.append(enc)
     return out, rejects
 
 

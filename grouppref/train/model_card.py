@@ -190,7 +190,7 @@ def _fix_adapter_base(out_dir: Path, base: str | None) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _readable(out_dir: Path) -> None:
+def make_readable(out_dir: Path) -> None:
     """Files 0666 and folders 0777, less the umask (safetensors writes weights 0600)."""
     umask = os.umask(0)
     os.umask(umask)
@@ -213,5 +213,5 @@ def finish_model_folder(out_dir: Path, config: TrainConfig, stats: TrainStats,
     card = ModelCard(card_text(config, stats, data, repo=out_dir.resolve().name))
     path = out_dir / "README.md"
     card.save(path)
-    _readable(out_dir)
+    make_readable(out_dir)
     return path

@@ -1,13 +1,17 @@
-"""Settings and report of ``grouppref train-rm``: a scalar reward model trained on ranked groups
-(docs/reward-model.md). Light (no torch): the CLI builds its options from these models."""
+"""Settings of ``grouppref train-rm``: a scalar reward model trained on ranked groups
+(docs/reward-model.md). Light (no torch): the CLI builds its options from these models. Its report,
+:class:`~grouppref.schemas.reports.RewardModelStats`, lives with the other stage reports."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from grouppref.runs.stage import StageSpec
+from grouppref.schemas.reports import RewardModelStats
+
+__all__ = ["TRAIN_RM", "RewardModelConfig", "RewardModelStats"]  # the stats live in schemas.reports
 
 
 class RewardModelConfig(BaseModel):
@@ -62,26 +66,6 @@ class RewardModelConfig(BaseModel):
     eval_steps: int | None = Field(
         default=None, ge=1, description="Evaluate on the held-out groups every N steps (always "
         "at start and end).")
-
-
-class RewardModelStats(BaseModel):
-    """What a reward-model training measured (``RUN/train_rm`` manifest stats, ``metrics.json``
-    in the model folder)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    steps: int
-    epochs: float
-    loss: str
-    train: dict[str, Any] = Field(description="Last logging window's training metrics.")
-    eval_start: dict[str, Any] = Field(description="Held-out metrics before training (empty: "
-                                       "nothing held out).")
-    eval: dict[str, Any] = Field(description="Held-out metrics at the end.")
-    groups: dict[str, int] = Field(description="train, held_out, rejected, dropped_candidates.")
-    pairs_per_s: float = Field(description="Weighted pairs (i<j, w_ij>0) trained per second, "
-                               "over the whole loop.")
-    seconds: float
-    data_fingerprint: str = Field(default="", description="Fingerprint of the training data.")
 
 
 TRAIN_RM = StageSpec(name="train_rm", config=RewardModelConfig,

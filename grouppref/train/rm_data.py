@@ -22,7 +22,7 @@ from typing import Any
 from grouppref.errors import RowError
 from grouppref.pipeline.rank.rankers import format_for_reward
 from grouppref.schemas import Reject, ValidatedGroup
-from grouppref.train.data import TokenizedGroup, _consensus_order, _pair_matrices
+from grouppref.train.data import TokenizedGroup, encode_each, pair_targets
 
 
 def encode_candidate(tokenizer: Any, group: ValidatedGroup, text: str) -> list[int]:
@@ -50,13 +50,10 @@ def encode_group(group: ValidatedGroup, tokenizer: Any, max_length: int) -> Toke
         raise RowError(f"only {len(keep)} candidate(s) fit max_length={max_length}; a group "
                        "needs 2 (raise --max-length)", field="candidates",
                        group_id=group.group_id)
-    p_ij, w_ij = _pair_matrices(group, keep)
-    if not any(w > 0 for row in w_ij for w in row):
-        raise RowError("no preference pair with weight > 0 among the candidates kept; the "
-                       "group carries no training signal", field="pairs", group_id=group.group_id)
+    p_ij, w_ij, order = pair_targets(group, keep)
     return TokenizedGroup(
         group_id=group.group_id, prompt_ids=[], cand_ids=seqs, p_ij=p_ij, w_ij=w_ij,
-        order=_consensus_order(group, keep), ref_logps=None,
+        order=order, ref_logps=None,
         behavior_logps=[None] * len(keep), split=group.split, candidate_ids=keep,
         dropped=dropped)
 
@@ -65,20 +62,7 @@ def encode_groups(groups: Sequence[ValidatedGroup], tokenizer: Any, max_length: 
                   stage: str = "train_rm") -> tuple[list[TokenizedGroup], list[Reject]]:
     """Encode every group; bad groups become row rejects, dropped candidates part rejects
     (rows numbered from 1: ``len(groups) == len(encoded) + row rejects``)."""
-    out: list[TokenizedGroup] = []
-    rejects: list[Reject] = []
-    for row, group in enumerate(groups, start=1):
-        try:
-            enc = encode_group(group, tokenizer, max_length)
-        except RowError as e:
-            rejects.append(Reject(stage=stage, reason=e.reason, row=row,
-                                  group_id=group.group_id, field=e.field))
-            continue
-        rejects.extend(Reject(stage=stage, reason=reason, row=row, group_id=group.group_id,
-                              field=f"candidates[{cid}]", scope="part")
-                       for cid, reason in enc.dropped.items())
-        out.append(enc)
-    return out, rejects
+    return encode_each(groups, lambda g: encode_group(g, tokenizer, max_length), stage)
 
 
 def held_out_prompts(groups: Sequence[ValidatedGroup], fraction: float, seed: int) -> set[str]:

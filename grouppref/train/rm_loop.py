@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,12 @@ from grouppref.schemas import ValidatedGroup
 from grouppref.train import checkpoint
 from grouppref.train.config import check_precision
 from grouppref.train.data import TokenizedGroup, collate_groups
+from grouppref.train.prepare import (
+    LoopRun,
+    autocast_dtype,
+    enable_checkpointing,
+    fresh_accelerator,
+)
 from grouppref.train.rm_config import RewardModelConfig
 from grouppref.train.rm_trainer import (
     TRAIN_METRICS,
@@ -27,7 +33,6 @@ from grouppref.train.rm_trainer import (
     context_length,
     evaluate_rm,
     load_reward_model,
-    make_accelerator,
     prepare_groups,
     reward_loss,
     reward_scores,
@@ -35,32 +40,18 @@ from grouppref.train.rm_trainer import (
 )
 
 
-@dataclass
-class _Run:
-    """What the loop touches."""
+@dataclass(kw_only=True)
+class _Run(LoopRun):
+    """The reward-model loop's run: it also counts pairs and its own time."""
 
     config: RewardModelConfig
-    accelerator: Any
-    model: Any
-    optimizer: Any
-    scheduler: Any
-    loader: Any
-    held_out: list[TokenizedGroup]
-    pad_token_id: int
-    total_steps: int
-    steps_per_epoch: int
-    log: checkpoint.MetricsLog
-    state: checkpoint.TrainState = field(default_factory=checkpoint.TrainState)
-    last_train: dict[str, float] = field(default_factory=dict)
-    pairs: int = 0
-    seconds: float = 0.0
-
-    def autocast(self) -> torch.dtype | None:
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.config.mixed_precision)
+    pairs: int = 0  # weighted pairs trained on
+    seconds: float = 0.0  # of the loop
 
     def eval(self) -> dict[str, float]:
         model = self.accelerator.unwrap_model(self.model)
-        return evaluate_rm(model, self.held_out, self.config, self.pad_token_id, self.autocast())
+        return evaluate_rm(model, self.held_out, self.config, self.pad_token_id,
+                           autocast_dtype(self.config.mixed_precision))
 
 
 def _micro_step(run: _Run, batch: Any, window: checkpoint.Window) -> None:
@@ -122,7 +113,7 @@ def _build(config: RewardModelConfig, model: Any, train_set: list[TokenizedGroup
     from torch.utils.data import DataLoader
     from transformers import get_scheduler
 
-    acc = make_accelerator(config)
+    acc = fresh_accelerator(config)
     pad = model.config.pad_token_id
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=config.lr, weight_decay=config.weight_decay)
@@ -156,7 +147,7 @@ def train_reward_model(config: RewardModelConfig, groups: Sequence[ValidatedGrou
 
     Returns:
         RewardModelResult: ``stats`` (the fields of
-        :class:`~grouppref.train.rm_config.RewardModelStats` but ``data_fingerprint``),
+        :class:`~grouppref.schemas.reports.RewardModelStats` but ``data_fingerprint``),
         rejects, and the ids of the groups used.
 
     Raises:
@@ -167,7 +158,7 @@ def train_reward_model(config: RewardModelConfig, groups: Sequence[ValidatedGrou
     out = Path(out_dir)
     model, tokenizer = load_reward_model(config.model, config.seed)
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     max_length = context_length(model, tokenizer, config.max_length)
     train_set, held_out, rejects = prepare_groups(groups, tokenizer, max_length, config)
     run = _build(config, model.train(), train_set, held_out, out)

@@ -16,12 +16,18 @@ from typing import Any
 
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.manifest import write_rejects
-from grouppref.runs.store import RunStore, Shard, StageRun
+from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
+from grouppref.schemas.reports import RewardModelStats
 from grouppref.train.distributed import process_state
-from grouppref.train.model_card import TrainedOn, _readable, hub_id, public_name, trained_on
-from grouppref.train.rm_config import RewardModelConfig, RewardModelStats
-from grouppref.train.sources import load_groups
+from grouppref.train.model_card import TrainedOn, hub_id, make_readable, public_name, trained_on
+from grouppref.train.rm_config import RewardModelConfig
+from grouppref.train.sources import (
+    load_groups,
+    open_training_stage,
+    record_training,
+    training_stage_result,
+)
 
 STAGE = "train_rm"
 STAGE_VERSION = "1"
@@ -87,7 +93,7 @@ def finish_rm_folder(out_dir: Path, config: RewardModelConfig, stats: RewardMode
     (out_dir / "metrics.json").write_text(json.dumps(stats.model_dump(mode="json"), indent=2)
                                           + "\n")
     ModelCard(card_text(config, stats, data, out_dir.resolve().name)).save(out_dir / "README.md")
-    _readable(out_dir)
+    make_readable(out_dir)
 
 
 def _settings(config: RewardModelConfig, out_dir: Path) -> dict[str, Any]:
@@ -115,30 +121,17 @@ def run_train_rm(store: RunStore, config: RewardModelConfig, force: bool = False
     settings = _settings(config, out)
     key = sha256_text(canonical_json({"model": fingerprint,
                                       "stale": data.stale}))
-    if not force:
-        hit = store.cached(STAGE, settings, input_fingerprint=key, inputs=[INPUT_STAGE],
-                           stage_version=STAGE_VERSION)
-        if hit is not None:
-            return StageRun(store, hit, ValidatedGroup, cached=True)
-    state = process_state()
-    state.wait_for_everyone()
-    stage = None
-    if state.is_main_process:
-        stage = store.open_stage(STAGE, settings, input_fingerprint=key, inputs=[INPUT_STAGE],
-                                 record_type=ValidatedGroup, stage_version=STAGE_VERSION,
-                                 force=True)
+    stage = open_training_stage(store, STAGE, settings, key, STAGE_VERSION, reuse=not force)
+    if stage is not None and stage.cached:
+        return stage
     result = train_reward_model(config, data.groups, out)
     if stage is not None:
         stats = RewardModelStats(**result.stats, data_fingerprint=data.fingerprint)
         finish_rm_folder(out, config, stats, trained_on(str(store.root), "run", store,
                                                         data.stale))
-        used = set(result.used)
-        records = [g for g in data.groups if g.group_id in used]
-        stage.write_shard(Shard(index=0, start=0, items=records), records, result.rejects)
-        stage.finish(inputs=data.rows, stats=stats.model_dump(mode="json"),
-                     outputs={"model": str(out)})
-    state.wait_for_everyone()
-    return stage or StageRun(store, store.require(STAGE), ValidatedGroup, cached=False)
+        record_training(stage, data, result.used, result.rejects,
+                        stats.model_dump(mode="json"), out)
+    return training_stage_result(store, STAGE, stage)
 
 
 @dataclass

@@ -22,14 +22,14 @@ from typing import Any
 
 import torch
 
-from grouppref.errors import ConfigError, StageError
+from grouppref.errors import ConfigError
 from grouppref.models.loading import load_tokenizer, resolve_model
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.train.batch import GroupBatch
 from grouppref.train.data import TokenizedGroup, collate_groups
-from grouppref.train.distributed import cpu_launch
 from grouppref.train.eval import MetricSums
 from grouppref.train.losses import gspo_loss, hard_pair_targets, pair_accuracy, plackett_luce_loss
+from grouppref.train.prepare import require_trainable
 from grouppref.train.rm_config import RewardModelConfig
 from grouppref.train.rm_data import encode_groups, split_held_out
 
@@ -167,24 +167,5 @@ def prepare_groups(groups: Sequence[ValidatedGroup], tokenizer: Any, max_length:
     encoded, rejects = encode_groups(split, tokenizer, max_length)
     train_set = [g for g in encoded if g.split != "test"]
     held_out = [g for g in encoded if g.split == "test"]
-    if not train_set:
-        reasons = sorted({r.reason for r in rejects if r.scope == "row"})[:3]
-        raise StageError(f"no trainable groups: {len(groups)} given, {len(held_out)} held out, "
-                         f"{sum(r.scope == 'row' for r in rejects)} rejected (e.g. {reasons}); "
-                         "fix the data or --max-length")
+    require_trainable(train_set, held_out, rejects, len(groups), "--max-length")
     return train_set, held_out, rejects
-
-
-def make_accelerator(config: RewardModelConfig) -> Any:
-    """A fresh ``Accelerator`` (accelerate keeps one global state per process; a second
-    training in the same process may use other settings). The process group is kept."""
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
-    from accelerate.utils import DataLoaderConfiguration
-
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
-    return Accelerator(cpu=cpu_launch(), gradient_accumulation_steps=config.grad_accum,
-                       mixed_precision=config.mixed_precision,
-                       dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True,
-                                                                 data_seed=config.seed))

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from grouppref.readers.published import read_validated
 from grouppref.runs.freshness import require_fresh
-from grouppref.runs.store import RunStore
+from grouppref.runs.store import RunStore, Shard, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
+from grouppref.train.distributed import process_state
 
 INPUT_STAGE = "validate"
 
@@ -70,3 +72,45 @@ def load_groups(source: str | Path, stage: str = "train", *,
     read = read_validated(text, stage)
     return GroupSource(source=text, groups=read.groups, rejects=read.rejects, rows=read.rows,
                        fingerprint=read.fingerprint, format=read.format)
+
+
+def open_training_stage(store: RunStore, name: str, settings: dict[str, Any], key: str,
+                        version: str, reuse: bool = True) -> StageRun[ValidatedGroup] | None:
+    """Open a training stage of a run (``train``, ``train_rm``) that reads ``validate``.
+
+    Under ``torchrun`` / ``accelerate launch`` every process calls this: each decides "cached
+    or not" from the manifest alone, then all wait before the manifest changes, and only the
+    main process opens (and later writes) the stage.
+
+    Returns:
+        StageRun | None: the cached stage (``.cached``) when ``reuse`` and one matches; else
+        the opened stage on the main process, ``None`` on the others.
+    """
+    if reuse:
+        hit = store.cached(name, settings, input_fingerprint=key, inputs=[INPUT_STAGE],
+                           stage_version=version)
+        if hit is not None:
+            return StageRun(store, hit, ValidatedGroup, cached=True)
+    state = process_state()
+    state.wait_for_everyone()  # every process has decided before the manifest changes
+    if not state.is_main_process:
+        return None
+    return store.open_stage(name, settings, input_fingerprint=key, inputs=[INPUT_STAGE],
+                            record_type=ValidatedGroup, stage_version=version, force=True)
+
+
+def training_stage_result(store: RunStore, name: str,
+                          stage: StageRun[ValidatedGroup] | None) -> StageRun[ValidatedGroup]:
+    """After training: wait for every process; the stage as the main process finished it."""
+    process_state().wait_for_everyone()
+    return stage or StageRun(store, store.require(name), ValidatedGroup, cached=False)
+
+
+def record_training(stage: StageRun[ValidatedGroup], data: GroupSource, used: list[str],
+                    rejects: list[Reject], stats: dict[str, Any], model_dir: Path) -> None:
+    """Finish a training stage of a run (``train``, ``train_rm``): the groups it used (ids
+    ``used``) are its records, with its rejects, its stats and the model folder as output."""
+    keep = set(used)
+    records = [g for g in data.groups if g.group_id in keep]
+    stage.write_shard(Shard(index=0, start=0, items=records), records, rejects)
+    stage.finish(inputs=data.rows, stats=stats, outputs={"model": str(model_dir)})

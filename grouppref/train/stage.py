@@ -16,7 +16,7 @@ from typing import Any
 
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.manifest import write_rejects
-from grouppref.runs.store import RunStore, Shard, StageRun
+from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import TrainStats
 from grouppref.train.config import TrainConfig
@@ -27,7 +27,12 @@ from grouppref.train.model_card import (
     public_rejects,
     trained_on,
 )
-from grouppref.train.sources import load_groups
+from grouppref.train.sources import (
+    load_groups,
+    open_training_stage,
+    record_training,
+    training_stage_result,
+)
 from grouppref.train.trainer import train
 
 STAGE = "train"
@@ -67,31 +72,19 @@ def run_train(store: RunStore, config: TrainConfig, force: bool = False, *,
     settings = _stage_config(config, out)
     # a model trained on stale data carries a card that says so: another output, another key
     marker = sha256_text(canonical_json({"stale": data.stale})) if data.stale else ""
-    if not force and not resume:
-        hit = store.cached(STAGE, settings, input_fingerprint=marker, inputs=[INPUT_STAGE],
-                           stage_version=STAGE_VERSION)
-        if hit is not None:
-            return StageRun(store, hit, ValidatedGroup, cached=True)
-    state = process_state()
-    state.wait_for_everyone()  # every process has decided before the manifest changes
-    stage = None
-    if state.is_main_process:
-        stage = store.open_stage(STAGE, settings, input_fingerprint=marker, inputs=[INPUT_STAGE],
-                                 record_type=ValidatedGroup, stage_version=STAGE_VERSION,
-                                 force=True)
+    stage = open_training_stage(store, STAGE, settings, marker, STAGE_VERSION,
+                                reuse=not force and not resume)
+    if stage is not None and stage.cached:
+        return stage
     result = train(config, data.groups, out, resume=resume,
                    reference_cache=reference_cache or store.stage_dir(STAGE) / "reference",
                    refresh_dir=store.stage_dir(STAGE) / "refresh")
     if stage is not None:
         finish_model_folder(out, config, result.stats,
                             trained_on(str(store.root), "run", store, data.stale))
-        used = set(result.used)
-        records = [g for g in data.groups if g.group_id in used]
-        stage.write_shard(Shard(index=0, start=0, items=records), records, result.rejects)
-        stage.finish(inputs=data.rows, stats=result.stats.model_dump(mode="json"),
-                     outputs={"model": str(out)})
-    state.wait_for_everyone()
-    return stage or StageRun(store, store.require(STAGE), ValidatedGroup, cached=False)
+        record_training(stage, data, result.used, result.rejects,
+                        result.stats.model_dump(mode="json"), out)
+    return training_stage_result(store, STAGE, stage)
 
 
 @dataclass

@@ -10,7 +10,8 @@ log-probs once (cached; reference model freed) -> optional LoRA / gradient check
 loop (gradient accumulation, clipping, schedule, metrics every ``logging_steps``, held-out
 eval every ``eval_steps`` and at start and end, checkpoints every ``save_steps``) -> save the
 model and tokenizer into ``OUT`` with ``metrics.jsonl`` and ``metrics.json`` beside them.
-Checkpoints and their restore live in :mod:`grouppref.train.checkpoint`.
+The set-up before the loop lives in :mod:`grouppref.train.trainer_setup`, checkpoints and their
+restore in :mod:`grouppref.train.checkpoint`.
 """
 
 from __future__ import annotations
@@ -25,20 +26,25 @@ from typing import Any
 
 import torch
 
-from grouppref.errors import StageError
-from grouppref.models.loading import load_causal_lm, load_tokenizer
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import TrainStats
 from grouppref.train import checkpoint
 from grouppref.train.config import TrainConfig, check_precision, check_trackers
-from grouppref.train.data import GroupBatch, TokenizedGroup, collate_groups, tokenize_groups
-from grouppref.train.distributed import cpu_launch
+from grouppref.train.data import GroupBatch, collate_groups
 from grouppref.train.eval import evaluate, reward_metrics
 from grouppref.train.loop import Objective, step_loss
-from grouppref.train.mix import MixSampler, check_sources, mix_loader
+from grouppref.train.mix import MixSampler, mix_loader
 from grouppref.train.model_card import public_stats
-from grouppref.train.reference import ReferenceInfo, ensure_reference, require_reference
-from grouppref.train.trim import trim_for_loss
+from grouppref.train.prepare import LoopRun, autocast_dtype
+from grouppref.train.trainer_setup import (
+    Prepared,
+    check_checkpointing,
+    load_policy,
+    prepare_data,
+    split_groups,
+)
+
+__all__ = ["TRAIN_METRICS", "TrainResult", "check_checkpointing", "split_groups", "train"]
 
 TRAIN_METRICS = ("loss", "pair_accuracy", "margin", "reward_best", "reward_worst", "kl")
 
@@ -55,25 +61,13 @@ class TrainResult:
     used: list[str] = field(default_factory=list)  # group ids trained or evaluated on
 
 
-@dataclass
-class _Run:
-    """Everything the loop touches (one object instead of ten arguments)."""
+@dataclass(kw_only=True)
+class _Run(LoopRun):
+    """The policy loop's run: its output folder, objective, refresher and mix sampler."""
 
     config: TrainConfig
-    accelerator: Any
-    model: Any
-    optimizer: Any
-    scheduler: Any
-    loader: Any
-    held_out: list[TokenizedGroup]
-    pad_token_id: int
     out_dir: Path
-    total_steps: int
-    steps_per_epoch: int
-    state: checkpoint.TrainState
-    log: checkpoint.MetricsLog
     objective: Objective
-    last_train: dict[str, float] = field(default_factory=dict)
     refresh: Any = None  # a grouppref.train.refresh.Refresher when config.refresh is set
     mix: MixSampler | None = None  # the batch sampler when config.mix is set
 
@@ -126,13 +120,10 @@ def _log_eval(run: _Run) -> dict[str, float]:
     metrics = evaluate(run.model, run.held_out, beta=run.config.beta,
                        length_normalise=run.config.length_normalise,
                        batch_size=run.config.eval_batch_size, pad_token_id=run.pad_token_id,
-                       share_prefix=run.config.share_prefix, autocast_dtype=_autocast(run))
+                       share_prefix=run.config.share_prefix,
+                       autocast_dtype=autocast_dtype(run.config.mixed_precision))
     run.log.write(run.state.step, run.state.epoch_progress(run.steps_per_epoch), "eval", metrics)
     return metrics
-
-
-def _autocast(run: _Run) -> torch.dtype | None:
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.config.mixed_precision)
 
 
 def _loop(run: _Run) -> None:
@@ -162,95 +153,12 @@ def _loop(run: _Run) -> None:
     bar.close()
 
 
-# -- setup ------------------------------------------------------------------------------------
-def split_groups(groups: Sequence[ValidatedGroup], tokenizer: Any, config: TrainConfig,
-                 ) -> tuple[list[TokenizedGroup], list[TokenizedGroup], list[Reject]]:
-    """Tokenize and split into (train, held-out, rejects); ``split=None`` counts as train.
-    Training groups keep only the candidates the loss reads (:mod:`grouppref.train.trim`).
-
-    Raises:
-        StageError: no group is left to train on (the message gives the reject reasons).
-    """
-    tokenized, rejects = tokenize_groups(groups, tokenizer, config.data, stage="train")
-    train_set = [trim_for_loss(g, config.loss) for g in tokenized if g.split != "test"]
-    held_out = [g for g in tokenized if g.split == "test"]
-    if not train_set:
-        reasons = sorted({r.reason for r in rejects if r.scope == "row"})[:3]
-        raise StageError(f"no trainable groups: {len(groups)} given, {len(held_out)} held out, "
-                         f"{sum(r.scope == 'row' for r in rejects)} rejected (e.g. {reasons}); "
-                         "fix the data or the max lengths")
-    return train_set, held_out, rejects
-
-
-def _disable_dropout(model: Any) -> None:
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
-
-
-def _prepare_policy(model: Any, config: TrainConfig) -> Any:
-    """Gradient checkpointing and LoRA adapters, then train mode."""
-    if config.gradient_checkpointing:
-        kwargs = {"use_reentrant": False}  # DDP and LoRA need the non-reentrant variant
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    if config.lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        lora = config.lora
-        model = get_peft_model(model, LoraConfig(
-            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-            target_modules=lora.target_modules, task_type="CAUSAL_LM"))
-        if config.gradient_checkpointing:
-            model.enable_input_require_grads()
-    return model.train()
-
-
-def _with_reference(policy: Any, tokenizer: Any, groups: list[TokenizedGroup],
-                    config: TrainConfig, cache_dir: Path) -> tuple[list[TokenizedGroup], ReferenceInfo]:
-    """Reference log-probs for ``groups``: the loaded policy serves as the reference when it is
-    the default one in float32, else the reference model is loaded, used and freed."""
-    reuse = config.ref_model is None and config.ref_dtype == "float32"
-    filled, info = ensure_reference(
-        groups, model_name=config.reference_name(), cache_dir=cache_dir, data_config=config.data,
-        batch_size=config.eval_batch_size, pad_token_id=tokenizer.pad_token_id,
-        share_prefix=config.share_prefix, dtype=config.ref_dtype,
-        model=policy if reuse else None)
-    require_reference(filled)
-    return filled, info
-
-
-def _make_accelerator(config: TrainConfig, out_dir: Path) -> Any:
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
-    from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
-
-    # accelerate keeps one global state per process; a second train() in the same process
-    # (tests, notebooks) may use another precision or accumulation, so start it afresh. The
-    # process group (PartialState) is kept.
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
-    return Accelerator(
-        cpu=cpu_launch(),
-        gradient_accumulation_steps=config.grad_accum,
-        mixed_precision=config.mixed_precision,
-        log_with=list(config.report_to) or None,
-        project_config=ProjectConfiguration(project_dir=str(out_dir),
-                                             logging_dir=str(out_dir / "logs")),
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True,
-                                                  data_seed=config.seed),
-    )
-
-
-def _build_run(config: TrainConfig, accelerator: Any, model: Any, train_set: list[TokenizedGroup],
-               held_out: list[TokenizedGroup], pad_token_id: int, out_dir: Path) -> _Run:
+# -- set-up of the loop ----------------------------------------------------------------------
+def _build_run(config: TrainConfig, prep: Prepared, model: Any, out_dir: Path) -> _Run:
     from torch.utils.data import DataLoader
     from transformers import get_scheduler
 
+    accelerator, pad_token_id = prep.accelerator, prep.tokenizer.pad_token_id
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     batch_size = (config.refresh.offline_per_batch(config.batch_size) if config.refresh
@@ -258,9 +166,9 @@ def _build_run(config: TrainConfig, accelerator: Any, model: Any, train_set: lis
     collate = partial(collate_groups, pad_token_id=pad_token_id)
     mix = None
     if config.mix is not None:  # batches follow the label-source schedule
-        loader, mix = mix_loader(config, train_set, collate, accelerator.num_processes)
+        loader, mix = mix_loader(config, prep.train_set, collate, accelerator.num_processes)
     else:
-        loader = DataLoader(train_set, batch_size=batch_size, shuffle=True,  # type: ignore[arg-type]
+        loader = DataLoader(prep.train_set, batch_size=batch_size, shuffle=True,  # type: ignore[arg-type]
                             collate_fn=collate)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     steps_per_epoch = math.ceil(len(loader) / config.grad_accum)
@@ -270,12 +178,30 @@ def _build_run(config: TrainConfig, accelerator: Any, model: Any, train_set: lis
                               num_training_steps=total)
     accelerator.register_for_checkpointing(scheduler)
     return _Run(config=config, accelerator=accelerator, model=model, optimizer=optimizer,
-                scheduler=scheduler, loader=loader, held_out=held_out, pad_token_id=pad_token_id,
-                out_dir=out_dir, total_steps=total, steps_per_epoch=steps_per_epoch,
-                state=checkpoint.TrainState(), log=checkpoint.MetricsLog(out_dir, accelerator),
+                scheduler=scheduler, loader=loader, held_out=prep.held_out,
+                pad_token_id=pad_token_id, out_dir=out_dir, total_steps=total,
+                steps_per_epoch=steps_per_epoch, log=checkpoint.MetricsLog(out_dir, accelerator),
                 objective=Objective.of(config), mix=mix)
 
 
+def _start_run(config: TrainConfig, prep: Prepared, policy: Any, out_dir: Path,
+               cache_dir: Path, refresh_dir: Path) -> _Run:
+    """The loop's state: optimizer, loader and schedule, restored from the checkpoint when
+    resuming; the metrics log and trackers opened; the refresher started."""
+    run = _build_run(config, prep, policy, out_dir)
+    if prep.checkpoint is not None:
+        run.state = checkpoint.load(prep.accelerator, prep.checkpoint, config)
+    run.log.open(fresh=prep.checkpoint is None, after_step=run.state.step)
+    prep.accelerator.init_trackers("grouppref", config=checkpoint.flat_config(config))
+    if prep.plan is not None:
+        from grouppref.train.refresh import Refresher
+
+        run.refresh = Refresher(prep.plan, run, prep.tokenizer, refresh_dir, cache_dir)
+        run.refresh.start(fresh=prep.checkpoint is None)
+    return run
+
+
+# -- finish -----------------------------------------------------------------------------------
 def _save_model(run: _Run, tokenizer: Any) -> Any:
     """Save the model (LoRA merged, or the adapter only) and tokenizer into ``out_dir``."""
     acc, config = run.accelerator, run.config
@@ -293,6 +219,39 @@ def _save_model(run: _Run, tokenizer: Any) -> Any:
         tokenizer.save_pretrained(run.out_dir)
     acc.wait_for_everyone()
     return model
+
+
+def _train_stats(run: _Run, prep: Prepared, final_eval: dict[str, float],
+                 seconds: float) -> TrainStats:
+    groups, rejects, ref = prep.train_set + prep.held_out, prep.rejects, prep.reference
+    assert ref is not None  # filled by load_policy
+    return TrainStats.model_validate(checkpoint.strict_json({
+        "steps": run.state.step, "epochs": run.state.epoch_progress(run.steps_per_epoch),
+        "train": run.last_train, "eval_start": run.log.first("eval"), "eval": final_eval,
+        "groups": {"train": len(prep.train_set), "held_out": len(prep.held_out),
+                   "rejected": sum(r.scope == "row" for r in rejects),
+                   "dropped_candidates": sum(r.scope == "part" for r in rejects),
+                   "truncated_responses": sum(g.num_truncated for g in groups)},
+        "reference": {"model": ref.model, "cached": ref.cached, "entry": str(ref.entry)},
+        "seconds": round(seconds, 3),
+        "refresh": [r.model_dump(mode="json") for r in run.refresh.rounds] if run.refresh else [],
+    }))
+
+
+def _finish(run: _Run, prep: Prepared, t0: float) -> TrainResult:
+    """Final held-out eval, the model saved, ``metrics.json`` written, trackers closed."""
+    final_eval = _log_eval(run) if run.held_out else {}
+    model = _save_model(run, prep.tokenizer)
+    stats = _train_stats(run, prep, final_eval, time.perf_counter() - t0)
+    if run.refresh is not None:
+        run.refresh.close()
+    if run.accelerator.is_main_process:
+        published = public_stats(stats)  # no local path in the folder one publishes
+        (run.out_dir / "metrics.json").write_text(published.model_dump_json(indent=2) + "\n")
+    run.accelerator.end_training()
+    return TrainResult(model=model, tokenizer=prep.tokenizer, stats=stats, out_dir=run.out_dir,
+                       rejects=prep.rejects,
+                       used=[g.group_id for g in prep.train_set + prep.held_out])
 
 
 def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | Path, *,
@@ -323,64 +282,13 @@ def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | 
     """
     check_trackers(config.report_to)
     check_precision(config.mixed_precision)
-    from accelerate.utils import set_seed
-
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
-    accelerator = _make_accelerator(config, out_dir)
-    set_seed(config.seed)
-    ckpt = checkpoint.find(out_dir, resume) if resume else None  # fail before loading models
-    if ckpt is not None:
-        checkpoint.check_compatible(ckpt, config)
-    tokenizer = load_tokenizer(config.model, padding_side="right")
-    train_set, held_out, rejects = split_groups(groups, tokenizer, config)
-    if config.mix is not None:  # every source the schedule draws from has groups
-        check_sources(config.mix, [config.mix.source_of(g.kinds) for g in train_set])
-    plan = None
-    if config.refresh is not None:  # refresh: checked before any model loads
-        from grouppref.train.refresh_round import plan_refresh
-
-        plan = plan_refresh(config, groups, tokenizer, accelerator.distributed_type.value)
-    policy = load_causal_lm(config.model, device=str(accelerator.device))
-    if config.disable_dropout:
-        _disable_dropout(policy)
-    filled, ref_info = _with_reference(policy, tokenizer, train_set + held_out, config,
-                                       reference_cache or out_dir / "reference")
-    train_set, held_out = filled[:len(train_set)], filled[len(train_set):]
-    run = _build_run(config, accelerator, _prepare_policy(policy, config), train_set, held_out,
-                     tokenizer.pad_token_id, out_dir)
-    if ckpt is not None:
-        run.state = checkpoint.load(accelerator, ckpt, config)
-    run.log.open(fresh=ckpt is None, after_step=run.state.step)
-    accelerator.init_trackers("grouppref", config=checkpoint.flat_config(config))
-    if plan is not None:
-        from grouppref.train.refresh import Refresher
-
-        run.refresh = Refresher(plan, run, tokenizer, refresh_dir or out_dir / "refresh",
-                                reference_cache or out_dir / "reference")
-        run.refresh.start(fresh=ckpt is None)
-    if held_out and run.state.step == 0:
+    cache_dir = reference_cache or out_dir / "reference"
+    prep = prepare_data(config, groups, out_dir, resume)  # fails before any model loads
+    policy = load_policy(config, prep, cache_dir)
+    run = _start_run(config, prep, policy, out_dir, cache_dir, refresh_dir or out_dir / "refresh")
+    if run.held_out and run.state.step == 0:
         _log_eval(run)
     _loop(run)
-    final_eval = _log_eval(run) if held_out else {}
-    model = _save_model(run, tokenizer)
-    stats = TrainStats.model_validate(checkpoint.strict_json({
-        "steps": run.state.step, "epochs": run.state.epoch_progress(run.steps_per_epoch),
-        "train": run.last_train, "eval_start": run.log.first("eval"), "eval": final_eval,
-        "groups": {"train": len(train_set), "held_out": len(held_out),
-                   "rejected": sum(r.scope == "row" for r in rejects),
-                   "dropped_candidates": sum(r.scope == "part" for r in rejects),
-                   "truncated_responses": sum(g.num_truncated for g in filled)},
-        "reference": {"model": ref_info.model, "cached": ref_info.cached,
-                      "entry": str(ref_info.entry)},
-        "seconds": round(time.perf_counter() - t0, 3),
-        "refresh": [r.model_dump(mode="json") for r in run.refresh.rounds] if run.refresh else [],
-    }))
-    if run.refresh is not None:
-        run.refresh.close()
-    if accelerator.is_main_process:
-        published = public_stats(stats)  # no local path in the folder one publishes
-        (out_dir / "metrics.json").write_text(published.model_dump_json(indent=2) + "\n")
-    accelerator.end_training()
-    return TrainResult(model=model, tokenizer=tokenizer, stats=stats, out_dir=out_dir,
-                       rejects=rejects, used=[g.group_id for g in train_set + held_out])
+    return _finish(run, prep, t0)

@@ -12,7 +12,12 @@ from grouppref.schemas.records import AnnotatorKind
 STAGE = "aggregate"
 
 
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"  # 2: reliability on audit groups for annotators of targeted groups
+
+
+SELECTION_KEY = "selection"  # Ranking.metadata key: how the ranking's group was chosen
+UNIFORM_SELECTIONS = ("audit", "random", "all")  # drawn uniformly (or every group)
+TARGETED_SELECTIONS = ("uncertain",)  # chosen by the automatic rankings' uncertainty
 
 
 INPUT_STAGES = ("label", "simulate", "rank", "import")
@@ -45,6 +50,13 @@ class AggregateConfig(BaseModel):
         "0.5); 0 leaves a kind out.")
     reliability_iterations: int = Field(default=3, ge=0, description="Rounds of consensus -> "
                                         "annotator tau -> weights -> refit (0: kind weights only).")
+    reliability_groups: Literal["auto", "all"] = Field(
+        default="auto", description="Groups an annotator's reliability is measured on. auto: an "
+        "annotator with rankings of groups chosen by uncertainty (ranking metadata selection="
+        "uncertain, from `label push --select uncertain`) is judged only on its groups drawn "
+        "uniformly (selection=audit, `--audit-share`), since the hardest groups make anyone "
+        "look unreliable; with fewer than min_groups_for_reliability of them, on all its "
+        "groups as before. all: every group for everyone (biased under selection).")
     min_groups_for_reliability: int = Field(default=5, ge=1, description="Annotators with fewer "
                                             "comparable groups keep their kind weight, unflagged.")
     unreliable_tau: float = Field(default=0.0, ge=-1, le=1, description="Chance level of tau: an "

@@ -198,13 +198,16 @@ def _annotators(parsed: ParsedInput, rel: Reliability) -> list[AnnotatorReliabil
         v = float(t[i])
         return None if math.isnan(v) else v
 
+    audit = rel.audit_only
     return [AnnotatorReliability(
         id=aid, kind=parsed.kinds[i], groups=int(rel.groups[i]), votes=int(rel.votes[i]),
         tau=num(rel.tau, i), tau_se=num(rel.tau_se, i), flip_rate=num(rel.flip_rate, i),
         tie_rate=num(rel.tie_rate, i),
         loo_disagreement=num(rel.loo_disagreement, i),
         annotator_weight=float(rel.annotator_weight[i]), unreliable=bool(rel.unreliable[i]),
-        dropped=bool(rel.dropped[i])) for i, aid in enumerate(parsed.annotators)]
+        dropped=bool(rel.dropped[i]),
+        reliability_groups="audit" if audit is not None and bool(audit[i]) else "all")
+        for i, aid in enumerate(parsed.annotators)]
 
 
 def recommendation(noise: float | None, threshold: float, all_unreliable: bool = False,

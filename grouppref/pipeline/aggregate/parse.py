@@ -12,8 +12,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from grouppref.pipeline.aggregate.config import (
+    SELECTION_KEY,
+    TARGETED_SELECTIONS,
+    UNIFORM_SELECTIONS,
+)
 from grouppref.readers.groups import GroupRows
 from grouppref.schemas import AnnotatedGroup, Reject
+from grouppref.stats.reliability import TARGETED, UNIFORM, UNMARKED
 
 
 @dataclass
@@ -68,3 +74,23 @@ def encode_rankings(parsed: ParsedInput) -> tuple[torch.Tensor, torch.Tensor, to
                 for cid in tier:
                     ranks[gi, ai, pos[cid]] = t
     return torch.from_numpy(ranks), torch.from_numpy(ann), torch.from_numpy(valid)
+
+
+def selection_code(marker: object) -> int:
+    """A ranking's ``metadata["selection"]`` as a design code of
+    :func:`~grouppref.stats.reliability.reliability_slots` (unknown values: unmarked)."""
+    if marker in UNIFORM_SELECTIONS:
+        return UNIFORM
+    return TARGETED if marker in TARGETED_SELECTIONS else UNMARKED
+
+
+def encode_design(parsed: ParsedInput) -> torch.Tensor:
+    """``(B, A)`` design code of each ranking slot, in the layout of :func:`encode_rankings`
+    (padding: unmarked)."""
+    b = len(parsed.groups)
+    a = max((len(g.rankings) for g in parsed.groups), default=1) or 1
+    design = np.full((b, a), UNMARKED, dtype=np.int64)
+    for gi, group in enumerate(parsed.groups):
+        for ai, r in enumerate(group.rankings):
+            design[gi, ai] = selection_code((r.metadata or {}).get(SELECTION_KEY))
+    return torch.from_numpy(design)

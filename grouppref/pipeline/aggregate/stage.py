@@ -1,14 +1,16 @@
 """The ``aggregate`` stage: annotated groups -> ValidatedGroup (consensus, strengths, pairs).
 
-Per group a Bradley-Terry MAP fit (L2 prior, see :mod:`grouppref.stats.bt`) on the
-weighted pairwise votes of its rankings (ties count half a win each way); all groups of a
-batch are fitted together. Annotator weights come from reliability across the whole dataset
-(:mod:`grouppref.stats.reliability`); noise rules flag or drop groups; the report
-(``RUN/aggregate/report.json``) gives reliability, agreement, the estimated noise rate and a
-loss *recommendation* (DPO fallback above ``dpo_fallback_threshold`` with soft targets), never
-an automatic switch. The pair targets written to the rows are the BT ``p_ij``/``w_ij`` (soft) or
-the consensus order's hard targets; ``pair_targets="auto"`` (the default) picks hard ones above
-``hard_targets_above`` estimated noise (docs/evidence.md, issue 16).
+Per group a Bradley-Terry MAP fit (L2 prior, see :mod:`grouppref.stats.bt`) on the weighted
+pairwise votes of its rankings (ties count half a win each way); all groups of a batch are
+fitted together. Annotator weights come from reliability across the whole dataset
+(:mod:`grouppref.stats.reliability`; an annotator who ranked groups chosen by uncertainty is
+judged on its uniformly drawn audit groups only, ``reliability_groups``); noise rules flag or
+drop groups; the report (``RUN/aggregate/report.json``) gives reliability, agreement, the
+estimated noise rate and a loss *recommendation* (DPO fallback above ``dpo_fallback_threshold``
+with soft targets), never an automatic switch. The pair targets written to the rows are the BT
+``p_ij``/``w_ij`` (soft) or the consensus order's hard targets; ``pair_targets="auto"`` (the
+default) picks hard ones above ``hard_targets_above`` estimated noise (docs/evidence.md, issue
+16).
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ from grouppref.pipeline.aggregate.outcome import (
     group_outcome,
     slot_weights,
 )
-from grouppref.pipeline.aggregate.parse import ParsedInput, encode_rankings, parse_rows
+from grouppref.pipeline.aggregate.parse import (
+    ParsedInput,
+    encode_design,
+    encode_rankings,
+    parse_rows,
+)
 from grouppref.readers.published import annotated_rows, open_published
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore, StageRun
@@ -103,13 +110,14 @@ def fit_parsed(parsed: ParsedInput, config: AggregateConfig) -> Aggregation:
     (the aggregate stage's numerics; the trainer's refresh rounds use them too). Turn the
     result into rows with :func:`~grouppref.pipeline.aggregate.outcome.group_outcome`."""
     ranks, ann, valid = encode_rankings(parsed)
+    design = encode_design(parsed) if config.reliability_groups == "auto" else None
     with bt.torch_threads(1):  # many tiny problems: threads only add contention
         rel = estimate_reliability(
             ranks, ann, _kind_weights(parsed, config), alpha=config.prior_strength,
             iterations=config.reliability_iterations, min_groups=config.min_groups_for_reliability,
             unreliable_tau=config.unreliable_tau, z=config.unreliable_z,
             drop=config.drop_unreliable, batch_size=config.batch_size, max_iter=config.max_iter,
-            tie_tol=config.tie_tolerance)
+            tie_tol=config.tie_tolerance, design=design)
         slot_w = slot_weights(ann, rel.annotator_weight)
         targets = resolve_targets(config, noise_rate(rel))
         fit = with_targets(fit_groups(ranks, slot_w, valid, config), targets)

@@ -37,9 +37,14 @@ def describe_selection(sel: LabelSelection) -> str:
         return f"{sent} went to people, drawn at random (seed {sel.seed}): the baseline."
     rest = (f"; the groups not sent average {sel.rest_mean:.3g}" if sel.rest_mean is not None
             else "")
-    return (f"{sent} went to people: the least certain by {sel.uncertainty} ({sel.measure}). "
-            f"The last group sent has {sel.threshold:.3g}{rest}. Equal values were ordered at "
-            f"random (seed {sel.seed}).")
+    last = f" The last group sent has {sel.threshold:.3g}{rest}." if sel.threshold is not None \
+        else ""
+    audit = sum(g.role == "audit" for g in sel.selected)
+    audited = (f" {audit} of them are audit groups drawn uniformly from all groups "
+               f"(--audit-share {sel.audit_share:g}), on which annotators' reliability is "
+               "measured." if audit else "")
+    return (f"{sent} went to people: the least certain by {sel.uncertainty} ({sel.measure})."
+            f"{last}{audited} Equal values were ordered at random (seed {sel.seed}).")
 
 
 def selection_table(sel: LabelSelection) -> tuple[list[str], list[list[Any]]]:

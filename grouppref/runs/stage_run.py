@@ -1,0 +1,204 @@
+"""One stage's execution inside a run: its input cut into shards, each written atomically
+(Parquet to a temporary name, then renamed, so a shard on disk is always whole), merged into
+``data/`` with ``rejects.jsonl`` and the final manifest when the stage finishes; and the
+results read back. :class:`StageRun` is what every stage returns (the Stage contract,
+:mod:`grouppref.runs.stage`); :meth:`grouppref.runs.store.RunStore.open_stage` makes one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from pydantic import BaseModel
+
+from grouppref.errors import StageError
+from grouppref.runs.manifest import REJECTS, Counts, Manifest, now, read_rejects, write_rejects
+from grouppref.schemas.records import Reject
+
+if TYPE_CHECKING:
+    import datasets
+
+T = TypeVar("T")
+R = TypeVar("R", bound=BaseModel)
+
+DATA = "data"
+SHARDS = "shards"
+
+
+class StageFolders(Protocol):
+    """What a :class:`StageRun` needs of its run (:class:`grouppref.runs.store.RunStore`)."""
+
+    def stage_dir(self, stage: str) -> Path: ...
+
+    def write_manifest(self, manifest: Manifest) -> None: ...
+
+    def output_fingerprint(self, manifest: Manifest) -> str: ...
+
+    def load_dataset(self, stage: str) -> datasets.Dataset: ...
+
+
+@dataclass(frozen=True)
+class Shard(Generic[T]):
+    """A slice of a stage's input: ``items`` are input rows ``start .. start+len(items)-1``."""
+
+    index: int
+    start: int
+    items: Sequence[T]
+
+
+class StageRun(Generic[R]):
+    """One execution (or cached result) of a stage; made by :meth:`RunStore.open_stage`.
+
+    It is also what every stage returns (the Stage contract, :mod:`grouppref.runs.stage`):
+    ``cached``, ``manifest`` (counts, stats, outputs), ``dir``, ``records()`` and ``rejects()``.
+    """
+
+    def __init__(self, store: StageFolders, manifest: Manifest, record_type: type[R] | None,
+                 cached: bool):
+        self.store = store
+        self.manifest = manifest
+        self.record_type = record_type
+        self.cached = cached
+        self.dir = store.stage_dir(manifest.stage)
+        self._t0 = time.perf_counter()
+        self._seconds_before = 0.0 if cached else (manifest.seconds or 0.0)
+
+    @property
+    def name(self) -> str:
+        return self.manifest.stage
+
+    @property
+    def counts(self) -> Counts:
+        return self.manifest.counts
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        return self.manifest.outputs
+
+    # -- work -------------------------------------------------------------------------------
+    def _shard_path(self, index: int) -> Path:
+        return self.dir / SHARDS / f"shard-{index:05d}.parquet"
+
+    def shard_done(self, index: int) -> bool:
+        return self._shard_path(index).exists()
+
+    def pending_shards(self, items: Sequence[T], shard_size: int) -> Iterator[Shard[T]]:
+        """Yield the shards of ``items`` not yet written (all of them on a fresh run)."""
+        if shard_size < 1:
+            raise StageError(f"shard_size must be >= 1, got {shard_size}")
+        for index, start in enumerate(range(0, len(items), shard_size)):
+            if not self.shard_done(index):
+                yield Shard(index=index, start=start, items=items[start : start + shard_size])
+
+    def done_items(self, items: Sequence[T], shard_size: int) -> int:
+        """How many of ``items`` lie in shards already written (for progress bars on resume)."""
+        return sum(
+            len(items[s : s + shard_size])
+            for i, s in enumerate(range(0, len(items), shard_size))
+            if self.shard_done(i)
+        )
+
+    def _features(self) -> Any:
+        from grouppref.schemas.arrow import features_for
+
+        if self.record_type is None:
+            raise StageError(f"stage {self.name!r} writes no records (it has outputs: "
+                             f"{sorted(self.outputs)})")
+        return features_for(self.record_type)
+
+    def write_shard(self, shard: Shard[Any], records: Sequence[R], rejects: Sequence[Reject]) -> None:
+        """Persist one shard's output and rejects; rename makes it all-or-nothing."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from grouppref.schemas.arrow import to_row
+
+        path = self._shard_path(shard.index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_rejects(path.with_suffix(".rejects.jsonl"), rejects)
+        table = pa.Table.from_pylist([to_row(r) for r in records],
+                                     schema=self._features().arrow_schema)
+        tmp = path.with_name(path.name + ".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)  # the shard counts as done only from here on
+        elapsed = self._seconds_before + time.perf_counter() - self._t0
+        self.manifest = self.manifest.model_copy(update={"seconds": round(elapsed, 3)})
+        self.store.write_manifest(self.manifest)  # a resumed run adds to this time
+
+    def add_rejects(self, name: str, rejects: Sequence[Reject]) -> None:
+        """Rejects found outside shards (e.g. while reading the input file), kept on resume."""
+        (self.dir / SHARDS).mkdir(parents=True, exist_ok=True)
+        write_rejects(self.dir / SHARDS / f"{name}.rejects.jsonl", rejects)
+
+    def _write_data(self) -> int:
+        """Merge the shards into ``data/`` (atomically); returns the number of records."""
+        import datasets
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        features = self._features()
+        tables = [pq.read_table(p) for p in sorted((self.dir / SHARDS).glob("shard-*.parquet"))]
+        table = pa.concat_tables(tables) if tables else features.arrow_schema.empty_table()
+        dataset = datasets.Dataset(table, info=datasets.DatasetInfo(features=features))
+        data_dir, tmp_dir = self.dir / DATA, self.dir / (DATA + ".tmp")
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        # An empty dataset must still be saved as one (empty) shard to load back.
+        dataset.save_to_disk(str(tmp_dir), num_shards=1 if len(dataset) == 0 else None)
+        shutil.rmtree(data_dir, ignore_errors=True)
+        os.replace(tmp_dir, data_dir)
+        return len(dataset)
+
+    def finish(self, inputs: int, stats: dict[str, Any] | None = None, *,
+               outputs: dict[str, str] | None = None, kept: int | None = None) -> StageRun[R]:
+        """Merge the shards into ``data/``, write ``rejects.jsonl`` and the final manifest.
+
+        Args:
+            inputs (int): rows the stage read; must equal outputs + whole-row rejects.
+            stats (dict | None): stage-specific numbers for the manifest (noise rate, tokens, ...).
+            outputs (dict[str, str] | None): non-record outputs, name -> location (a model
+                folder, an export path, ``hub:owner/name``, ``argilla:URL#dataset``).
+            kept (int | None): for a stage that writes no records: how many input rows it
+                used (its ``outputs`` count).
+
+        Raises:
+            StageError: if the counts do not add up (a row would be silently lost).
+        """
+        shard_dir = self.dir / SHARDS
+        produced = self._write_data() if self.record_type is not None else (kept or 0)
+        rejects = [r for f in sorted(shard_dir.glob("*.rejects.jsonl")) for r in read_rejects(f)]
+        counts = Counts(inputs=inputs, outputs=produced,
+                        rejected=sum(r.scope == "row" for r in rejects),
+                        partial=sum(r.scope == "part" for r in rejects))
+        if counts.inputs != counts.outputs + counts.rejected:
+            raise StageError(
+                f"stage {self.manifest.stage!r}: {counts.inputs} rows in but {counts.outputs} out "
+                f"+ {counts.rejected} rejected; a row would be lost (this is a bug in the stage)"
+            )
+        write_rejects(self.dir / REJECTS, rejects)
+        self.manifest = self.manifest.model_copy(update={
+            "status": "complete", "counts": counts, "finished_at": now(), "outputs": outputs or {},
+            "seconds": round(self._seconds_before + time.perf_counter() - self._t0, 3),
+            "stats": stats or {}})
+        self.manifest.output_fingerprint = self.store.output_fingerprint(self.manifest)
+        self.store.write_manifest(self.manifest)
+        shutil.rmtree(shard_dir, ignore_errors=True)
+        return self
+
+    # -- results ----------------------------------------------------------------------------
+    def dataset(self) -> datasets.Dataset:
+        return self.store.load_dataset(self.manifest.stage)
+
+    def records(self) -> list[R]:
+        from grouppref.schemas.arrow import from_dataset
+
+        self._features()
+        return from_dataset(self.dataset(), self.record_type)  # type: ignore[arg-type]
+
+    def rejects(self) -> list[Reject]:
+        return read_rejects(self.dir / REJECTS)

@@ -1,0 +1,145 @@
+"""Set-up of a policy training before its loop (:mod:`grouppref.train.trainer`): everything
+that can fail before a model loads (the checkpoint to resume from, tokenising and splitting the
+groups, the label sources of ``mix``, the refresh plan), then the policy loaded, the reference
+log-probs filled, and gradient checkpointing / LoRA put on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grouppref.errors import ConfigError
+from grouppref.models.loading import load_causal_lm, load_tokenizer
+from grouppref.schemas import Reject, ValidatedGroup
+from grouppref.train import checkpoint, packing
+from grouppref.train.config import TrainConfig
+from grouppref.train.data import TokenizedGroup, tokenize_groups
+from grouppref.train.mix import check_sources
+from grouppref.train.prepare import enable_checkpointing, fresh_accelerator, require_trainable
+from grouppref.train.reference import ReferenceInfo, ensure_reference, require_reference
+from grouppref.train.trim import trim_for_loss
+
+
+@dataclass
+class Prepared:
+    """What set-up hands the loop and the finish: the data, tokenizer, checkpoint to resume
+    from, refresh plan and where the reference log-probs came from."""
+
+    accelerator: Any
+    tokenizer: Any
+    train_set: list[TokenizedGroup]
+    held_out: list[TokenizedGroup]
+    rejects: list[Reject]
+    checkpoint: Path | None
+    plan: Any = None  # a grouppref.train.refresh_round.RefreshPlan when config.refresh is set
+    reference: ReferenceInfo | None = None
+
+
+def split_groups(groups: Sequence[ValidatedGroup], tokenizer: Any, config: TrainConfig,
+                 ) -> tuple[list[TokenizedGroup], list[TokenizedGroup], list[Reject]]:
+    """Tokenize and split into (train, held-out, rejects); ``split=None`` counts as train.
+    Training groups keep only the candidates the loss reads (:mod:`grouppref.train.trim`).
+
+    Raises:
+        StageError: no group is left to train on (the message gives the reject reasons).
+    """
+    tokenized, rejects = tokenize_groups(groups, tokenizer, config.data, stage="train")
+    train_set = [trim_for_loss(g, config.loss) for g in tokenized if g.split != "test"]
+    held_out = [g for g in tokenized if g.split == "test"]
+    require_trainable(train_set, held_out, rejects, len(groups), "the max lengths")
+    return train_set, held_out, rejects
+
+
+def prepare_data(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: Path,
+                 resume: bool | str | Path) -> Prepared:
+    """Everything that can fail before a model loads: the checkpoint to resume from, the
+    tokenised split, the label sources of ``mix`` and the refresh plan."""
+    from accelerate.utils import set_seed
+
+    accelerator = fresh_accelerator(config, log_with=list(config.report_to) or None,
+                                    project_config=_project(out_dir))
+    set_seed(config.seed)
+    ckpt = checkpoint.find(out_dir, resume) if resume else None
+    if ckpt is not None:
+        checkpoint.check_compatible(ckpt, config)
+    tokenizer = load_tokenizer(config.model, padding_side="right")
+    train_set, held_out, rejects = split_groups(groups, tokenizer, config)
+    if config.mix is not None:  # every source the schedule draws from has groups
+        check_sources(config.mix, [config.mix.source_of(g.kinds) for g in train_set])
+    plan = None
+    if config.refresh is not None:
+        from grouppref.train.refresh_round import plan_refresh
+
+        plan = plan_refresh(config, groups, tokenizer, accelerator.distributed_type.value)
+    return Prepared(accelerator=accelerator, tokenizer=tokenizer, train_set=train_set,
+                    held_out=held_out, rejects=rejects, checkpoint=ckpt, plan=plan)
+
+
+def _project(out_dir: Path) -> Any:
+    from accelerate.utils import ProjectConfiguration
+
+    return ProjectConfiguration(project_dir=str(out_dir), logging_dir=str(out_dir / "logs"))
+
+
+def _disable_dropout(model: Any) -> None:
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
+def check_checkpointing(model: Any, config: TrainConfig) -> None:
+    """Gradient checkpointing turns transformers' KV cache off, so with ``share_prefix`` the
+    model must run the packed pass (:mod:`grouppref.train.packing`: ``sdpa`` attention); the
+    KV-cache fallback of other attention implementations cannot run.
+
+    Raises:
+        ConfigError: ``gradient_checkpointing`` and ``share_prefix`` on a model not on ``sdpa``.
+    """
+    attention = getattr(model.config, "_attn_implementation", None)
+    if (config.gradient_checkpointing and config.share_prefix
+            and attention not in ("sdpa", packing.NAME)):
+        raise ConfigError(f"gradient_checkpointing with share_prefix needs a model on sdpa "
+                          f"attention, and this one uses {attention!r}; set --no-share-prefix "
+                          "or turn gradient checkpointing off")
+
+
+def _prepare_policy(model: Any, config: TrainConfig) -> Any:
+    """Gradient checkpointing and LoRA adapters, then train mode."""
+    if config.gradient_checkpointing:
+        enable_checkpointing(model)
+    if config.lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        lora = config.lora
+        model = get_peft_model(model, LoraConfig(
+            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+        if config.gradient_checkpointing:
+            model.enable_input_require_grads()
+    return model.train()
+
+
+def load_policy(config: TrainConfig, prep: Prepared, cache_dir: Path) -> Any:
+    """Load the policy, fill the reference log-probs of ``prep``'s groups (the loaded policy
+    serves as the reference when it is the default one in float32, else the reference model is
+    loaded, used and freed), then make the policy trainable."""
+    policy = load_causal_lm(config.model, device=str(prep.accelerator.device))
+    if config.disable_dropout:
+        _disable_dropout(policy)
+    check_checkpointing(policy, config)
+    reuse = config.ref_model is None and config.ref_dtype == "float32"
+    filled, prep.reference = ensure_reference(
+        prep.train_set + prep.held_out, model_name=config.reference_name(), cache_dir=cache_dir,
+        data_config=config.data, batch_size=config.eval_batch_size,
+        pad_token_id=prep.tokenizer.pad_token_id, share_prefix=config.share_prefix,
+        dtype=config.ref_dtype, model=policy if reuse else None)
+    require_reference(filled)
+    n = len(prep.train_set)
+    prep.train_set, prep.held_out = filled[:n], filled[n:]
+    return _prepare_policy(policy, config)

@@ -1,0 +1,274 @@
+"""Selection-aware annotator reliability (issue 18's finding): an annotator who ranked groups
+chosen by uncertainty is judged on its uniformly drawn (audit) groups only.
+
+The estimator against an independent reference (choix's Bradley-Terry fit and a pair-by-pair
+concordance count), the slot rule against a loop, old data without markers bit for bit as
+before, the aggregate stage through the run store on a constructed case where the machines are
+wrong exactly where the human was sent, and ``--select uncertain --audit-share`` choosing a
+uniform audit draw plus the most uncertain of the rest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import choix
+import numpy as np
+import pytest
+import torch
+
+from grouppref.labeling.config import PushConfig
+from grouppref.labeling.select import select_groups
+from grouppref.pipeline.aggregate.config import AggregateConfig
+from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
+from grouppref.pipeline.report.selection import describe_selection
+from grouppref.pipeline.simulate.config import AnnotatorSpec
+from grouppref.pipeline.simulate.stage import simulate_order
+from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
+from grouppref.schemas.reports import AnnotatorReliability
+from grouppref.stats.reliability import (
+    TARGETED,
+    UNIFORM,
+    UNMARKED,
+    estimate_reliability,
+    pairwise_agreement,
+    reliability_slots,
+)
+from grouppref.stats.uncertainty import disagreement
+from tests.factories import make_group
+from tests.test_label_push_pull import write_stage
+from tests.test_label_select import _one_line, _push, panel
+
+ALPHA = 0.1
+K = 4
+
+
+# -- the math against independent references --------------------------------------------------
+def slots_reference(ann: np.ndarray, design: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Loop version of the rule: an annotator with a targeted slot counts its uniform slots."""
+    targeted = np.zeros(n, dtype=bool)
+    for (b, s), a in np.ndenumerate(ann):
+        if a >= 0 and design[b, s] == TARGETED:
+            targeted[a] = True
+    count = np.zeros(ann.shape, dtype=bool)
+    for (b, s), a in np.ndenumerate(ann):
+        count[b, s] = a >= 0 and (not targeted[a] or design[b, s] == UNIFORM)
+    return count, targeted
+
+
+def test_reliability_slots_match_a_loop() -> None:
+    rng = np.random.default_rng(0)
+    ann = rng.integers(-1, 6, size=(50, 4))
+    design = rng.choice([UNMARKED, UNIFORM, TARGETED], p=[0.5, 0.3, 0.2], size=(50, 4))
+    design[(ann >= 3) & (design == TARGETED)] = UNMARKED  # annotators 3-5: never targeted
+    count, targeted = reliability_slots(torch.from_numpy(ann), torch.from_numpy(design), 6)
+    ref_count, ref_targeted = slots_reference(ann, design, 6)
+    assert targeted.tolist() == ref_targeted.tolist() == [True] * 3 + [False] * 3
+    assert count.tolist() == ref_count.tolist()
+
+
+def selected_panel(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """40 groups: three machines (0-2, flip 0.25) rank all; human 3 ranks 24 (16 targeted,
+    8 uniform); human 4 ranks 10 without markers. ``ranks`` (B, 5, K), ``ann``, ``design``."""
+    rng = np.random.default_rng(seed)
+    b, a = 40, 5
+    ranks = torch.full((b, a, K), -1, dtype=torch.long)
+    ann = torch.full((b, a), -1, dtype=torch.long)
+    design = torch.full((b, a), UNMARKED, dtype=torch.long)
+    specs = [AnnotatorSpec(id=f"m{i}", flip_rate=0.25) for i in range(3)]
+    specs += [AnnotatorSpec(id="h", flip_rate=0.1), AnnotatorSpec(id="h2", flip_rate=0.1)]
+    for g in range(b):
+        scores = rng.normal(size=K).tolist()
+        who = [0, 1, 2] + ([3] if g < 24 else []) + ([4] if g >= 30 else [])
+        for s, m in enumerate(who):
+            order = simulate_order(scores, specs[m], rng)
+            ranks[g, s, torch.tensor(order)] = torch.arange(K)
+            ann[g, s] = m
+            if m == 3:
+                design[g, s] = TARGETED if g < 16 else UNIFORM
+    return ranks, ann, design
+
+
+def loo_tau_reference(ranks: np.ndarray, ann: np.ndarray, g: int, s: int) -> float | None:
+    """Tau of slot ``s`` of group ``g`` against choix's fit of the group's other rankings
+    (weights 1): ``(c - d) / (c + d)`` over the pairs both order strictly."""
+    data = []
+    for o in range(ranks.shape[1]):
+        if o != s and ann[g, o] >= 0:
+            data += [(i, j) for i, j in itertools.permutations(range(K), 2)
+                     if ranks[g, o, i] < ranks[g, o, j]]
+    theta = choix.opt_pairwise(K, data, alpha=ALPHA, tol=1e-12)
+    c = d = 0
+    for i, j in itertools.combinations(range(K), 2):
+        mine = np.sign(ranks[g, s, j] - ranks[g, s, i])  # +1: i before j
+        cons = 0 if abs(theta[i] - theta[j]) < 1e-6 else np.sign(theta[i] - theta[j])
+        if mine and cons:
+            c, d = c + (mine == cons), d + (mine != cons)
+    return (c - d) / (c + d) if c + d else None
+
+
+def test_tau_on_audit_groups_matches_choix_and_a_pair_count() -> None:
+    ranks, ann, design = selected_panel()
+    rel = estimate_reliability(ranks, ann, torch.ones(5, dtype=torch.float64), alpha=ALPHA,
+                               iterations=0, min_groups=1, unreliable_tau=0.0, z=2.0, drop=False,
+                               batch_size=7, max_iter=100, tie_tol=1e-6, design=design)
+    r, a, dz = ranks.numpy(), ann.numpy(), design.numpy()
+    assert rel.audit_only.tolist() == [False, False, False, True, False]
+    for who in range(5):
+        taus = [loo_tau_reference(r, a, g, s) for (g, s), x in np.ndenumerate(a)
+                if x == who and (who != 3 or dz[g, s] == UNIFORM)]
+        taus = [t for t in taus if t is not None]
+        assert len(taus) == int(rel.groups[who]) == {3: 8, 4: 10}.get(who, 40)
+        assert float(rel.tau[who]) == pytest.approx(np.mean(taus), abs=1e-6)
+        assert float(rel.tau_se[who]) == pytest.approx(np.std(taus, ddof=1) / math.sqrt(len(taus)),
+                                                       abs=1e-6)
+
+
+def test_flip_rate_agreement_counts_audit_groups_only() -> None:
+    ranks, ann, design = selected_panel(1)
+    count, _ = reliability_slots(ann, design, 5)
+    agr = pairwise_agreement(ranks, ann, 5, batch_size=9, count=count)
+    r, a = ranks.numpy(), ann.numpy()
+    for x, y in [(3, 0), (0, 3), (4, 1), (0, 1)]:
+        agree = total = 0
+        for g in range(r.shape[0]):
+            sx = [s for s in range(a.shape[1]) if a[g, s] == x and bool(count[g, s])]
+            sy = [s for s in range(a.shape[1]) if a[g, s] == y and bool(count[g, s])]
+            for s, t in itertools.product(sx, sy):
+                for i, j in itertools.combinations(range(K), 2):
+                    total += 1
+                    agree += (r[g, s, i] < r[g, s, j]) == (r[g, t, i] < r[g, t, j])
+        assert (float(agr.agree[x, y]), float(agr.total[x, y])) == (agree, total)
+    assert float(agr.total[3, 0]) == 8 * 6  # the human's 8 audit groups, 6 pairs each
+    assert float(agr.votes[3]) == 24 * 6  # its votes count every group it ranked
+
+
+def test_data_without_targeted_markers_is_estimated_exactly_as_before() -> None:
+    ranks, ann, design = selected_panel(2)
+    kw = torch.tensor([0.5, 0.5, 0.5, 1.0, 1.0], dtype=torch.float64)
+    args = dict(alpha=ALPHA, iterations=3, min_groups=5, unreliable_tau=0.0, z=2.0, drop=True,
+                batch_size=16, max_iter=100, tie_tol=1e-6)
+    before = estimate_reliability(ranks, ann, kw, **args)
+    uniform_only = torch.where(design == TARGETED, UNIFORM, design)
+    for d in (torch.full_like(design, UNMARKED), uniform_only):
+        now = estimate_reliability(ranks, ann, kw, **args, design=d)
+        for name in ("annotator_weight", "tau", "tau_se", "groups", "votes", "flip_rate",
+                     "unreliable", "dropped"):
+            assert torch.equal(getattr(now, name).nan_to_num(-9), getattr(before, name).nan_to_num(-9))
+        assert not bool(now.audit_only.any())
+    marked = estimate_reliability(ranks, ann, kw, **args, design=design)
+    assert int(marked.groups[3]) == 8 and int(before.groups[3]) == 24
+    assert marked.audit_only.tolist() == [False, False, False, True, False]
+    few = estimate_reliability(ranks, ann, kw, **{**args, "min_groups": 9}, design=design)
+    assert not bool(few.audit_only.any())  # 8 audit groups < 9: judged on all, as before
+    for name in ("annotator_weight", "tau", "groups", "flip_rate", "dropped"):
+        assert torch.equal(getattr(few, name).nan_to_num(-9),
+                           getattr(estimate_reliability(ranks, ann, kw, **{**args, "min_groups": 9}),
+                                   name).nan_to_num(-9))
+
+
+# -- the aggregate stage through the run store ------------------------------------------------
+def machines_wrong_where_the_human_is_sent(marks: dict[str, str | None]) -> list[AnnotatedGroup]:
+    """40 groups whose truth is candidate order 0 < 1 < 2 < 3. Three machines rank 30 of them
+    right and agree on the reversed order in the 10 "hard" ones; the human ranks right in the
+    10 hard groups (selection ``marks["hard"]``) and in 6 easy ones (``marks["easy"]``)."""
+    kinds = {"rm": "reward_model", "rule": "rule", "judge": "llm_judge"}
+    out = []
+    for i in range(40):
+        g = make_group(K, prompt_text=f"Question {i}?", texts=[f"reply {i}.{j}" for j in range(K)])
+        ids = g.candidate_ids()
+        machine = [3, 2, 1, 0] if i < 10 else [0, 1, 2, 3]
+        rankings = [Ranking(annotator=Annotator(id=who, kind=kind), group_id=g.group_id,
+                            tiers=[[ids[j]] for j in machine]) for who, kind in kinds.items()]
+        if i < 16:
+            mark = marks["hard" if i < 10 else "easy"]
+            rankings.append(Ranking(annotator=Annotator(id="ann", kind="human"),
+                                    group_id=g.group_id, tiers=[[x] for x in ids],
+                                    metadata={"selection": mark} if mark else None))
+        out.append(AnnotatedGroup(**g.model_dump(), rankings=rankings))
+    return out
+
+
+def human_report(tmp_path: Path, name: str, marks: dict[str, str | None],
+                 config: AggregateConfig | None = None) -> AnnotatorReliability:
+    store = write_stage(tmp_path / name, machines_wrong_where_the_human_is_sent(marks), "label")
+    run_aggregate(store, config or AggregateConfig())
+    return next(a for a in read_report(store).annotators if a.id == "ann")
+
+
+def test_stage_judges_a_selected_human_on_its_audit_groups(tmp_path: Path) -> None:
+    old = human_report(tmp_path, "old", {"hard": None, "easy": None})
+    assert old.reliability_groups == "all" and old.groups == 16
+    assert old.tau == pytest.approx((10 * -1 + 6 * 1) / 16)
+    assert old.dropped and old.annotator_weight == 0.0  # as before: judged on the hard groups
+
+    fixed = human_report(tmp_path, "audit", {"hard": "uncertain", "easy": "audit"})
+    assert fixed.reliability_groups == "audit" and fixed.groups == 6
+    assert fixed.tau == pytest.approx(1.0) and not fixed.unreliable
+    assert fixed.annotator_weight == pytest.approx(1.0)
+    assert fixed.votes == 16 * 6  # every ranking still counts in the fit
+
+    no_audit = human_report(tmp_path, "noaudit", {"hard": "uncertain", "easy": "uncertain"})
+    assert no_audit.model_dump() == old.model_dump()  # too few audit groups: all, as before
+
+    forced = human_report(tmp_path, "all", {"hard": "uncertain", "easy": "audit"},
+                          AggregateConfig(reliability_groups="all"))
+    assert forced.model_dump() == old.model_dump()
+
+    random_push = human_report(tmp_path, "random", {"hard": "random", "easy": "random"})
+    assert random_push.model_dump() == old.model_dump()  # a uniform push: judged on all
+
+
+# -- choosing audit groups --------------------------------------------------------------------
+def test_audit_share_draws_uniformly_and_fills_with_the_most_uncertain() -> None:
+    groups = panel()  # groups 6, 7, 8 disagree (8 the most); 0-5 are unanimous
+    base = select_groups(groups, PushConfig(select="uncertain", budget=3,
+                                            uncertainty="kendall_w"), "rank")
+    assert [g.role for g in base.selected] == ["uncertain"] * 3 and base.audit_share == 0
+    config = PushConfig(select="uncertain", budget=4, uncertainty="kendall_w", audit_share=0.5)
+    sel = select_groups(groups, config, "rank")
+    roles = [g.role for g in sel.selected]
+    assert roles == ["uncertain", "uncertain", "audit", "audit"] and len(set(sel.ids)) == 4
+    u = disagreement(*_tensors(groups))
+    ids = [g.group_id for g in groups]
+    audit = {ids.index(g.group_id) for g in sel.selected if g.role == "audit"}
+    rest = sorted((i for i in range(len(groups)) if i not in audit), key=lambda i: -float(u[i]))
+    targeted = [ids.index(g.group_id) for g in sel.selected if g.role == "uncertain"]
+    assert [float(u[i]) for i in targeted] == [float(u[i]) for i in rest[:2]]
+    assert sel.threshold == pytest.approx(float(u[targeted[-1]]))
+    assert "2 of them are audit groups drawn uniformly from all groups (--audit-share 0.5)" \
+        in describe_selection(sel)
+
+    hits = np.zeros(len(groups))  # every group equally likely to be audited
+    seeds = 900
+    for seed in range(seeds):
+        drawn = select_groups(groups, config.model_copy(update={"seed": seed}), "rank")
+        for g in drawn.selected:
+            hits[ids.index(g.group_id)] += g.role == "audit"
+    expected = seeds * 2 / len(groups)  # 200 per group
+    assert np.abs(hits - expected).max() < 4 * math.sqrt(expected)  # ~3.4 sd of a binomial
+
+
+def _tensors(groups: list[AnnotatedGroup]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, 3, K) tier indices of the three automatic rankings, and the used mask."""
+    ranks = torch.tensor([[[next(t for t, tier in enumerate(r.tiers) if cid in tier)
+                            for cid in g.candidate_ids()] for r in g.rankings] for g in groups])
+    return ranks, torch.ones(ranks.shape[:2], dtype=torch.bool)
+
+
+def test_audit_share_needs_select_uncertain() -> None:
+    with pytest.raises(ValueError, match="audit_share 0.2 needs select 'uncertain'"):
+        PushConfig(select="random", budget=3, audit_share=0.2)
+    with pytest.raises(ValueError, match="less than or equal to 1"):
+        PushConfig(select="uncertain", budget=3, audit_share=1.5)
+
+
+def test_audit_share_without_select_uncertain_is_one_line_exit_2(tmp_path: Path) -> None:
+    store = write_stage(tmp_path / "run", panel())
+    line = _one_line(_push(store.root, "--select", "random", "--budget", "3", "--audit-share",
+                           "0.2"))
+    assert "audit_share 0.2 needs select 'uncertain' (a select 'random' push is already " \
+           "uniform); add --select uncertain or drop --audit-share" in line
+    assert not (store.root / "label").exists()  # nothing written
