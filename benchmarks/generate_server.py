@@ -324,9 +324,12 @@ def print_traces(traces: list[tuple[int, str, dict[str, float]]]) -> None:
           f"{'tail s':>7s} {'threads':>7s}")
     for c, side, t in traces:
         name = "grouppref" if side == "ours" else "bare loop"
+        # in flight and gaps mean something only one request at a time
+        in_flight, gap, gap_max = ((f"{t['in_flight_cpu_ms_per_request']:9.1f}",
+                                    f"{t['gap_ms_median']:10.2f}", f"{t['gap_ms_max']:8.2f}")
+                                   if c == 1 else (f"{'-':>9s}", f"{'-':>10s}", f"{'-':>8s}"))
         print(f"{c:2d} {name:9s} {t['requests']:8d} {t['cpu_ms_per_request']:10.1f} "
-              f"{t['in_flight_cpu_ms_per_request']:9.1f} {t['gap_ms_median']:10.2f} "
-              f"{t['gap_ms_max']:8.2f} {t['lead_s']:7.3f} {t['setup_requests_s']:16.3f} "
+              f"{in_flight} {gap} {gap_max} {t['lead_s']:7.3f} {t['setup_requests_s']:16.3f} "
               f"{t['tail_s']:7.3f} {t['threads']:7d}")
 
 
