@@ -11,8 +11,9 @@ For the same prompts and K:
   grouppref sends for the candidates (same bodies, same per-candidate seeds, so the server does
   the same work), and nothing else.
 
-grouppref's time is the whole ``run_generate`` call (``/models`` check, probe request, shards,
-the final dataset and manifest; model loading excluded for the in-process side). Re-sampling is
+grouppref's time is the whole ``run_generate`` call (``/models`` check, the first draw that
+the check sends, shards, the final dataset and manifest; model loading excluded for the
+in-process side). Re-sampling is
 off (``max_resample 0``) so both server sides send the same requests (the same bodies, in the
 same order). Before timing, one untimed request warms the server and one untimed one-prompt
 ``run_generate`` warms grouppref's lazy imports (datasets, pyarrow: once per process, not per
@@ -23,7 +24,11 @@ prints the server's CPU seconds per side: the same requests should cost the serv
 and on a loaded machine they do not (llama.cpp's threads spin while waiting for each other).
 Prints candidates/s and tokens/s side by side and the ratio grouppref / bare loop per concurrency
 (target: >= 0.9), with ``uptime`` before and after (the ratio is the claim; absolute numbers
-depend on the machine and its load).
+depend on the machine and its load). Per run it also prints the client side, which holds under
+load: the client process's CPU per sampling request (in total, and while a request was in
+flight: at concurrency 1, CPU taken from a server on the same cores), its threads, the gaps
+between an answer and the next request, and the time before the first sampling request (with
+the setup requests in it) and after the last.
 
 Example (starts its own server on a free loopback port):
     .venv/bin/python benchmarks/generate_server.py --n-prompts 32 --k 4 --max-new-tokens 64 \\
@@ -34,12 +39,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -106,6 +115,81 @@ def server_cpu(process: subprocess.Popen | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass
+class Sent:
+    """One HTTP request as the client saw it: path, wall start / end (``perf_counter``) and the
+    client process's CPU seconds (``process_time``, all threads) at start / end."""
+
+    path: str
+    start: float
+    end: float
+    cpu_start: float
+    cpu_end: float
+
+
+@dataclass
+class ClientTrace:
+    """What the client process did during one run: its wall and CPU seconds, its threads and
+    every request it sent (recorded at ``httpx.AsyncClient.send``, the same for both sides)."""
+
+    start: float = 0.0
+    end: float = 0.0
+    cpu: float = 0.0
+    threads: int = 0
+    max_threads: int = 0
+    sent: list[Sent] = field(default_factory=list)
+
+    def summary(self, sampling: int) -> dict[str, float]:
+        """Load-robust numbers of a run whose last ``sampling`` requests are the candidates':
+        client CPU per sampling request (total, and while a request was in flight: at
+        concurrency 1 that is CPU taken from the server), the gaps between one answer and the
+        next request, the time before the first and after the last sampling request."""
+        ordered = sorted(self.sent, key=lambda r: r.start)
+        samples, setup = ordered[-sampling:], ordered[:-sampling]
+        gaps = [b.start - a.end for a, b in itertools.pairwise(samples)]
+        in_flight = sum(r.cpu_end - r.cpu_start for r in samples)
+        return {"cpu_ms_per_request": 1000 * self.cpu / len(samples),
+                "in_flight_cpu_ms_per_request": 1000 * in_flight / len(samples),
+                "gap_ms_median": 1000 * statistics.median(gaps) if gaps else 0.0,
+                "gap_ms_max": 1000 * max(gaps) if gaps else 0.0,
+                "lead_s": samples[0].start - self.start, "tail_s": self.end - samples[-1].end,
+                "setup_requests_s": sum(r.end - r.start for r in setup),
+                "requests": len(self.sent), "threads": self.max_threads}
+
+
+TRACE = ClientTrace()
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def trace_requests() -> None:
+    """Record every ``httpx.AsyncClient.send`` (both sides send through it) into ``TRACE``."""
+    original = httpx.AsyncClient.send
+
+    async def send(client: httpx.AsyncClient, request: httpx.Request, *args, **kwargs):
+        t0, c0 = time.perf_counter(), time.process_time()
+        TRACE.max_threads = max(TRACE.max_threads, _threads())
+        try:
+            return await original(client, request, *args, **kwargs)
+        finally:
+            TRACE.sent.append(Sent(request.url.path, t0, time.perf_counter(), c0,
+                                   time.process_time()))
+
+    httpx.AsyncClient.send = send  # type: ignore[method-assign]
+
+
+@contextmanager
+def traced() -> Iterator[ClientTrace]:
+    """A fresh ``TRACE`` around one run."""
+    global TRACE
+    TRACE = ClientTrace(threads=_threads(), max_threads=_threads())
+    TRACE.start, cpu = time.perf_counter(), time.process_time()
+    yield TRACE
+    TRACE.end, TRACE.cpu = time.perf_counter(), time.process_time() - cpu
+
+
 def grouppref_run(prompts: list[Prompt], cfg: GenerateConfig) -> tuple[float, int, int]:
     """Seconds (model loading excluded), candidates sampled, tokens generated."""
     with tempfile.TemporaryDirectory() as run:
@@ -146,9 +230,10 @@ async def bare_loop(url: str, bodies: list[tuple[str, dict]], concurrency: int) 
 
 
 def compare(args: argparse.Namespace, prompts: list[Prompt], url: str,
-            process: subprocess.Popen | None, rows: list) -> tuple[list, list]:
-    """grouppref against the bare loop at each concurrency (rows appended to ``rows``): the
-    ratios per concurrency, and each repeat's seconds and server CPU seconds."""
+            process: subprocess.Popen | None, rows: list, traces: list) -> tuple[list, list]:
+    """grouppref against the bare loop at each concurrency (rows appended to ``rows``, each
+    run's client trace summary to ``traces``): the ratios per concurrency, and each repeat's
+    seconds and server CPU seconds."""
     bodies = bare_bodies(prompts, config(args, url))
     asyncio.run(bare_loop(url, bodies[:1], 1))  # warm the server
     grouppref_run(prompts[:1], config(args, url))  # warm grouppref's lazy imports
@@ -158,12 +243,13 @@ def compare(args: argparse.Namespace, prompts: list[Prompt], url: str,
         for repeat in range(args.repeats):
             for side in ("bare", "ours") if repeat % 2 == 0 else ("ours", "bare"):
                 before = server_cpu(process)
-                if side == "bare":
-                    bare.append(asyncio.run(bare_loop(url, bodies, c)))
-                    cpu_bare.append(server_cpu(process) - before)
-                else:
-                    ours.append(grouppref_run(prompts, config(args, url, c)))
-                    cpu_ours.append(server_cpu(process) - before)
+                with traced() as trace:
+                    if side == "bare":
+                        bare.append(asyncio.run(bare_loop(url, bodies, c)))
+                    else:
+                        ours.append(grouppref_run(prompts, config(args, url, c)))
+                (cpu_bare if side == "bare" else cpu_ours).append(server_cpu(process) - before)
+                traces.append((c, side, trace.summary(len(bodies))))
         best_ours, best_bare = min(ours, key=lambda r: r[0]), min(bare, key=lambda r: r[0])
         rows.append((f"server, grouppref, c={c}", *best_ours))
         rows.append((f"server, bare loop, c={c}", best_bare[0], len(bodies), best_bare[1]))
@@ -193,6 +279,8 @@ def main() -> None:
     print(f"start: {uptime()}")
     prompts = read_prompts(args.prompts).items[:args.n_prompts]
     rows: list[tuple[str, float, int, int]] = []
+    traces: list[tuple[int, str, dict[str, float]]] = []
+    trace_requests()
     if not args.skip_in_process:
         import torch
 
@@ -203,7 +291,7 @@ def main() -> None:
         rows.append(("in process (transformers)", *best))
     process, url = (None, args.url) if args.url else start_server(args.threads)
     try:
-        ratios, cpu = compare(args, prompts, url, process, rows)
+        ratios, cpu = compare(args, prompts, url, process, rows, traces)
     finally:
         if process is not None:
             process.terminate()
@@ -222,7 +310,27 @@ def main() -> None:
               f"(server CPU {show(f'{x:.1f}' for x in cpu_ours)} s), bare loop "
               f"{show(f'{w:.1f}' for w in wall_bare)} s (server CPU "
               f"{show(f'{x:.1f}' for x in cpu_bare)} s)")
+    print_traces(traces)
     print(f"end: {uptime()}")
+
+
+def print_traces(traces: list[tuple[int, str, dict[str, float]]]) -> None:
+    """The client side of each run (load-robust: CPU seconds, gaps, requests), per repeat."""
+    print("client process, each run (CPU: process_time of the client, all its threads; gap: "
+          "from one answer to the next sampling request; lead/tail: before the first / after "
+          "the last sampling request)")
+    print(f"{'c':>2s} {'side':9s} {'requests':>8s} {'CPU ms/req':>10s} {'in flight':>9s} "
+          f"{'gap med ms':>10s} {'gap max':>8s} {'lead s':>7s} {'(setup requests)':>16s} "
+          f"{'tail s':>7s} {'threads':>7s}")
+    for c, side, t in traces:
+        name = "grouppref" if side == "ours" else "bare loop"
+        # in flight and gaps mean something only one request at a time
+        in_flight, gap, gap_max = ((f"{t['in_flight_cpu_ms_per_request']:9.1f}",
+                                    f"{t['gap_ms_median']:10.2f}", f"{t['gap_ms_max']:8.2f}")
+                                   if c == 1 else (f"{'-':>9s}", f"{'-':>10s}", f"{'-':>8s}"))
+        print(f"{c:2d} {name:9s} {t['requests']:8d} {t['cpu_ms_per_request']:10.1f} "
+              f"{in_flight} {gap} {gap_max} {t['lead_s']:7.3f} {t['setup_requests_s']:16.3f} "
+              f"{t['tail_s']:7.3f} {t['threads']:7d}")
 
 
 if __name__ == "__main__":

@@ -83,8 +83,9 @@ def test_chat_and_text_prompts_through_llama_server(tmp_path: Path, llama_server
             assert c.behavior_logp == pytest.approx(again.logp, abs=1e-9)
     usage = _usage(stage)
     sampled = stage.manifest.stats["sampled"]
-    # GET /models + one probe per endpoint + every sampled candidate
-    assert usage.requests == usage.succeeded == 1 + 2 + sampled and usage.retried == 0
+    # GET /models + every sampled candidate: the check's request per endpoint is the first
+    # draw there, kept for it
+    assert usage.requests == usage.succeeded == 1 + sampled and usage.retried == 0
     assert usage.completion_tokens >= sum(c.num_tokens for g in groups.values()
                                           for c in g.candidates)
 
@@ -123,8 +124,8 @@ def test_duplicate_served_candidates_are_resampled_then_rejected(tmp_path: Path,
     assert reject.reason == ("prompt 'chat': only 1 distinct non-empty candidates after 2 "
                              "re-samples; --min-k is 2")
     assert stage.manifest.stats["resampled"] == 2
-    # GET /models + one probe + K=2 first samples + 2 re-samples of slot 1
-    assert _usage(stage).requests == 1 + 1 + 2 + 2
+    # GET /models + K=2 first samples (the first one sent by the check) + 2 re-samples of slot 1
+    assert _usage(stage).requests == 1 + 2 + 2
 
 @pytest.mark.slow  # a `grouppref run` subprocess: two stages, torch imported
 def test_run_config_generates_and_judges_through_llama_server(tmp_path: Path,
@@ -303,8 +304,9 @@ def test_server_killed_mid_stage_then_rerun(tmp_path: Path) -> None:
     for gid, group in resumed.items():  # and the whole run is what an uninterrupted one gives
         assert [(c.text, c.behavior_logp) for c in group.candidates] == [
             (c.text, c.behavior_logp) for c in uninterrupted[gid].candidates]
-    # the second session asked only for the unfinished prompts: GET /models, one probe, and
-    # K=2 requests per prompt left (max_resample 0: no re-samples)
+    # the second session asked only for the unfinished prompts: GET /models, one short probe
+    # (a resumed stage's first prompts may be done), and K=2 requests per prompt left
+    # (max_resample 0: no re-samples)
     second = manifest.stats["servers"][0]["requests"] - first_requests
     assert second == 1 + 1 + 2 * (len(texts) - len(done))
 
@@ -352,7 +354,7 @@ def test_generate_counts_retries_and_rejects_refused_prompts(tmp_path: Path) -> 
     prompt the server refuses (400) is one reject with the server's message; the key goes in
     the Authorization header only."""
     prompts = [Prompt(prompt_id="ok", text="Say hi."), Prompt(prompt_id="long", text="TOO LONG")]
-    with fake_openai_server(script=[429, 503]) as (url, state):  # the probe meets them
+    with fake_openai_server(script=[429, 503]) as (url, state):  # the check meets them
         config = GenerateConfig(backend="openai", models=[ModelShare(name=FAKE_MODEL)], k=2,
                                 server={"base_url": url, "max_retries": 3,
                                         "api_key_env": "GROUPPREF_FAKE_KEY"})

@@ -10,6 +10,7 @@ tests/test_judge_server.py. No wall-clock threshold: only counts and the order o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -23,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from grouppref.models.openai import ServerPool, gather
+from grouppref.models.server_settings import ServerSettings
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.generate.stage import run_generate
 from grouppref.pipeline.imports.config import ImportConfig
@@ -31,10 +34,12 @@ from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas import Prompt
-from tests.fake_openai_server import _answer
+from tests.fake_openai_server import MODEL as FAKE_MODEL
+from tests.fake_openai_server import SLOW, _answer, fake_openai_server
 
 MODELS = ("fake-a", "fake-b")
 IDLE_S = 1.0  # a held request is answered after this long without a new arrival
+GATE_S = 30.0  # the longest a gated request waits for its gate (a guard against a deadlock)
 DUPLICATE = "DUPLICATE"  # a prompt holding this gets one text for its first K answers
 PROBES = ("Say OK.", "Answer with Yes or No.")  # generate's and the judge's probe: not counted
 VERDICTS = (("Yes", -0.4), ("No", -1.2), ("A", -0.6), ("B", -0.9))
@@ -70,6 +75,7 @@ class InFlightFake:
     _last_arrival: float = 0.0
     _per_prompt: Counter[str] = field(default_factory=Counter)
     _cond: threading.Condition = field(default_factory=threading.Condition)
+    gate: threading.Event | None = None  # when given, held requests also wait for it (GATE_S)
 
     def arrive(self, prompt: str) -> Request:
         with self._cond:
@@ -81,13 +87,23 @@ class InFlightFake:
             self.requests.append(request)
             self._last_arrival = time.monotonic()
             generation = self._release
+            self._cond.notify_all()  # (wait_in_flight)
             if self.now >= self.hold:
                 self._release += 1
                 self._cond.notify_all()
             while (self._release == generation
                    and time.monotonic() - self._last_arrival < IDLE_S):
                 self._cond.wait(timeout=0.05)
+            deadline = time.monotonic() + GATE_S
+            while self.gate is not None and not self.gate.is_set() and time.monotonic() < deadline:
+                self._cond.wait(timeout=0.05)
             return request
+
+    def wait_in_flight(self, timeout: float) -> int:
+        """Requests in flight once there is one (or ``timeout`` seconds passed)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.now > 0, timeout=timeout)
+            return self.now
 
     def leave(self, request: Request) -> None:
         with self._cond:
@@ -165,9 +181,10 @@ def serve_fake(fake: InFlightFake) -> Iterator[str]:
 
 
 @contextmanager
-def in_flight_fake(hold: int, k: int = 0) -> Iterator[tuple[str, InFlightFake]]:
+def in_flight_fake(hold: int, k: int = 0, gate: threading.Event | None = None
+                   ) -> Iterator[tuple[str, InFlightFake]]:
     """``(base URL, fake)`` of an :class:`InFlightFake` on a free loopback port."""
-    fake = InFlightFake(hold=hold, k=k)
+    fake = InFlightFake(hold=hold, k=k, gate=gate)
     with serve_fake(fake) as url:
         yield url, fake
 
@@ -182,34 +199,38 @@ def _generate(tmp_path: Path, url: str, texts: list[str], k: int, concurrency: i
     return run_generate(RunStore(tmp_path / "run"), config, prompts=prompts, show_progress=False)
 
 
-@pytest.mark.parametrize(("n_prompts", "k", "concurrency"), [(3, 4, 4), (1, 2, 4), (2, 4, 8)])
+@pytest.mark.parametrize(("n_prompts", "k", "concurrency"), [(3, 4, 4), (1, 3, 4), (2, 4, 8)])
 def test_generate_keeps_min_of_concurrency_and_pending_in_flight(
         tmp_path: Path, n_prompts: int, k: int, concurrency: int) -> None:
-    pending = n_prompts * k
+    # the first draw is sent alone by the check, before the stage: the stage sends the rest
+    pending = n_prompts * k - 1
     with in_flight_fake(hold=min(concurrency, pending)) as (url, fake):
         stage = _generate(tmp_path, url, [f"question {n}" for n in range(n_prompts)], k,
                           concurrency)
-    assert len(fake.requests) == pending
+    assert len(fake.requests) == 1 + pending
     assert fake.max_in_flight == min(concurrency, pending)
     assert stage.manifest.counts.outputs == n_prompts
     assert all(len(g.candidates) == k for g in stage.records())
 
 
 def test_generate_sends_every_served_model_of_the_mix_together(tmp_path: Path) -> None:
-    # two models, 2 slots each, 1 prompt: 4 requests; a per-model loop would keep 2 in flight
-    with in_flight_fake(hold=4) as (url, fake):
-        stage = _generate(tmp_path, url, ["one question"], 4, 8, models=MODELS)
-    assert (len(fake.requests), fake.max_in_flight) == (4, 4)
-    [group] = stage.records()
-    assert sorted(c.source.model for c in group.candidates) == ["fake-a", "fake-a", "fake-b",
-                                                                "fake-b"]
+    # two models, 2 slots each, 2 prompts: 8 requests, of which the check sends each model's
+    # first; the stage's other 6 go together (a per-model loop would keep 3 in flight)
+    with in_flight_fake(hold=6) as (url, fake):
+        stage = _generate(tmp_path, url, ["one question", "another question"], 4, 8,
+                          models=MODELS)
+    assert (len(fake.requests), fake.max_in_flight) == (8, 6)
+    for group in stage.records():
+        assert sorted(c.source.model for c in group.candidates) == ["fake-a", "fake-a",
+                                                                    "fake-b", "fake-b"]
 
 
 def test_resamples_overlap_with_other_prompts_first_requests(tmp_path: Path) -> None:
-    # 3 prompts x K=3 = 9 first requests at concurrency 4; prompt 0's first 3 answers are one
-    # text, so its slots 1 and 2 are re-sampled. Without a round barrier the re-samples are
-    # sent as soon as prompt 0's answers are in, and are in flight with prompt 2's last slot.
-    texts = [f"{DUPLICATE} question", "second question", "third question"]
+    # 4 prompts x K=3 = 12 first requests (the check sends prompt 0's first alone, the stage
+    # the other 11) at concurrency 4; prompt 0's first 3 answers are one text, so its slots 1
+    # and 2 are re-sampled. Without a round barrier the re-samples are sent as soon as prompt
+    # 0's answers are in, and are in flight with prompt 3's last slot.
+    texts = [f"{DUPLICATE} question", "second question", "third question", "fourth question"]
     with in_flight_fake(hold=4, k=3) as (url, fake):
         stage = _generate(tmp_path, url, texts, 3, 4, max_resample=2)
     resamples = [r for r in fake.requests if r.nth >= 3]
@@ -221,6 +242,66 @@ def test_resamples_overlap_with_other_prompts_first_requests(tmp_path: Path) -> 
     by_prompt = {g.prompt.text: g for g in stage.records()}
     assert len(by_prompt[texts[0]].candidates) == 3  # re-sampled into 3 distinct candidates
     assert stage.manifest.stats["resampled"] == 2
+
+
+def test_in_process_model_samples_while_served_requests_are_in_flight(
+        tmp_path: Path, tiny_lm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--model LOCAL:2 --model openai:fake-a@URL:2: the in-process batches run while the served
+    requests of the same round are in flight. The in-process batch waits (up to GATE_S) for a
+    served request to arrive, and the fake holds the served requests until the batch is done:
+    sampled one after another, no served request arrives before the batch and none is in
+    flight during it."""
+    from grouppref.models import sampling
+
+    gate, seen = threading.Event(), []
+    real = sampling.sample_batch
+
+    def observed_batch(*args: Any, **kwargs: Any) -> Any:
+        seen.append(("batch starts", fake.wait_in_flight(timeout=GATE_S)))
+        try:
+            return real(*args, **kwargs)
+        finally:
+            seen.append(("batch ends", fake.now))
+            gate.set()
+
+    monkeypatch.setattr(sampling, "sample_batch", observed_batch)
+    prompts = [Prompt(prompt_id=f"p{n}", text=f"question {n}") for n in range(2)]
+    with in_flight_fake(hold=3, gate=gate) as (url, fake):
+        config = GenerateConfig(
+            models=[ModelShare.parse(f"{tiny_lm_dir}:2"),
+                    ModelShare.parse(f"openai:{MODELS[0]}@{url}:2")],
+            server={"concurrency": 4}, max_new_tokens=4, max_resample=0, batch_size=4)
+        stage = run_generate(RunStore(tmp_path / "run"), config, prompts=prompts,
+                             show_progress=False)
+    # one batch of the 2 x 2 local slots, with served requests in flight from start to end
+    # (the check sent the first served draw alone, before the stage; the stage the other 3)
+    assert [event for event, _ in seen] == ["batch starts", "batch ends"]
+    assert all(in_flight >= 1 for _, in_flight in seen), seen
+    assert len(fake.requests) == 4 and fake.max_in_flight == 3
+    assert stage.manifest.counts.outputs == 2
+    for group in stage.records():  # the served draws are the slots' own (seeded) ones
+        served = [c for c in group.candidates if c.source.model == MODELS[0]]
+        assert len(served) == 2
+        assert [c.text for c in served] == [f"answer {c.source.seed}" for c in served]
+        assert [c.source.params["attempt"] for c in group.candidates] == [0] * len(group.candidates)
+
+
+def test_background_requests_can_be_cancelled_and_the_pool_reused() -> None:
+    """ServerPool.start runs requests in a thread (the mix above); a failed in-process batch or
+    Ctrl-C cancels them: result() raises at once instead of waiting for the slow answer, and
+    the pool's event loop serves the next requests."""
+    body = {"model": FAKE_MODEL, "prompt": "hi", "seed": 1}
+    with fake_openai_server(script=[SLOW]) as (url, state):
+        with ServerPool({url: ServerSettings(base_url=url, request_timeout=60)}) as pool:
+            job = pool.start(gather([pool.request(url, "/completions", body)]))
+            while not state.requests:  # the slow request is in flight
+                time.sleep(0.01)
+            job.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                job.result()
+            [answer] = pool.post(url, "/completions", [body])
+    assert isinstance(answer, dict) and answer["choices"][0]["text"] == "answer 1"
+    assert len(state.requests) == 2
 
 
 @pytest.fixture

@@ -9,6 +9,9 @@ stage's ordinary synchronous code::
         pool.check_model(url, "Qwen/Qwen2.5-7B-Instruct")      # before any work
         answers = pool.post(url, "/chat/completions", bodies)   # in order; concurrent
         pool.run(gather([pool.request(url, path, b) for b in more]))  # any mix of servers/paths
+        job = pool.start(gather([...]))                         # the same, in a thread
+        ...                                                     # (e.g. a local model generates)
+        answers = job.result()
 
 Each server's client lets ``concurrency`` requests be in flight (a semaphore and a connection
 pool of that size); everything awaited inside one ``run`` shares the event loop, so requests
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -49,8 +53,8 @@ if TYPE_CHECKING:
 REFUSED = frozenset({400, 413, 422})
 BACKOFF_BASE_S, BACKOFF_CAP_S, RETRY_AFTER_CAP_S = 0.5, 30.0, 120.0
 
-__all__ = ["RequestRefused", "ServerError", "ServerPool", "ServerUnreachable", "backoff_delay",
-           "gather", "merge_usage"]
+__all__ = ["Background", "RequestRefused", "ServerError", "ServerPool", "ServerUnreachable",
+           "backoff_delay", "gather", "merge_usage"]
 
 
 def backoff_delay(attempt: int, retry_after: float | None, rng: random.Random,
@@ -275,6 +279,15 @@ class ServerPool:
         the pool's event loop and return its result; the stage's synchronous code calls this."""
         return self._run(coroutine)
 
+    def start(self, coroutine: Coroutine[Any, Any, Any]) -> Background:
+        """Run ``coroutine`` as :meth:`run` does, but in a background thread, so that the
+        caller's thread can work meanwhile (e.g. an in-process model generating while the
+        requests are in flight); :meth:`Background.result` waits for it. The pool takes no
+        other :meth:`run` or :meth:`start` until then."""
+        if self._runner is None:
+            raise RuntimeError("use the ServerPool as a context manager")
+        return Background(self._runner, coroutine)
+
     async def request(self, url: str, path: str, body: dict[str, Any]
                       ) -> dict[str, Any] | RequestRefused:
         """One POST with retries, waiting for a free place among the server's ``concurrency``;
@@ -316,6 +329,53 @@ class ServerPool:
                             completion_tokens=n.completion_tokens,
                             request_seconds=round(n.seconds, 3))
                 for c in self._clients.values() for model, n in c.counts.items()]
+
+
+class Background:
+    """A coroutine running on a pool's event loop in a thread of its own (:meth:`ServerPool.start`).
+
+    The event loop is used by that thread only while the coroutine runs; the caller's thread
+    keeps the GIL only between its own Python steps (torch releases it while computing), so the
+    requests go out and their answers are read while it works.
+    """
+
+    def __init__(self, runner: asyncio.Runner, coroutine: Coroutine[Any, Any, Any]) -> None:
+        self._runner = runner
+        self._task: asyncio.Task[Any] | None = None
+        self._outcome: tuple[Any, BaseException | None] = (None, None)
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._main, args=(coroutine,), daemon=True,
+                                        name="grouppref-server-requests")
+        self._thread.start()
+
+    def _main(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        async def tracked() -> Any:
+            self._task = asyncio.current_task()
+            self._started.set()
+            return await coroutine
+
+        try:
+            self._outcome = (self._runner.run(tracked()), None)
+        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+            self._outcome = (None, error)
+        finally:
+            self._started.set()
+
+    def cancel(self) -> None:
+        """Cancel the coroutine (its requests in flight are dropped); :meth:`result` then
+        raises ``CancelledError``."""
+        self._started.wait()
+        task = self._task
+        if task is not None and not task.done():
+            self._runner.get_loop().call_soon_threadsafe(task.cancel)
+
+    def result(self) -> Any:
+        """Wait for the coroutine; its result, or its exception raised here."""
+        self._thread.join()
+        value, error = self._outcome
+        if error is not None:
+            raise error
+        return value
 
 
 async def gather(coroutines: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:

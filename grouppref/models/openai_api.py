@@ -54,6 +54,33 @@ class ServerSample:
     finish_reason: str | None
 
 
+# The values that switch off the samplers a server applies, beyond temperature and top_p,
+# when a request leaves them out, per server kind (see docs/generate.md):
+# - llama.cpp (llama-server and llama-cpp-python's server): top_k 40, min_p 0.05 and (in
+#   llama-cpp-python) repeat_penalty 1.1 by default; top_k 0 keeps every token;
+# - vLLM and SGLang: the model's generation_config.json (e.g. Qwen's top_k 20, repetition_penalty
+#   1.05) when the server reads it (vLLM's default --generation-config auto, SGLang's
+#   --sampling-defaults model); top_k -1 keeps every token in both.
+NEUTRAL_SAMPLING: dict[str, dict[str, Any]] = {
+    "llama.cpp": {"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0},
+    "vllm": {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0},
+    "sglang": {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0},
+}
+SERVER_KINDS = tuple(NEUTRAL_SAMPLING)
+
+
+def server_kind(entry: dict[str, Any]) -> str | None:
+    """The kind of server (a key of :data:`NEUTRAL_SAMPLING`) that listed ``entry`` in its
+    ``GET /models``, or None when ``owned_by`` does not say: vLLM writes ``owned_by: "vllm"``,
+    SGLang ``"sglang"``, llama.cpp's ``llama-server`` ``"llamacpp"``, and llama-cpp-python's
+    server ``"me"`` with a ``permissions`` list (0.3.x). Other servers (TGI, Ollama, hosted APIs)
+    are not recognised: nothing is sent for them."""
+    owned = entry.get("owned_by")
+    if owned == "llamacpp" or (owned == "me" and isinstance(entry.get("permissions"), list)):
+        return "llama.cpp"
+    return owned if owned in ("vllm", "sglang") else None
+
+
 def endpoint(prompt: Prompt, chat: bool) -> str:
     """``/chat/completions`` for chat prompts (and text prompts when ``chat``), else
     ``/completions``."""

@@ -24,6 +24,7 @@ STAGE_VERSION = "1"
 DEFAULT_K = 4
 
 
+NeutralSampling = Literal["auto", "llama.cpp", "vllm", "sglang", "off"]
 Backend = Literal["transformers", "openai"]
 BACKENDS: tuple[str, ...] = ("transformers", "openai")
 
@@ -152,6 +153,12 @@ class GenerateConfig(BaseModel):
                            "returns none; off: do not ask, behavior_logp stays empty.")
     stop: list[str] = Field(default_factory=list, description="openai models: strings that end "
                             "a candidate (left out of its text); repeatable.")
+    neutral_sampling: NeutralSampling = Field(
+        default="auto", description="openai models: switch off the samplers a server applies "
+        "beyond temperature and top_p (llama.cpp: top_k 0, min_p 0, repeat_penalty 1; vLLM, "
+        "SGLang: top_k -1, min_p 0, repetition_penalty 1) so that behavior_logp describes the "
+        "sampling: 'auto' for the servers GET /models names (llama.cpp, vLLM, SGLang), a kind "
+        "to force it, 'off' to send temperature and top_p only; server_params override it.")
 
     @model_validator(mode="after")
     def _resolve_counts(self) -> GenerateConfig:

@@ -7,16 +7,23 @@ others wait in arrival order. When every model of the mix is served
 (:meth:`ServedSampler.sample_groups`), a prompt whose K answers are in re-samples its empty or
 duplicate slots at once, while the other prompts' requests are still in flight: no round
 waits for the slowest request of the shard. With a model in process in the mix, the served
-slots of each round are sampled together after the in-process batches
-(:meth:`ServedSampler.sample`), as a re-sample needs every slot's text.
+slots of each round are in flight, from a background thread, while the in-process model
+samples its slots of the round (:meth:`ServedSampler.sample_round`); the rounds stay, as a
+re-sample needs every slot's text. Either way each draw depends only on its slot's seed, so the
+groups are the same as sampling one after another.
 
 Each request carries the slot's own seed, ``derive_seed(run seed, group id, model, slot,
 attempt) mod 2**31`` (servers take 32-bit seeds), so a server that honours seeds (vLLM, SGLang,
 llama.cpp; OpenAI only on a best-effort basis) gives the same candidate again when a killed
 run resumes. Before any work, :meth:`ServedSampler.check` asks each server's ``/models`` for
-the model and sends one probe request per endpoint the prompts need, with the run's own
-sampling settings: a wrong model name, a refused key, a sampling setting the server rejects or
-an answer without log-probs stop the stage at once with one line.
+the model and sends, per endpoint the prompts need, the first draw the stage will need there
+(kept for it, so the check costs no extra request): a wrong model name, a refused key, a
+sampling setting the server rejects or an answer without log-probs stop the stage at once with
+one line. The ``/models`` entry also
+says which server it is (:func:`~grouppref.models.openai_api.server_kind`): for llama.cpp, vLLM
+and SGLang every request carries the values that switch off their own default samplers
+(``neutral_sampling``), so that the candidates are drawn with temperature and top_p alone, as
+``behavior_logp`` assumes.
 """
 
 from __future__ import annotations
@@ -28,15 +35,17 @@ from typing import TYPE_CHECKING, Any
 from grouppref.models.openai import RequestRefused, ServerError, ServerPool, gather
 from grouppref.models.openai_api import (
     CHAT,
+    NEUTRAL_SAMPLING,
     endpoint,
     parse_sample,
     sample_body,
+    server_kind,
 )
 from grouppref.models.seeds import derive_seed
 from grouppref.models.server_settings import ServerSettings, server_label
 from grouppref.pipeline.generate.work import Draw, ModelSlot, ShardWork, bad_slots
 from grouppref.runs.hashing import canonical_json
-from grouppref.schemas import Prompt
+from grouppref.schemas import Prompt, make_group_id
 
 if TYPE_CHECKING:
     from grouppref.pipeline.generate.config import GenerateConfig
@@ -59,39 +68,85 @@ class ServedSampler:
 
     def __init__(self, pool: ServerPool, config: GenerateConfig) -> None:
         self.pool, self.config = pool, config
+        self.kinds: dict[str, str | None] = {}  # base URL -> server kind (after check)
+        # answers of the draws sent by check: (url, model, group id, slot, attempt) -> answer
+        self._kept: dict[tuple[str, str, str, int, int], dict[str, Any] | RequestRefused] = {}
+
+    def server_params(self, url: str) -> dict[str, Any]:
+        """What is merged last into each request body to ``url``: the neutral values of the
+        server's own samplers (``neutral_sampling``), then ``server_params``."""
+        neutral = NEUTRAL_SAMPLING.get(self.kinds.get(url) or "", {})
+        return {**neutral, **self.config.server.server_params}
+
+    def _kind(self, entry: dict[str, Any]) -> str | None:
+        mode = self.config.neutral_sampling
+        if mode == "auto":
+            return server_kind(entry)
+        return None if mode == "off" else mode
 
     def _body(self, slot: ModelSlot, prompt: Prompt, path: str, seed: int,
               max_tokens: int | None = None) -> dict[str, Any]:
         cfg = self.config
         return sample_body(slot.name, prompt, path, temperature=cfg.temperature, top_p=cfg.top_p,
                            max_tokens=max_tokens or cfg.max_new_tokens, seed=seed, stop=cfg.stop,
-                           logprobs=cfg.logprobs, server_params=cfg.server.server_params)
+                           logprobs=cfg.logprobs,
+                           server_params=self.server_params(slot.share.base_url or ""))
 
-    def check(self, slots: Sequence[ModelSlot], prompts: Sequence[Prompt]) -> None:
-        """Check every served model and probe each endpoint the prompts need (one short request).
+    def check(self, slots: Sequence[ModelSlot], prompts: Sequence[Prompt],
+              first_draws: bool = True) -> None:
+        """Check every served model and probe each endpoint the prompts need.
+
+        The probe of an endpoint is the first draw the stage needs there anyway (the first
+        prompt for that endpoint, the model's first slot, attempt 0), and its answer is kept
+        for that draw: checking costs no request beyond ``GET /models``. When that request is
+        refused, a short probe tells a refused setting (an error) from a refused prompt (that
+        prompt is rejected as usual); with ``first_draws`` off (a resumed stage, whose first
+        prompts may be done) the short probe is all that is sent.
 
         Raises:
             ServerError: unreachable, unknown model, refused key, a refused probe or an answer
                 without log-probs (when they are asked for).
         """
-        paths = sorted({endpoint(p, self.config.chat_template) for p in prompts}) or [CHAT]
+        firsts = {endpoint(p, self.config.chat_template): p for p in reversed(prompts)}
         for slot in slots:
             url = slot.share.base_url or ""
-            self.pool.check_model(url, slot.name)
-            for path in paths:
-                [answer] = self.pool.post(url, path, [self._body(slot, PROBE, path, 0, 1)])
-                if isinstance(answer, RequestRefused):
-                    raise ServerError(f"model {slot.name!r} at {server_label(url)} refuses "
-                                      f"grouppref's requests ({answer}); check the sampling "
-                                      "settings and --server-param")
-                parse_sample(answer, path, want_logprobs=self.config.logprobs)
+            self.kinds[url] = self._kind(self.pool.check_model(url, slot.name))
+            for path, prompt in sorted(firsts.items()) or [(CHAT, None)]:
+                if first_draws and prompt is not None:
+                    self._first_draw(slot, prompt, path)
+                else:
+                    self._probe(slot, path)
 
-    def sample(self, jobs: Sequence[Job], attempt: int, work: ShardWork,
-               on_answer: OnAnswer) -> None:
+    def _first_draw(self, slot: ModelSlot, prompt: Prompt, path: str) -> None:
+        """Send the first draw of ``slot`` for ``prompt`` as the check of ``path``; keep it."""
+        gid, s = make_group_id(prompt), slot.slots[0]
+        seed = derive_seed(self.config.seed, gid, slot.name, s, 0) & SEED_MASK
+        url = slot.share.base_url or ""
+        [answer] = self.pool.post(url, path, [self._body(slot, prompt, path, seed)])
+        if isinstance(answer, RequestRefused):
+            self._probe(slot, path)  # the settings, or only this prompt?
+        else:
+            parse_sample(answer, path, want_logprobs=self.config.logprobs)
+        self._kept[(url, slot.name, gid, s, 0)] = answer
+
+    def _probe(self, slot: ModelSlot, path: str) -> None:
+        """One short request ("Say OK.", one token) with the run's settings."""
+        url = slot.share.base_url or ""
+        [answer] = self.pool.post(url, path, [self._body(slot, PROBE, path, 0, 1)])
+        if isinstance(answer, RequestRefused):
+            raise ServerError(f"model {slot.name!r} at {server_label(url)} refuses "
+                              f"grouppref's requests ({answer}); check the sampling "
+                              "settings and --server-param")
+        parse_sample(answer, path, want_logprobs=self.config.logprobs)
+
+    async def sample_round(self, jobs: Sequence[Job], attempt: int, work: ShardWork,
+                           on_answer: OnAnswer) -> None:
         """Sample every job of one round (attempt number ``attempt``) into ``work.draws``, all
         in flight together up to each server's concurrency; a prompt the server refuses goes to
-        ``work.refused`` with the server's message."""
-        self.pool.run(gather([self._draw(job, attempt, work, on_answer) for job in jobs]))
+        ``work.refused`` with the server's message. A coroutine for the pool's event loop
+        (``pool.start``: in a thread, while the models in process sample the round's other
+        slots)."""
+        await gather([self._draw(job, attempt, work, on_answer) for job in jobs])
 
     def sample_groups(self, jobs: Sequence[Job], work: ShardWork, on_answer: OnAnswer) -> None:
         """Sample ``jobs`` (every slot of each of their prompts: a mix of served models only)
@@ -118,8 +173,10 @@ class ServedSampler:
         prompt = work.prompts[i]
         path = endpoint(prompt, cfg.chat_template)
         seed = derive_seed(cfg.seed, work.gids[i], model.name, s, attempt) & SEED_MASK
-        answer = await self.pool.request(model.share.base_url or "", path,
-                                         self._body(model, prompt, path, seed))
+        url = model.share.base_url or ""
+        answer = self._kept.pop((url, model.name, work.gids[i], s, attempt), None)
+        if answer is None:  # (else: sent by check, before the stage)
+            answer = await self.pool.request(url, path, self._body(model, prompt, path, seed))
         if isinstance(answer, RequestRefused):
             work.refused.setdefault(i, f"the server refused it: {answer}")
             on_answer(attempt, 0)
@@ -137,8 +194,8 @@ class ServedSampler:
             "finish_reason": draw.finish_reason or "unknown"}
         if cfg.stop:
             out["stop"] = canonical_json(cfg.stop)
-        if cfg.server.server_params:
-            out["server_params"] = canonical_json(cfg.server.server_params)
+        if params := self.server_params(slot.share.base_url or ""):
+            out["server_params"] = canonical_json(params)
         return out
 
 

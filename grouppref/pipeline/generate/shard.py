@@ -7,13 +7,17 @@ repeats an earlier slot's (normalised) text is sampled again with the next attem
 most ``max_resample`` times. Models in process (transformers) are sampled in batches here;
 served models (an OpenAI-compatible server) through :mod:`grouppref.pipeline.generate.served`,
 every request of the shard in flight up to each server's ``concurrency``; when the whole mix is
-served, a prompt's re-samples start as soon as its own answers are in (no round barrier).
+served, a prompt's re-samples start as soon as its own answers are in (no round barrier); in a
+mix with models in process, a round's served requests are in flight (from a background thread)
+while the in-process batches of the round run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -154,6 +158,8 @@ class ShardGenerator:
         self._loaded: dict[str, _Loaded] = {}
         self._tokens = self._sampled = self._resampled = self._prompts = 0
         self._seconds = self._load_seconds = 0.0
+        self._started: tuple[float, float] | None = None  # (start, model load s) of sampling
+        self._lock = threading.Lock()  # counts come from the served requests' thread too
 
     # -- models -----------------------------------------------------------------------------
     def _model(self, slot: ModelSlot) -> _Loaded:
@@ -201,7 +207,8 @@ class ShardGenerator:
         if self.served is not None and all(m.served for m in self.slots):
             # every slot served: re-samples pipelined per prompt, no round barrier
             jobs = [(self.slot_model[s], i, s) for i, s in pending]
-            self._served(lambda on_answer: self.served.sample_groups(jobs, work, on_answer))
+            with self._clock():
+                self.served.sample_groups(jobs, work, self._answered)
             pending = []
         for attempt in range(self.config.max_resample + 1):
             if not pending:
@@ -233,28 +240,53 @@ class ShardGenerator:
         return out
 
     def _fill(self, pending: list[tuple[int, int]], attempt: int, work: ShardWork) -> None:
-        """Sample every pending ``(prompt index, slot)`` of one round: per model in process, in
-        batches; then every served slot at once (all served models and servers together)."""
-        served = []
+        """Sample every pending ``(prompt index, slot)`` of one round: every served slot at
+        once (all served models and servers together, in a background thread) while the models
+        in process sample theirs, in batches, in this thread."""
+        served, local = [], []
         for model in self.slots:
             jobs = [(i, s) for i, s in pending if self.slot_model[s] is model]
-            if not jobs:
-                continue
-            if model.served:
+            if jobs and model.served:
                 served += [(model, i, s) for i, s in jobs]
-                continue
-            self._fill_local(model, jobs, attempt, work)
-        if served:
-            self._served(lambda on_answer: self.served.sample(served, attempt, work, on_answer))
+            elif jobs:
+                local.append((model, jobs))
+        with self._clock():
+            requests = None
+            if served:
+                sampler = self._sampler()
+                requests = sampler.pool.start(sampler.sample_round(served, attempt, work,
+                                                                   self._answered))
+            try:
+                for model, jobs in local:
+                    self._fill_local(model, jobs, attempt, work)
+                if requests is not None:
+                    requests.result()
+            except BaseException:  # Ctrl-C or a failed batch: drop the requests in flight
+                if requests is not None:
+                    requests.cancel()
+                    with contextlib.suppress(BaseException):
+                        requests.result()
+                raise
 
-    def _served(self, sample: Callable[[Callable[[int, int], None]], None]) -> None:
-        """Run ``sample(on_answer)`` on the served sampler, counting each answer as it comes."""
+    def _sampler(self) -> ServedSampler:
         if self.served is None:
             raise RuntimeError("the mix has served models; give a ServedSampler")
-        t0 = time.perf_counter()
-        sample(lambda attempt, tokens: self._count(attempt, 1, tokens, 0.0,
-                                                   running=time.perf_counter() - t0))
-        self._seconds += time.perf_counter() - t0
+        return self.served
+
+    def _answered(self, attempt: int, tokens: int) -> None:
+        """A served answer is in: count it (``on_answer`` of the served sampler)."""
+        self._count(attempt, 1, tokens)
+
+    @contextlib.contextmanager
+    def _clock(self) -> Iterator[None]:
+        """Count the wall time of the block as sampling time (model loading left out)."""
+        t0, load0 = time.perf_counter(), self._load_seconds
+        self._started = (t0, load0)
+        try:
+            yield
+        finally:
+            self._started = None
+            self._seconds += time.perf_counter() - t0 - (self._load_seconds - load0)
 
     def _fill_local(self, model: ModelSlot, jobs: list[tuple[int, int]], attempt: int,
                     work: ShardWork) -> None:
@@ -267,7 +299,6 @@ class ShardGenerator:
         for start in range(0, len(jobs), cfg.batch_size):
             batch = jobs[start:start + cfg.batch_size]
             seeds = [derive_seed(cfg.seed, work.gids[i], model.name, s, attempt) for i, s in batch]
-            t0 = time.perf_counter()
             samples = sample_batch(
                 loaded.model, [work.encoded[i][model.key] for i, _ in batch], seeds,
                 temperature=cfg.temperature, top_p=cfg.top_p,
@@ -280,22 +311,24 @@ class ShardGenerator:
                 work.draws[i][s] = Draw(text, len(sample.token_ids), sample.logp, sample.eos,
                                         seed, attempt)
                 tokens += len(sample.token_ids)
-            self._count(attempt, len(batch), tokens, time.perf_counter() - t0)
+            self._count(attempt, len(batch), tokens)
 
-    def _count(self, attempt: int, sampled: int, tokens: int, seconds: float,
-               running: float = 0.0) -> None:
-        """Count ``sampled`` draws of ``tokens`` tokens that took ``seconds`` (``running``: time
-        of the round still in progress, for the rate shown); report progress."""
-        self._seconds += seconds
-        self._tokens += tokens
-        self._sampled += sampled
-        self._resampled += sampled if attempt else 0
-        if not attempt:
-            self._first_round = (self._first_round[0] + sampled, self._first_round[1])
-        elapsed = self._seconds + running
-        if self.on_batch is not None and elapsed > 0:
-            done, total = self._first_round
-            self.on_batch(self._tokens / elapsed, done / total)
+    def _count(self, attempt: int, sampled: int, tokens: int) -> None:
+        """Count ``sampled`` draws of ``tokens`` tokens and report progress (from this thread
+        or the served requests' one: under a lock)."""
+        with self._lock:
+            self._tokens += tokens
+            self._sampled += sampled
+            self._resampled += sampled if attempt else 0
+            if not attempt:
+                self._first_round = (self._first_round[0] + sampled, self._first_round[1])
+            elapsed = self._seconds
+            if self._started is not None:  # the sampling still in progress
+                t0, load0 = self._started
+                elapsed += time.perf_counter() - t0 - (self._load_seconds - load0)
+            if self.on_batch is not None and elapsed > 0:
+                done, total = self._first_round
+                self.on_batch(self._tokens / elapsed, done / total)
 
     def _build(self, prompt: Prompt, gid: str, draws: dict[int, Draw],
                rejects: list[Reject]) -> CandidateGroup | None:

@@ -11,7 +11,7 @@ Every candidate records its model, sampling settings, its own derived seed, ``nu
 resumes at the first missing shard and, because each candidate has its own seed, gives exactly
 the rows an uninterrupted run gives (for a served model: when its server honours seeds).
 
-Served models are checked (``/models`` and one probe request each) before the stage is opened,
+Served models are checked (``/models`` and a first draw per endpoint) before the stage is opened,
 so a wrong URL, model name or key stops with one line and leaves the run as it was; a cached
 stage contacts no server. Requests and tokens per server and model go to the manifest's
 ``stats["servers"]`` (:class:`~grouppref.schemas.reports.ServerUsage`).
@@ -139,11 +139,13 @@ def run_generate(store: RunStore, config: GenerateConfig, prompts: Sequence[Prom
         return store.open_stage(STAGE, cfg, record_type=CandidateGroup, **key)
     with ExitStack() as stack:
         served = None
+        previous = store.manifest(STAGE)
         if config.served():
             pool = stack.enter_context(ServerPool(server_settings(config), seed=config.seed))
             served = ServedSampler(pool, config)
-            served.check([s for s in slots if s.served], items)  # before the stage is opened
-        previous = store.manifest(STAGE)
+            fresh = force or previous is None or previous.status != "running"
+            # before the stage is opened; a fresh stage's first draws do the checking
+            served.check([s for s in slots if s.served], items, first_draws=fresh)
         stage = store.open_stage(STAGE, cfg, record_type=CandidateGroup, force=force, **key)
         stage.add_rejects("input", loaded.rejects)
         worker = ShardGenerator(slots, encoders, config, served)
