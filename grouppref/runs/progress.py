@@ -48,6 +48,9 @@ class ExtraColumn(ProgressColumn):
         return Text(str(task.fields.get("extra", "")))
 
 
+REFRESH_PER_SECOND = 2
+
+
 def stage_progress(console: Console | None = None, disable: bool = False) -> Progress:
     """A rich ``Progress`` with description, bar, count, rate, elapsed and remaining time, on
     ``console`` (default: a console on stderr).
@@ -67,4 +70,8 @@ def stage_progress(console: Console | None = None, disable: bool = False) -> Pro
         TimeRemainingColumn(),
         console=console or stderr_console(),
         disable=disable,
+        # rich redraws 10 times a second by default: ~27 ms of CPU per second on a terminal,
+        # taken from an inference server sharing the cores (docs/benchmarks.md, generate
+        # through a server); twice a second is enough for stages that take minutes
+        refresh_per_second=REFRESH_PER_SECOND,
     )
