@@ -204,7 +204,7 @@ def test_generate_keeps_min_of_concurrency_and_pending_in_flight(
         tmp_path: Path, n_prompts: int, k: int, concurrency: int) -> None:
     # the first draw is sent alone by the check, before the stage: the stage sends the rest
     pending = n_prompts * k - 1
-    with in_flight_fake(hold=min(concurrency, pending)) as (url, fake):
+    with in_flight_fake(hold=min(concurrency, pending - 1)) as (url, fake):
         stage = _generate(tmp_path, url, [f"question {n}" for n in range(n_prompts)], k,
                           concurrency)
     assert len(fake.requests) == 1 + pending
@@ -320,10 +320,11 @@ def groups_run(tmp_path: Path) -> RunStore:
                          [("pointwise", 4, 6), ("pointwise", 8, 6), ("pairwise", 4, 12)])
 def test_served_judge_keeps_min_of_concurrency_and_pending_in_flight(
         groups_run: RunStore, mode: str, concurrency: int, pending: int) -> None:
-    with in_flight_fake(hold=min(concurrency, pending)) as (url, fake):
+    with in_flight_fake(hold=min(concurrency, pending - 1)) as (url, fake):
         judge = {"kind": "judge", "backend": "openai", "model": MODELS[0], "mode": mode,
                  "server": {"base_url": url, "concurrency": concurrency}}
         stage = run_rank(groups_run, RankConfig(rankers=[judge]))
     assert len(fake.requests) == pending
-    assert fake.max_in_flight == min(concurrency, pending)
+    # the first question is sent alone, before the stage (the check; its answer is kept)
+    assert fake.max_in_flight == min(concurrency, pending - 1)
     assert stage.manifest.counts.outputs == 2 and stage.manifest.counts.partial == 0

@@ -245,6 +245,7 @@ class ServerPool:
         self._backoff, self._rng = backoff, random.Random(seed)
         self._clients: dict[str, _Client] = {}
         self._runner: asyncio.Runner | None = None
+        self._listed: dict[str, dict[str, Any]] = {}  # url -> its GET /models answer
         # answers sent ahead by first_request, by (url, path, body), until the work asks
         self._kept: dict[tuple[str, str, str], list[dict[str, Any] | RequestRefused]] = {}
 
@@ -272,17 +273,20 @@ class ServerPool:
         return self._runner.run(coroutine)
 
     def check_model(self, url: str, model: str) -> dict[str, Any]:
-        """The ``/models`` entry of ``model`` at ``url``.
+        """The ``/models`` entry of ``model`` at ``url`` (asked once per server and pool).
 
         Raises:
             ServerError: unreachable, key refused, not an OpenAI base URL, or the model is not
                 served there (the message lists what is).
         """
         client = self._clients[url]
-        try:
-            listed = self._run(client.send("GET", "/models", None, model, retry_connect=False))
-        except RequestRefused as e:
-            raise ServerError(str(e)) from e
+        listed = self._listed.get(url)
+        if listed is None:  # once per server and pool (several judges may share a server)
+            try:
+                listed = self._run(client.send("GET", "/models", None, model, retry_connect=False))
+            except RequestRefused as e:
+                raise ServerError(str(e)) from e
+            self._listed[url] = listed
         entries = listed.get("data")
         if not isinstance(entries, list):
             raise ServerError(f"GET {url}/models did not list models (is {url} an OpenAI "
