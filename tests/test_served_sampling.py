@@ -107,9 +107,10 @@ def test_llama_cpp_defaults_are_switched_off_in_every_request(
 def test_llama_cpp_reads_the_values_it_is_sent(tmp_path: Path, llama_server: str) -> None:
     """The fields are read, not ignored: vLLM's neutral top_k (-1) is out of llama.cpp's range,
     and forcing that kind against it stops at the check, before the stage, with the server's
-    message (llama-cpp-python answers a request it cannot validate with HTTP 500, which is
-    retried like any 5xx: no retries here)."""
-    config = _config(llama_server, neutral_sampling="vllm", server={"max_retries": 0})
-    with pytest.raises(ServerError, match=r"HTTP 500: .*top_k.*greater than or equal to 0"):
+    message, naming the field and the setting it comes from (llama-cpp-python answers a request
+    it cannot validate with HTTP 500: a refusal, not retried, with the default max_retries)."""
+    config = _config(llama_server, neutral_sampling="vllm")
+    with pytest.raises(ServerError, match=r"HTTP 500: request field top_k=-1: .*greater than or "
+                       r"equal to 0.*; top_k comes from neutral_sampling 'vllm'"):
         run_generate(RunStore(tmp_path / "run"), config, prompts=PROMPTS, show_progress=False)
     assert not (tmp_path / "run" / "generate").exists()
