@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,14 +32,19 @@ GROUPS = [{"prompt": "What is 2 + 2?", "responses": ["4", "2 + 2 = 5.", "It is 4
 NOT_A_RATING = 'root ::= "I cannot rate this."'  # llama.cpp grammar: the answer is forced
 
 
-@pytest.fixture
-def groups_run(tmp_path: Path) -> RunStore:
-    """A run whose generate stage holds two hand-written groups (K = 3 and 2)."""
+def groups_store(tmp_path: Path, rows: list[dict[str, Any]]) -> RunStore:
+    """A run whose generate stage holds ``rows`` (``prompt`` and ``responses``) as groups."""
     source = tmp_path / "groups.jsonl"
-    source.write_text("".join(json.dumps(row) + "\n" for row in GROUPS))
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
     store = RunStore(tmp_path / "run")
     run_import_candidates(store, ImportConfig(source=str(source)))
     return store
+
+
+@pytest.fixture
+def groups_run(tmp_path: Path) -> RunStore:
+    """A run whose generate stage holds two hand-written groups (K = 3 and 2)."""
+    return groups_store(tmp_path, GROUPS)
 
 
 def _judge(url: str, **settings: object) -> dict[str, object]:

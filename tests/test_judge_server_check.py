@@ -11,62 +11,31 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from grouppref.models.openai import RequestRefused, ServerError, ServerPool
 from grouppref.models.openai_api import CHAT, validation_problems
 from grouppref.models.server_settings import ServerSettings
-from grouppref.pipeline.imports.config import ImportConfig
-from grouppref.pipeline.imports.stage import run_import_candidates
 from grouppref.pipeline.rank.config import STAGE_VERSION, RankConfig
 from grouppref.pipeline.rank.stage import run_rank
-from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup
-from tests.llama_server import MODEL_ALIAS
+from tests.llama_server import MODEL_ALIAS, posted_bodies
+from tests.test_judge_server import SHORT_RATING, groups_store
+from tests.test_served_sampling import LLAMA_NEUTRAL
 
 REPO = Path(__file__).resolve().parents[1]
-LLAMA_NEUTRAL = {"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0}
 GROUPS = [{"prompt": "What is 2 + 2?", "responses": ["4", "It is 4."]},
           {"prompt": "Name the capital of France.", "responses": ["Paris.", "London."]}]
-SHORT_RATING = 'root ::= "Rating: " [1-9] "\\nRationale: " [a-z]+ "."'
 PROBE = "Answer with Yes or No."
-
-
-def _run_with(tmp_path: Path, rows: list[dict[str, Any]]) -> RunStore:
-    source = tmp_path / "groups.jsonl"
-    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    store = RunStore(tmp_path / "run")
-    run_import_candidates(store, ImportConfig(source=str(source)))
-    return store
 
 
 def _judge(url: str, **settings: Any) -> dict[str, Any]:
     server = {"base_url": url, "concurrency": 2, **settings.pop("server", {})}
     return {"kind": "judge", "backend": "openai", "model": MODEL_ALIAS, "server": server,
             **settings}
-
-
-@contextmanager
-def _posted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
-    """The bodies of the POST requests sent meanwhile, in the order they were sent."""
-    bodies: list[dict[str, Any]] = []
-    send = httpx.AsyncClient.send
-
-    async def recorded(client: httpx.AsyncClient, request: httpx.Request, *args: Any,
-                       **kwargs: Any) -> httpx.Response:
-        if request.method == "POST":
-            bodies.append(json.loads(request.content))
-        return await send(client, request, *args, **kwargs)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(httpx.AsyncClient, "send", recorded)
-        yield bodies
 
 
 def _asked(body: dict[str, Any]) -> str:
@@ -78,10 +47,10 @@ def test_first_question_is_the_check_and_every_mode_is_neutral(
     """A pointwise and a rubric judge: no probe; each judge's first question goes out before
     the others (the check) and is not asked again; every request carries llama.cpp's neutral
     values, which each ranking records. 'off' sends none."""
-    store = _run_with(tmp_path, GROUPS)
+    store = groups_store(tmp_path, GROUPS)
     rubric = _judge(llama_server, mode="rubric", answer_tokens=24,
                     server={"server_params": {"grammar": SHORT_RATING}})
-    with _posted(monkeypatch) as bodies:
+    with posted_bodies(monkeypatch) as bodies:
         stage = run_rank(store, RankConfig(rankers=[_judge(llama_server), rubric]))
     questions = [_asked(b) for b in bodies]
     assert len(bodies) == 8 and len(set(questions)) == 8  # 4 candidates x 2 judges, no probe
@@ -96,7 +65,7 @@ def test_first_question_is_the_check_and_every_mode_is_neutral(
         assert [json.loads(str(r.metadata["server_params"])) for r in group.rankings] == [
             LLAMA_NEUTRAL, {**LLAMA_NEUTRAL, "grammar": SHORT_RATING}]
 
-    with _posted(monkeypatch) as bodies:
+    with posted_bodies(monkeypatch) as bodies:
         off = run_rank(store, RankConfig(rankers=[_judge(llama_server, neutral_sampling="off")]),
                        force=True)
     assert len(bodies) == 4 and not any(set(LLAMA_NEUTRAL) & set(b) for b in bodies)
@@ -107,7 +76,7 @@ def test_a_resumed_stage_sends_a_short_probe(tmp_path: Path, llama_server: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A stage killed after its first shard: the resumed run probes (its first group is done)
     and asks only the second group's questions; the rankings equal the whole run's."""
-    store = _run_with(tmp_path, GROUPS)
+    store = groups_store(tmp_path, GROUPS)
     config = RankConfig(rankers=[_judge(llama_server)], shard_size=1)
     whole = run_rank(store, config)
     records = whole.records()
@@ -116,7 +85,7 @@ def test_a_resumed_stage_sends_a_short_probe(tmp_path: Path, llama_server: str,
                                force=True)
     shard = next(partial.pending_shards(records, shard_size=1))
     partial.write_shard(shard, shard.items, [])
-    with _posted(monkeypatch) as bodies:
+    with posted_bodies(monkeypatch) as bodies:
         resumed = run_rank(store, config)
     assert not resumed.cached
     assert [_asked(b) for b in bodies][0] == PROBE and bodies[0]["max_tokens"] == 1
@@ -132,9 +101,9 @@ def test_a_refused_first_question_is_told_from_refused_settings(
     is refused, a short probe is answered, so the stage runs; that group is a counted
     part-reject with the server's message, and its refused question is not sent again."""
     long_prompt = "Summarise: " + "word " * 2500
-    store = _run_with(tmp_path, [{"prompt": long_prompt, "responses": ["Words.", "Many words."]},
+    store = groups_store(tmp_path, [{"prompt": long_prompt, "responses": ["Words.", "Many words."]},
                                  GROUPS[1]])
-    with _posted(monkeypatch) as bodies:
+    with posted_bodies(monkeypatch) as bodies:
         stage = run_rank(store, RankConfig(rankers=[_judge(llama_server)]))
     asked = [_asked(b) for b in bodies]
     assert asked[1] == PROBE and asked.count(PROBE) == 1
@@ -153,9 +122,9 @@ def test_a_setting_the_server_refuses_stops_before_the_stage(
     """vLLM's neutral top_k (-1) forced on llama.cpp: llama-cpp-python refuses it with an HTTP
     500 validation error, which is not retried: the first question and the probe are the only
     requests, and the error names the field and the setting it comes from."""
-    store = _run_with(tmp_path, GROUPS)
+    store = groups_store(tmp_path, GROUPS)
     config = RankConfig(rankers=[_judge(llama_server, neutral_sampling="vllm")])
-    with _posted(monkeypatch) as bodies, pytest.raises(ServerError) as raised:
+    with posted_bodies(monkeypatch) as bodies, pytest.raises(ServerError) as raised:
         run_rank(store, config)
     assert len(bodies) == 2 and _asked(bodies[1]) == PROBE
     message = str(raised.value)

@@ -19,7 +19,7 @@ from grouppref.pipeline.generate.config import GenerateConfig, ModelShare, Neutr
 from grouppref.pipeline.generate.stage import run_generate
 from grouppref.runs.store import RunStore
 from grouppref.schemas import ChatMessage, Prompt
-from tests.llama_server import MODEL_ALIAS
+from tests.llama_server import MODEL_ALIAS, posted_bodies
 
 LLAMA_NEUTRAL = {"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0}
 PROMPTS = [Prompt(prompt_id="chat", messages=[ChatMessage(role="user", content="Say hi.")])]
@@ -59,17 +59,7 @@ def _config(url: str, **extra: Any) -> GenerateConfig:
 def _run(tmp_path: Path, name: str, config: GenerateConfig, monkeypatch: pytest.MonkeyPatch
          ) -> tuple[Any, list[dict[str, Any]]]:
     """The stage and the bodies of the POST requests it sent (read at the HTTP client)."""
-    bodies: list[dict[str, Any]] = []
-    send = httpx.AsyncClient.send
-
-    async def recorded(client: httpx.AsyncClient, request: httpx.Request, *args: Any,
-                       **kwargs: Any) -> httpx.Response:
-        if request.method == "POST":
-            bodies.append(json.loads(request.content))
-        return await send(client, request, *args, **kwargs)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(httpx.AsyncClient, "send", recorded)
+    with posted_bodies(monkeypatch) as bodies:
         stage = run_generate(RunStore(tmp_path / name), config, prompts=PROMPTS,
                              show_progress=False)
     return stage, bodies
