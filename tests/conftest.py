@@ -43,6 +43,19 @@ def artifacts_dir() -> Path:
     return ARTIFACTS
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread for a module's tests, restored afterwards: the tiny models gain
+    nothing from threads, and on a busy 2-core machine OpenMP threads oversubscribe (measured:
+    a held-out scoring pass took 43 s with the default, 6 s with 1). A module asks for it with
+    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 # failures for missing requirements and the end-of-run count of tests run (tests/suite_setup.py,
 # first: the others import it), the embedded Argilla server and PostgreSQL fixtures
 # (tests/argilla_fixtures.py), llama.cpp's server (tests/llama_server.py)
