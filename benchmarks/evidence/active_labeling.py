@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from benchmarks.evidence import common as c
 from grouppref.labeling.config import PushConfig
@@ -199,6 +196,12 @@ def weight_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def report(rows: list[dict[str, Any]]) -> str:
+    """The accuracy table, then the human's weight."""
+    return table(rows) + "\n\nWeight of the human's rankings after the reliability step " \
+        "(mean over seeds; 0 = dropped as unreliable):\n\n" + weight_table(rows)
+
+
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib
 
@@ -234,24 +237,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--name", default="active_labeling")
     ap.add_argument("--replot", action="store_true", help="tables and plot from the JSON")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    start = time.time()
-    path = args.out / f"{args.name}.json"
-    if args.replot:
-        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
-    else:
-        rows = [r for seed in args.seeds for r in run_seed(args, seed)]
-        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        c.write_json(path, {"settings": settings, "seconds": round(time.time() - start, 1),
-                            "environment": c.environment(), "rows": rows})
-    text = table(rows) + "\n\nWeight of the human's rankings after the reliability step " \
-        "(mean over seeds; 0 = dropped as unreliable):\n\n" + weight_table(rows)
-    (args.out / f"{args.name}_table.md").write_text(text + "\n", encoding="utf-8")
+    rows = c.run_or_replot(args, run_seed, report)
     plot(rows, args.out / f"{args.name}.png",
          f"automatic flip {args.f_auto:g}, human flip {args.f_human:g}, "
          f"{args.groups} groups, {len(args.seeds)} seeds")
-    print(text)
-    print(f"{time.time() - start:.0f} s")
     return rows
 
 

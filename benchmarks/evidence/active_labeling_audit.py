@@ -23,8 +23,6 @@ Every difference is paired by seed (the same panel and the same human answers pe
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -139,22 +137,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--out", type=Path, default=c.DOCS)
     ap.add_argument("--name", default="active_labeling_audit")
     ap.add_argument("--replot", action="store_true", help="tables from the JSON")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    start = time.time()
-    path = args.out / f"{args.name}.json"
-    if args.replot:
-        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
-    else:
-        rows = [r for seed in args.seeds for r in run_seed(args, seed)]
-        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        c.write_json(path, {"settings": settings, "seconds": round(time.time() - start, 1),
-                            "environment": c.environment(), "rows": rows})
-    text = tables(rows)
-    (args.out / f"{args.name}_table.md").write_text(text + "\n", encoding="utf-8")
-    print(text)
-    print(f"{time.time() - start:.0f} s")
-    return rows
+    return c.run_or_replot(ap.parse_args(argv), run_seed, tables)
 
 
 if __name__ == "__main__":
