@@ -286,12 +286,14 @@ def test_audit_note_says_when_the_audit_falls_short() -> None:
     assert audit_note(_selection(5, 0.2, 25)) is None  # enough for the aggregate
     assert audit_note(_selection(0, 0.0, 40, "random")) is None  # uniform: needs no audit
     none = audit_note(_selection(0, 0.0, 40))
-    assert none is not None and none.startswith("no audit groups (--audit-share 0 of a budget "
-                                                "of 40)")
-    assert "the default --audit-share 0.2 gives them 5 from a budget of 25" in none
+    assert none is not None and none.startswith("no audit groups in a budget of 40 "
+                                                "(--audit-share 0); the aggregate needs 5")
+    assert "the default --audit-share 0.2 gives 5 from a budget of 25" in none
     few = audit_note(_selection(2, 0.2, 10))
-    assert few is not None and few.startswith("only 2 audit groups (the aggregate needs 5 per "
-                                              "person)")
+    assert few is not None and few.startswith("only 2 audit groups in a budget of 10 "
+                                              "(--audit-share 0.2); the aggregate needs 5 per "
+                                              "person, so it will judge these annotators on "
+                                              "all their groups")
     assert "a budget of 25 or more at --audit-share 0.2 gives 5" in few
     assert audit_note(_selection(3, 0.3, 10), min_groups=3) is None
 

@@ -17,6 +17,9 @@ automatic kinds 0.5, annotator reliability), and the consensus order of every gr
 compared with the truth: pair accuracy over all pairs of all groups (a consensus tie counts
 half). ``oracle`` is not an option of grouppref: it sends the groups whose machine-only
 consensus has the most wrong pairs (it knows the truth), the ceiling of any selection.
+Uncertain selection here spends the whole budget on uncertain groups (``--audit-share 0``,
+the only choice when this ran; the default 0.2 is measured in
+:mod:`benchmarks.evidence.active_labeling_audit`).
 
     OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -m benchmarks.evidence.active_labeling
 """
@@ -141,7 +144,8 @@ def chosen_by(method: str, groups: list[AnnotatedGroup], n: int, seed: int,
         order = np.argsort(-wrong, kind="stable")[:n]
         return {groups[i].group_id for i in order}
     config = PushConfig(select="random" if method == "random" else "uncertain", budget=n,
-                        seed=seed, **({} if method == "random" else {"uncertainty": method}))
+                        seed=seed, **({} if method == "random" else
+                                      {"uncertainty": method, "audit_share": 0.0}))
     return set(select_groups(groups, config, "rank").ids)
 
 

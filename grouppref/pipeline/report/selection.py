@@ -64,15 +64,14 @@ def audit_note(sel: LabelSelection, min_groups: int = MIN_AUDIT) -> str | None:
         return None
     need = math.ceil(min_groups / sel.audit_share) if sel.audit_share else None
     fix = (f"a budget of {need} or more at --audit-share {sel.audit_share:g} gives "
-           f"{min_groups}" if need else "the default --audit-share 0.2 gives them "
-           f"{min_groups} from a budget of {math.ceil(min_groups / 0.2)}")
-    what = ("no audit groups" if not audit else
-            f"only {audit} audit group{'s' if audit > 1 else ''} (the aggregate needs "
-            f"{min_groups} per person)")
-    return (f"{what} (--audit-share {sel.audit_share:g} of a budget of {sel.budget}): the "
-            "aggregate will judge these annotators on all their groups, mostly the hardest "
-            f"ones, which makes good ones look unreliable; {fix} "
-            "(docs/labeling-push-pull.md)")
+           f"{min_groups}" if need else f"the default --audit-share 0.2 gives {min_groups} "
+           f"from a budget of {math.ceil(min_groups / 0.2)}")
+    what = "no audit groups" if not audit else \
+        f"only {audit} audit group{'s' if audit > 1 else ''}"
+    return (f"{what} in a budget of {sel.budget} (--audit-share {sel.audit_share:g}); the "
+            f"aggregate needs {min_groups} per person, so it will judge these annotators on "
+            "all their groups, mostly the hardest ones, which makes good ones look "
+            f"unreliable; {fix} (docs/labeling-push-pull.md)")
 
 
 def selection_table(sel: LabelSelection) -> tuple[list[str], list[list[Any]]]:
