@@ -91,9 +91,9 @@ def selected_panel(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return ranks, ann, design
 
 
-def loo_tau_reference(ranks: np.ndarray, ann: np.ndarray, g: int, s: int) -> float | None:
-    """Tau of slot ``s`` of group ``g`` against choix's fit of the group's other rankings
-    (weights 1): ``(c - d) / (c + d)`` over the pairs both order strictly."""
+def loo_counts_reference(ranks: np.ndarray, ann: np.ndarray, g: int, s: int) -> tuple[int, int]:
+    """Pairs slot ``s`` of group ``g`` orders strictly the same / the other way as choix's fit
+    of the group's other rankings (weights 1), over the pairs both order strictly."""
     data = []
     for o in range(ranks.shape[1]):
         if o != s and ann[g, o] >= 0:
@@ -106,6 +106,13 @@ def loo_tau_reference(ranks: np.ndarray, ann: np.ndarray, g: int, s: int) -> flo
         cons = 0 if abs(theta[i] - theta[j]) < 1e-6 else np.sign(theta[i] - theta[j])
         if mine and cons:
             c, d = c + (mine == cons), d + (mine != cons)
+    return c, d
+
+
+def loo_tau_reference(ranks: np.ndarray, ann: np.ndarray, g: int, s: int) -> float | None:
+    """Tau of slot ``s`` of group ``g`` against choix's fit of the group's other rankings
+    (weights 1): ``(c - d) / (c + d)`` of :func:`loo_counts_reference`."""
+    c, d = loo_counts_reference(ranks, ann, g, s)
     return (c - d) / (c + d) if c + d else None
 
 

@@ -5,14 +5,12 @@ of each annotator's votes against choix's leave-one-out consensus, and the aggre
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
 
-import choix
 import numpy as np
 import pytest
 import torch
@@ -24,7 +22,7 @@ from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats.reliability import UNIFORM, estimate_reliability, log_odds_weight
 from tests.factories import make_group
 from tests.test_label_push_pull import write_stage
-from tests.test_reliability_audit import ALPHA, K, selected_panel
+from tests.test_reliability_audit import ALPHA, K, loo_counts_reference, selected_panel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,24 +50,6 @@ def test_log_odds_weight_matches_the_beta_posterior_reference() -> None:
     assert float(w[1]) < float(w[2])  # three perfect votes are worth less than 10 000
     assert float(w[7]) == 0.0 and float(w[9]) == 0.0  # worse than chance: 0, never negative
     assert float(w[4]) > float(w[3]) > float(w[5]) > float(w[6]) == 0.0  # 5/100, 1/10, 30/100
-
-
-def loo_counts_reference(ranks: np.ndarray, ann: np.ndarray, g: int, s: int) -> tuple[int, int]:
-    """Pairs slot ``s`` of group ``g`` orders strictly the same / the other way as choix's fit
-    of the group's other rankings (weights 1), counting pairs the fit does not tie."""
-    data = []
-    for o in range(ranks.shape[1]):
-        if o != s and ann[g, o] >= 0:
-            data += [(i, j) for i, j in itertools.permutations(range(K), 2)
-                     if ranks[g, o, i] < ranks[g, o, j]]
-    theta = choix.opt_pairwise(K, data, alpha=ALPHA, tol=1e-12)
-    c = d = 0
-    for i, j in itertools.combinations(range(K), 2):
-        mine = np.sign(ranks[g, s, j] - ranks[g, s, i])  # +1: i before j
-        cons = 0 if abs(theta[i] - theta[j]) < 1e-6 else np.sign(theta[i] - theta[j])
-        if mine and cons:
-            c, d = c + (mine == cons), d + (mine != cons)
-    return c, d
 
 
 def test_estimator_weights_are_the_log_odds_of_votes_against_the_loo_consensus() -> None:

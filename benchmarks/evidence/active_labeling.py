@@ -228,18 +228,26 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def panel_parser(doc: str, name: str, seeds: int = 5) -> argparse.ArgumentParser:
+    """The options of a simulation on this panel: ``--groups``, ``--f-auto``, ``--f-human``,
+    ``--seeds`` (default ``0 .. seeds - 1``), ``--out``, ``--name`` (default ``name``) and
+    ``--replot`` (what :func:`benchmarks.evidence.common.run_or_replot` reads)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--groups", type=int, default=400)
     ap.add_argument("--f-auto", type=float, default=0.3, help="automatic rankers' flip rate")
     ap.add_argument("--f-human", type=float, default=0.05, help="the human's flip rate")
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(seeds)))
+    ap.add_argument("--out", type=Path, default=c.DOCS)
+    ap.add_argument("--name", default=name)
+    ap.add_argument("--replot", action="store_true", help="tables (and plot) from the JSON")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    ap = panel_parser(__doc__, "active_labeling")
     ap.add_argument("--reliability-iterations", type=int,
                     default=AggregateConfig().reliability_iterations,
                     help="the aggregate's reliability rounds (0: kind weights only)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--out", type=Path, default=c.DOCS)
-    ap.add_argument("--name", default="active_labeling")
-    ap.add_argument("--replot", action="store_true", help="tables and plot from the JSON")
     args = ap.parse_args(argv)
     rows = c.run_or_replot(args, run_seed, report)
     plot(rows, args.out / f"{args.name}.png",

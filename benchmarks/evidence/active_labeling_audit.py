@@ -23,7 +23,6 @@ Every difference is paired by seed (the same panel and the same human answers pe
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,7 @@ from benchmarks.evidence.active_labeling import (
     consensus_tiers,
     make_panel,
     pair_accuracy,
+    panel_parser,
     with_humans,
     wrong_pairs,
 )
@@ -129,14 +129,7 @@ def tables(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--groups", type=int, default=400)
-    ap.add_argument("--f-auto", type=float, default=0.3, help="automatic rankers' flip rate")
-    ap.add_argument("--f-human", type=float, default=0.05, help="the human's flip rate")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--out", type=Path, default=c.DOCS)
-    ap.add_argument("--name", default="active_labeling_audit")
-    ap.add_argument("--replot", action="store_true", help="tables from the JSON")
+    ap = panel_parser(__doc__, "active_labeling_audit")
     return c.run_or_replot(ap.parse_args(argv), run_seed, tables)
 
 

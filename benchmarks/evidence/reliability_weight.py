@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,6 +45,7 @@ from benchmarks.evidence.active_labeling import (
     K,
     make_panel,
     pair_accuracy,
+    panel_parser,
     with_humans,
 )
 from grouppref.labeling.config import PushConfig
@@ -177,14 +177,7 @@ def tables(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--groups", type=int, default=400)
-    ap.add_argument("--f-auto", type=float, default=0.3, help="automatic rankers' flip rate")
-    ap.add_argument("--f-human", type=float, default=0.05, help="the human's flip rate")
-    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(20)))
-    ap.add_argument("--out", type=Path, default=c.DOCS)
-    ap.add_argument("--name", default="reliability_weight")
-    ap.add_argument("--replot", action="store_true", help="tables from the JSON")
+    ap = panel_parser(__doc__, "reliability_weight", seeds=20)
     return c.run_or_replot(ap.parse_args(argv), run_seed, tables)
 
 
