@@ -97,7 +97,7 @@ def test_audit_groups_are_marked_pulled_and_used_by_the_aggregate(
          "--budget", "6", "--uncertainty", "kendall_w"],
         capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     assert plain.returncode == 0, plain.stderr
-    assert "1 of them audit groups drawn at random (--audit-share 0.2, seed 0)" in plain.stdout
+    assert "1 of them audit group drawn at random (--audit-share 0.2, seed 0)" in plain.stdout
     assert "note: only 1 audit group in a budget of 6 (--audit-share 0.2); the aggregate " \
            "needs 5 per person" in plain.stderr
     assert "a budget of 25 or more at --audit-share 0.2 gives 5" in plain.stderr

@@ -93,7 +93,8 @@ def _push(config: PushConfig, extras: dict[str, Any], force: bool) -> None:
                else f"{selection.select} (seed {selection.seed})")
         audit = sum(g.role == "audit" for g in selection.selected)
         if audit:
-            how += (f", {audit} of them audit groups drawn at random (--audit-share "
+            how += (f", {audit} of them audit group{'s' if audit != 1 else ''} drawn at "
+                    "random (--audit-share "
                     f"{selection.audit_share:g}, seed {selection.seed})")
         out.print(f"  selected {len(selection.selected)} of {selection.groups} groups: "
                   f"{esc(how)}; list in {selection_path(store)}",
