@@ -303,6 +303,11 @@ def test_audit_note_says_when_the_audit_falls_short() -> None:
                                               "all their groups")
     assert "a budget of 25 or more at --audit-share 0.2 gives 5" in few
     assert audit_note(_selection(3, 0.3, 10), min_groups=3) is None
+    shown = describe_selection(_selection(2, 0.2, 10).model_copy(
+        update={"uncertainty": "kendall_w", "measure": "1 - W"}))  # the report says it too
+    assert shown.endswith(f"Note: {few}")
+    assert "Note:" not in describe_selection(_selection(5, 0.2, 25).model_copy(
+        update={"uncertainty": "kendall_w", "measure": "1 - W"}))
 
 
 def test_audit_share_needs_select_uncertain() -> None:

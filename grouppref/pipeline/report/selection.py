@@ -48,8 +48,10 @@ def describe_selection(sel: LabelSelection) -> str:
     audited = (f" {audit} of them are audit groups drawn uniformly from all groups "
                f"(--audit-share {sel.audit_share:g}), on which annotators' reliability is "
                "measured." if audit else "")
+    note = audit_note(sel)
+    short = f" Note: {note}" if note else ""
     return (f"{sent} went to people: the least certain by {sel.uncertainty} ({sel.measure})."
-            f"{last}{audited} Equal values were ordered at random (seed {sel.seed}).")
+            f"{last}{audited} Equal values were ordered at random (seed {sel.seed}).{short}")
 
 
 def audit_note(sel: LabelSelection, min_groups: int = MIN_AUDIT) -> str | None:
