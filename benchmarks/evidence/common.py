@@ -28,7 +28,7 @@ import math
 import platform
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -384,6 +384,30 @@ def environment() -> dict[str, Any]:
 def write_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def run_or_replot(args: Any, run_seed: Callable[[Any, int], list[dict[str, Any]]],
+                  render: Callable[[list[dict[str, Any]]], str]) -> list[dict[str, Any]]:
+    """The main block of a per-seed simulation: rows from ``args.out/<args.name>.json`` with
+    ``args.replot``, else ``run_seed(args, seed)`` over ``args.seeds``, written there with the
+    settings, seconds and environment; ``render(rows)`` goes to ``<name>_table.md`` and stdout.
+
+    ``args`` needs ``out``, ``name``, ``seeds`` and ``replot``; torch runs on one thread."""
+    torch.set_num_threads(1)
+    start = time.time()
+    path = args.out / f"{args.name}.json"
+    if args.replot:
+        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+    else:
+        rows = [r for seed in args.seeds for r in run_seed(args, seed)]
+        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        write_json(path, {"settings": settings, "seconds": round(time.time() - start, 1),
+                          "environment": environment(), "rows": rows})
+    text = render(rows)
+    (args.out / f"{args.name}_table.md").write_text(text + "\n", encoding="utf-8")
+    print(text)
+    print(f"{time.time() - start:.0f} s")
+    return rows
 
 
 def log(msg: str) -> None:
