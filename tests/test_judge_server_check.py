@@ -22,8 +22,9 @@ from grouppref.models.server_settings import ServerSettings
 from grouppref.pipeline.rank.config import STAGE_VERSION, RankConfig
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.schemas import AnnotatedGroup
+from tests.factories import imported_run
 from tests.llama_server import MODEL_ALIAS, posted_bodies
-from tests.test_judge_server import SHORT_RATING, groups_store
+from tests.test_judge_server import SHORT_RATING
 from tests.test_served_sampling import LLAMA_NEUTRAL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def test_first_question_is_the_check_and_every_mode_is_neutral(
     """A pointwise and a rubric judge: no probe; each judge's first question goes out before
     the others (the check) and is not asked again; every request carries llama.cpp's neutral
     values, which each ranking records. 'off' sends none."""
-    store = groups_store(tmp_path, GROUPS)
+    store = imported_run(tmp_path, GROUPS)
     rubric = _judge(llama_server, mode="rubric", answer_tokens=24,
                     server={"server_params": {"grammar": SHORT_RATING}})
     with posted_bodies(monkeypatch) as bodies:
@@ -76,7 +77,7 @@ def test_a_resumed_stage_sends_a_short_probe(tmp_path: Path, llama_server: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A stage killed after its first shard: the resumed run probes (its first group is done)
     and asks only the second group's questions; the rankings equal the whole run's."""
-    store = groups_store(tmp_path, GROUPS)
+    store = imported_run(tmp_path, GROUPS)
     config = RankConfig(rankers=[_judge(llama_server)], shard_size=1)
     whole = run_rank(store, config)
     records = whole.records()
@@ -101,7 +102,7 @@ def test_a_refused_first_question_is_told_from_refused_settings(
     is refused, a short probe is answered, so the stage runs; that group is a counted
     part-reject with the server's message, and its refused question is not sent again."""
     long_prompt = "Summarise: " + "word " * 2500
-    store = groups_store(tmp_path, [{"prompt": long_prompt, "responses": ["Words.", "Many words."]},
+    store = imported_run(tmp_path, [{"prompt": long_prompt, "responses": ["Words.", "Many words."]},
                                  GROUPS[1]])
     with posted_bodies(monkeypatch) as bodies:
         stage = run_rank(store, RankConfig(rankers=[_judge(llama_server)]))
@@ -122,7 +123,7 @@ def test_a_setting_the_server_refuses_stops_before_the_stage(
     """vLLM's neutral top_k (-1) forced on llama.cpp: llama-cpp-python refuses it with an HTTP
     500 validation error, which is not retried: the first question and the probe are the only
     requests, and the error names the field and the setting it comes from."""
-    store = groups_store(tmp_path, GROUPS)
+    store = imported_run(tmp_path, GROUPS)
     config = RankConfig(rankers=[_judge(llama_server, neutral_sampling="vllm")])
     with posted_bodies(monkeypatch) as bodies, pytest.raises(ServerError) as raised:
         run_rank(store, config)
