@@ -120,28 +120,28 @@ def test_a_refused_first_question_is_told_from_refused_settings(
 
 def test_a_setting_the_server_refuses_stops_before_the_stage(
         tmp_path: Path, llama_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM's neutral top_k (-1) forced on llama.cpp: llama-cpp-python refuses it with an HTTP
-    500 validation error, which is not retried: the first question and the probe are the only
-    requests, and the error names the field and the setting it comes from."""
+    """A min_p out of range in server_params, and vLLM's neutral top_k (-1) forced on llama.cpp
+    from the CLI: llama-cpp-python refuses them with an HTTP 500 validation error, which is not
+    retried: the first question and the probe are the only requests, and the error (one line,
+    exit 2) names the field and the setting it comes from."""
     store = imported_run(tmp_path, GROUPS)
-    config = RankConfig(rankers=[_judge(llama_server, neutral_sampling="vllm")])
+    config = RankConfig(rankers=[_judge(llama_server, server={"server_params": {"min_p": 2}})])
     with posted_bodies(monkeypatch) as bodies, pytest.raises(ServerError) as raised:
         run_rank(store, config)
     assert len(bodies) == 2 and _asked(bodies[1]) == PROBE
     message = str(raised.value)
-    assert "HTTP 500: request field top_k=-1: Input should be greater than or equal to 0" in message
-    assert "top_k comes from neutral_sampling 'vllm' (vllm server)" in message
+    assert "HTTP 500: request field min_p=2: Input should be less than or equal to 1" in message
+    assert "min_p comes from server_params" in message
     assert store.manifest("rank") is None  # stopped before the stage was opened
 
-    (tmp_path / "rank.yaml").write_text(json.dumps({"rankers": [_judge(
-        llama_server, server={"server_params": {"min_p": 2}})]}))
     env = {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PATH": os.environ.get("PATH", "")}
-    cli = subprocess.run([sys.executable, "-m", "grouppref", "rank", str(store.root), "--config",
-                          str(tmp_path / "rank.yaml")], capture_output=True, text=True, env=env,
-                         timeout=600)
+    cli = subprocess.run([sys.executable, "-m", "grouppref", "rank", str(store.root), "--ranker",
+                          f"judge:openai:{MODEL_ALIAS}@{llama_server}", "--neutral-sampling",
+                          "vllm"], capture_output=True, text=True, env=env, timeout=600)
     assert cli.returncode == 2 and len(cli.stderr.strip().splitlines()) == 1, cli.stderr
-    assert "request field min_p=2: Input should be less than or equal to 1" in cli.stderr
-    assert "min_p comes from server_params" in cli.stderr
+    assert "request field top_k=-1: Input should be greater than or equal to 0" in cli.stderr
+    assert "top_k comes from neutral_sampling 'vllm' (vllm server)" in cli.stderr
+    assert store.manifest("rank") is None
 
 
 def test_validation_500_is_refused_and_other_500s_are_retried(llama_server: str) -> None:
