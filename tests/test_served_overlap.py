@@ -174,7 +174,7 @@ def test_generate_keeps_min_of_concurrency_and_pending_in_flight(
         tmp_path: Path, n_prompts: int, k: int, concurrency: int) -> None:
     # the first draw is sent alone by the check, before the stage: the stage sends the rest
     pending = n_prompts * k - 1
-    with in_flight_fake(hold=min(concurrency, pending - 1)) as (url, fake):
+    with in_flight_fake(hold=min(concurrency, pending)) as (url, fake):
         stage = _generate(tmp_path, url, [f"question {n}" for n in range(n_prompts)], k,
                           concurrency)
     assert len(fake.requests) == 1 + pending
