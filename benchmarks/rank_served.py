@@ -102,7 +102,7 @@ def one_after_another(settings: list[JudgeRankerSettings], groups: list[Annotate
     rankers = [build_ranker(s) for s in settings]
     try:
         for r in rankers:
-            r.load()  # own pool: /models and the probe, untimed
+            r.connect(groups[0])  # own pool: /models and the first question (kept), untimed
         t0 = time.perf_counter()
         out = [r.score(groups) for r in rankers]
         return time.perf_counter() - t0, out
@@ -114,7 +114,7 @@ def one_after_another(settings: list[JudgeRankerSettings], groups: list[Annotate
 def together(settings: list[JudgeRankerSettings], groups: list[AnnotatedGroup]
              ) -> tuple[float, list[Any]]:
     with ShardScorer([build_ranker(s) for s in settings]) as scorer:
-        scorer.load()  # shared pool: /models and the probes, untimed
+        scorer.connect(groups[0])  # shared pool: /models and first questions (kept), untimed
         t0 = time.perf_counter()
         out = scorer.score(groups)
         return time.perf_counter() - t0, out

@@ -14,6 +14,7 @@ command; they never skip: ``make test`` installs the extra first.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -104,6 +106,25 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log_path = tmp_path_factory.mktemp("llama-server") / "server.log"
     with running_llama_server(log_path) as server:
         yield server.base_url
+
+
+@contextmanager
+def posted_bodies(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """The JSON bodies of the POST requests grouppref's client sends meanwhile, in the order
+    they were sent (read at ``httpx.AsyncClient.send``; the requests go to the server as
+    usual)."""
+    bodies: list[dict[str, Any]] = []
+    send = httpx.AsyncClient.send
+
+    async def recorded(client: httpx.AsyncClient, request: httpx.Request, *args: Any,
+                       **kwargs: Any) -> httpx.Response:
+        if request.method == "POST":
+            bodies.append(json.loads(request.content))
+        return await send(client, request, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(httpx.AsyncClient, "send", recorded)
+        yield bodies
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -60,9 +60,10 @@ def test_pointwise_and_pairwise_judges_through_llama_server(groups_run: RunStore
     usages = {u["model"]: ServerUsage.model_validate(u) for u in stage.manifest.stats["servers"]}
     [usage] = usages.values()  # both judges ask the same model on the same server
     k = [len(g["responses"]) for g in GROUPS]
-    # per judge: GET /models and a probe; pointwise K, pairwise K(K-1) questions per group
-    assert usage.requests == usage.succeeded == 2 * 2 + sum(k) + sum(n * (n - 1) for n in k)
-    assert usage.completion_tokens >= usage.succeeded - 2  # one verdict token per question
+    # one GET /models for the server, then only the questions: pointwise K, pairwise K(K-1)
+    # per group (each judge's first question, sent as the check before the stage, is kept)
+    assert usage.requests == usage.succeeded == 1 + sum(k) + sum(n * (n - 1) for n in k)
+    assert usage.completion_tokens >= usage.succeeded - 1  # one verdict token per question
 
 
 def test_rubric_ratings_and_rationales_in_the_ranking(groups_run: RunStore,
@@ -123,8 +124,9 @@ def test_three_judges_together_equal_one_after_another(groups_run: RunStore,
             assert a.metadata == b.metadata  # the rubric's ratings and rationales
     [got_usage] = stage.manifest.stats["servers"]
     [want_usage] = usage
-    for key in ("requests", "succeeded", "retried", "refused", "prompt_tokens",
-                "completion_tokens"):
+    # one GET /models for the shared pool, one per judge's own pool one after another
+    assert got_usage["requests"] == want_usage["requests"] - 2
+    for key in ("retried", "refused", "prompt_tokens", "completion_tokens"):
         assert got_usage[key] == want_usage[key], key
 
 
@@ -143,7 +145,8 @@ def test_cli_served_judge_and_a_wrong_model_name(groups_run: RunStore, llama_ser
                "--concurrency", "2"])
     assert ok.returncode == 0, ok.stderr
     assert f"judge:{MODEL_ALIAS}: 2 ranked, 0 skipped" in ok.stdout
-    assert f"{MODEL_ALIAS} at {llama_server.removeprefix('http://')}: 7 requests" in ok.stdout
+    # GET /models and the 5 questions (the first one, the check, is kept: no probe)
+    assert f"{MODEL_ALIAS} at {llama_server.removeprefix('http://')}: 6 requests" in ok.stdout
 
 
 # -- pure helpers ---------------------------------------------------------------------------------

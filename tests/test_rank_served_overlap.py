@@ -116,7 +116,7 @@ def test_judges_on_one_server_share_its_largest_limit(groups_run: RunStore) -> N
     assert fake.max_in_flight == 4  # one limit for the server: the largest of the judges'
     assert any(fake.in_flight_together(a, b) for a in point for b in rubric)
     [usage] = stage.manifest.stats["servers"]  # one (server, model): both judges' requests
-    assert usage["requests"] == 2 * 1 + 1 + 6 + 6  # /models per judge, the pointwise probe
+    assert usage["requests"] == 1 + 6 + 6  # /models once per server; no probe
 
 
 def _one_after_another(store: RunStore, config: RankConfig
@@ -179,6 +179,10 @@ def test_together_equals_one_after_another(groups_run: RunStore, tiny_reward_mod
     got = [(r.row, r.group_id, r.field, r.reason, r.scope) for r in stage.rejects()
            if r.scope == "part"]
     assert got == rejects and len(rejects) == 1 and "is not a rating" in rejects[0][3]
+    # one after another, each judge's own pool asks GET /models; the shared pool asks once per
+    # server (the pointwise and pairwise judges share url1)
+    usage[0] = {**usage[0], "requests": usage[0]["requests"] - 1,
+                "succeeded": usage[0]["succeeded"] - 1}
     assert _counts(stage.manifest.stats["servers"]) == _counts(usage)
     assert [u["model"] for u in usage] == [MODELS[0], MODELS[1]]  # in the order of the rankers
     scores = {r.annotator.id: r.scores for r in stage.records()[0].rankings}
@@ -188,15 +192,15 @@ def test_together_equals_one_after_another(groups_run: RunStore, tiny_reward_mod
 def test_in_process_rankers_run_while_requests_are_in_flight(
         groups_run: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule ranker comes first; it notes how many served requests are in flight when it
-    scores (waiting up to 10 s for all six to arrive). One ranker after another, none would
-    be."""
+    scores (waiting up to 10 s for all five to arrive: the judge's first question was asked
+    before the stage, as its check). One ranker after another, none would be."""
     fake = VaryingFake(hold=100)  # held until none arrives for a second
     seen: list[int] = []
     score = RuleRanker.score
 
     def observed(self: RuleRanker, groups: Any) -> Any:
         deadline = time.monotonic() + 10.0
-        while fake.now < 6 and time.monotonic() < deadline:
+        while fake.now < 5 and time.monotonic() < deadline:
             time.sleep(0.01)
         seen.append(fake.now)
         return score(self, groups)
@@ -207,7 +211,7 @@ def test_in_process_rankers_run_while_requests_are_in_flight(
         config = RankConfig(rankers=[{"kind": "rule", "checks": [{"check": "length", "target": 6}]},
                                      _judge("pointwise", MODELS[0], url, 8)])
         stage = run_rank(groups_run, config)
-    assert seen == [6]  # one shard; all six questions in flight while the rule ranker scored
+    assert seen == [5]  # one shard; its five questions in flight while the rule ranker scored
     assert stage.manifest.counts.outputs == 2 and stage.manifest.counts.partial == 0
 
 

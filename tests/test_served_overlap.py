@@ -284,10 +284,11 @@ def groups_run(tmp_path: Path) -> RunStore:
                          [("pointwise", 4, 6), ("pointwise", 8, 6), ("pairwise", 4, 12)])
 def test_served_judge_keeps_min_of_concurrency_and_pending_in_flight(
         groups_run: RunStore, mode: str, concurrency: int, pending: int) -> None:
-    with in_flight_fake(hold=min(concurrency, pending)) as (url, fake):
+    with in_flight_fake(hold=min(concurrency, pending - 1)) as (url, fake):
         judge = {"kind": "judge", "backend": "openai", "model": MODELS[0], "mode": mode,
                  "server": {"base_url": url, "concurrency": concurrency}}
         stage = run_rank(groups_run, RankConfig(rankers=[judge]))
     assert len(fake.requests) == pending
-    assert fake.max_in_flight == min(concurrency, pending)
+    # the first question is sent alone, before the stage (the check; its answer is kept)
+    assert fake.max_in_flight == min(concurrency, pending - 1)
     assert stage.manifest.counts.outputs == 2 and stage.manifest.counts.partial == 0

@@ -19,7 +19,7 @@ from grouppref.pipeline.generate.config import GenerateConfig, ModelShare, Neutr
 from grouppref.pipeline.generate.stage import run_generate
 from grouppref.runs.store import RunStore
 from grouppref.schemas import ChatMessage, Prompt
-from tests.llama_server import MODEL_ALIAS
+from tests.llama_server import MODEL_ALIAS, posted_bodies
 
 LLAMA_NEUTRAL = {"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0}
 PROMPTS = [Prompt(prompt_id="chat", messages=[ChatMessage(role="user", content="Say hi.")])]
@@ -59,17 +59,7 @@ def _config(url: str, **extra: Any) -> GenerateConfig:
 def _run(tmp_path: Path, name: str, config: GenerateConfig, monkeypatch: pytest.MonkeyPatch
          ) -> tuple[Any, list[dict[str, Any]]]:
     """The stage and the bodies of the POST requests it sent (read at the HTTP client)."""
-    bodies: list[dict[str, Any]] = []
-    send = httpx.AsyncClient.send
-
-    async def recorded(client: httpx.AsyncClient, request: httpx.Request, *args: Any,
-                       **kwargs: Any) -> httpx.Response:
-        if request.method == "POST":
-            bodies.append(json.loads(request.content))
-        return await send(client, request, *args, **kwargs)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(httpx.AsyncClient, "send", recorded)
+    with posted_bodies(monkeypatch) as bodies:
         stage = run_generate(RunStore(tmp_path / name), config, prompts=PROMPTS,
                              show_progress=False)
     return stage, bodies
@@ -107,9 +97,10 @@ def test_llama_cpp_defaults_are_switched_off_in_every_request(
 def test_llama_cpp_reads_the_values_it_is_sent(tmp_path: Path, llama_server: str) -> None:
     """The fields are read, not ignored: vLLM's neutral top_k (-1) is out of llama.cpp's range,
     and forcing that kind against it stops at the check, before the stage, with the server's
-    message (llama-cpp-python answers a request it cannot validate with HTTP 500, which is
-    retried like any 5xx: no retries here)."""
-    config = _config(llama_server, neutral_sampling="vllm", server={"max_retries": 0})
-    with pytest.raises(ServerError, match=r"HTTP 500: .*top_k.*greater than or equal to 0"):
+    message, naming the field and the setting it comes from (llama-cpp-python answers a request
+    it cannot validate with HTTP 500: a refusal, not retried, with the default max_retries)."""
+    config = _config(llama_server, neutral_sampling="vllm")
+    with pytest.raises(ServerError, match=r"HTTP 500: request field top_k=-1: .*greater than or "
+                       r"equal to 0.*; top_k comes from neutral_sampling 'vllm'"):
         run_generate(RunStore(tmp_path / "run"), config, prompts=PROMPTS, show_progress=False)
     assert not (tmp_path / "run" / "generate").exists()

@@ -10,7 +10,7 @@ from grouppref.commands.core import RunArg
 from grouppref.commands.options import Custom, Extra, config_command, help_of
 from grouppref.commands.output import esc, out, print_server_usage, print_stage
 from grouppref.errors import ConfigError
-from grouppref.models.server_settings import ServerSettings
+from grouppref.models.server_settings import NeutralSampling, ServerSettings
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.settings import JudgeRankerSettings, parse_ranker_spec, parse_weights
 from grouppref.runs.store import RunStore
@@ -29,8 +29,8 @@ def parse_rankers(specs: list[str]) -> list[dict[str, Any]]:
 
 
 def _prepare(data: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]:
-    """``--judge-mode`` and ``--batch-size`` apply to every ranker they fit; ``--api-key-env``
-    and ``--concurrency`` to every served judge."""
+    """``--judge-mode`` and ``--batch-size`` apply to every ranker they fit; ``--api-key-env``,
+    ``--concurrency`` and ``--neutral-sampling`` to every served judge."""
     if not data.get("rankers"):
         raise ConfigError("no ranker: add --ranker SPEC (e.g. --ranker verify) or --config FILE")
     for settings in data["rankers"]:
@@ -41,6 +41,8 @@ def _prepare(data: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]:
         if extras["batch_size"] and settings.get("kind") != "rule":
             settings["batch_size"] = extras["batch_size"]
         if settings.get("kind") == "judge" and settings.get("backend") == "openai":
+            if extras["neutral_sampling"] is not None:
+                settings["neutral_sampling"] = extras["neutral_sampling"]
             server = settings.setdefault("server", {})
             for option in ("api_key_env", "concurrency"):
                 if extras[option] is not None and isinstance(server, dict):
@@ -72,6 +74,10 @@ rank = config_command(
             show_default=False)], None),
         Extra("concurrency", Annotated[int | None, typer.Option(
             "--concurrency", help="Served judges: " + help_of(ServerSettings, "concurrency"),
+            show_default=False)], None),
+        Extra("neutral_sampling", Annotated[NeutralSampling | None, typer.Option(
+            "--neutral-sampling", help="Served judges: " + help_of(JudgeRankerSettings,
+                                                                   "neutral_sampling"),
             show_default=False)], None),
         Extra("batch_size", Annotated[int | None, typer.Option(
             "--batch-size", help="Sequences per forward pass of every model ranker.",

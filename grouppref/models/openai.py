@@ -13,6 +13,13 @@ stage's ordinary synchronous code::
         ...                                                     # (e.g. a local model generates)
         answers = job.result()
 
+The check before a stage (:meth:`ServerPool.first_request`) sends the stage's first real
+request and keeps its answer: when the stage later sends the same body, :meth:`request`
+hands back the kept answer instead of asking again, so the check costs no request beyond
+``GET /models``. Only when that first request is refused does a short probe
+(:meth:`ServerPool.probe`) tell a refused setting (:class:`ServerError`, naming the setting
+the refused field comes from) from a refused prompt (that row is rejected as usual).
+
 Each server's client lets ``concurrency`` requests be in flight (a semaphore and a connection
 pool of that size); everything awaited inside one ``run`` shares the event loop, so requests
 to several servers, models and paths overlap, and a coroutine may send follow-up requests
@@ -24,8 +31,11 @@ Failures:
   after ``uniform(0, min(cap, base * 2**attempt))`` seconds ("full jitter"), or after the
   server's ``Retry-After`` when it sends one; then :class:`ServerError` (the stage stops; its
   finished shards are kept and a re-run resumes).
-- 400 / 413 / 422: that request is refused for good; ``post`` returns the
-  :class:`RequestRefused` in its place and the caller rejects the row.
+- 400 / 413 / 422, and an HTTP 500 whose body is a request validation error
+  (llama-cpp-python's server answers those with 500:
+  :func:`~grouppref.models.openai_api.validation_problems`): that request is refused for
+  good; ``post`` returns the :class:`RequestRefused` in its place (naming the refused fields)
+  and the caller rejects the row.
 - 401 / 403 / 404 and anything else: :class:`ServerError` at once.
 
 The API key is read from its environment variable when the pool opens and lives only in the
@@ -35,15 +45,22 @@ clients' ``Authorization`` header; nothing here logs, prints or stores it.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from grouppref.models.openai_api import RequestRefused, ServerError, error_message, usage_tokens
+from grouppref.models.aio import Background, gather
+from grouppref.models.openai_api import (
+    RequestRefused,
+    ServerError,
+    error_message,
+    refused_fields,
+    usage_tokens,
+)
 from grouppref.models.server_settings import ServerSettings, read_api_key, server_label
 from grouppref.schemas.reports import ServerUsage
 
@@ -183,11 +200,12 @@ class _Client:
         status = response.status_code
         if status == 200:
             return self._answer(response, counts, what)
-        if status in REFUSED:
+        fields = refused_fields(status, response.text)
+        if status in REFUSED or fields is not None:  # (llama-cpp-python: validation as 500)
             counts.refused += 1
             counts.failures[str(status)] += 1
             raise RequestRefused(f"{self.label} refused {what}: "
-                                 f"{error_message(status, response.text)}")
+                                 f"{error_message(status, response.text)}", fields or ())
         if status in (408, 425, 429) or (500 <= status < 600 and status != 501):
             return str(status), error_message(status, response.text), _retry_after(response)
         counts.failures[str(status)] += 1
@@ -227,6 +245,9 @@ class ServerPool:
         self._backoff, self._rng = backoff, random.Random(seed)
         self._clients: dict[str, _Client] = {}
         self._runner: asyncio.Runner | None = None
+        self._listed: dict[str, dict[str, Any]] = {}  # url -> its GET /models answer
+        # answers sent ahead by first_request, by (url, path, body), until the work asks
+        self._kept: dict[tuple[str, str, str], list[dict[str, Any] | RequestRefused]] = {}
 
     def __enter__(self) -> ServerPool:
         keys = {url: read_api_key(s.api_key_env) for url, s in self._settings.items()}
@@ -252,17 +273,20 @@ class ServerPool:
         return self._runner.run(coroutine)
 
     def check_model(self, url: str, model: str) -> dict[str, Any]:
-        """The ``/models`` entry of ``model`` at ``url``.
+        """The ``/models`` entry of ``model`` at ``url`` (asked once per server and pool).
 
         Raises:
             ServerError: unreachable, key refused, not an OpenAI base URL, or the model is not
                 served there (the message lists what is).
         """
         client = self._clients[url]
-        try:
-            listed = self._run(client.send("GET", "/models", None, model, retry_connect=False))
-        except RequestRefused as e:
-            raise ServerError(str(e)) from e
+        listed = self._listed.get(url)
+        if listed is None:  # once per server and pool (several judges may share a server)
+            try:
+                listed = self._run(client.send("GET", "/models", None, model, retry_connect=False))
+            except RequestRefused as e:
+                raise ServerError(str(e)) from e
+            self._listed[url] = listed
         entries = listed.get("data")
         if not isinstance(entries, list):
             raise ServerError(f"GET {url}/models did not list models (is {url} an OpenAI "
@@ -298,10 +322,46 @@ class ServerPool:
         Raises:
             ServerError: the request failed for good.
         """
+        if self._kept and (kept := self._kept.get(_body_key(url, path, body))):
+            return kept.pop(0)  # sent ahead by first_request
         try:
             return await self._clients[url].send("POST", path, body, str(body.get("model")))
         except RequestRefused as refused:
             return refused
+
+    def first_request(self, url: str, path: str, body: dict[str, Any], probe: dict[str, Any],
+                      origins: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Send ``body``, the stage's first real request, before the stage starts, and keep
+        its answer (or refusal) for the :meth:`request` of the same body that the work sends
+        later. Returns the answer that shows the settings work: ``body``'s own, or, when the
+        server refused ``body``, the answer to the short ``probe`` (then only that prompt is
+        at fault; its refusal is kept and the row is rejected as usual).
+
+        Raises:
+            ServerError: the probe is refused too (see :meth:`probe`), or the request failed.
+        """
+        [answer] = self.post(url, path, [body])
+        self._kept.setdefault(_body_key(url, path, body), []).append(answer)
+        if isinstance(answer, RequestRefused):
+            return self.probe(url, path, probe, origins)
+        return answer
+
+    def probe(self, url: str, path: str, body: dict[str, Any],
+              origins: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """One short request with the stage's settings, which the server must answer.
+
+        Raises:
+            ServerError: refused: one line with the server's message and, for each refused
+                field found in ``origins`` (top-level body field -> the setting that puts it
+                there, e.g. ``{"top_k": "neutral_sampling 'vllm'"}``), that setting.
+        """
+        [answer] = self.post(url, path, [body])
+        if not isinstance(answer, RequestRefused):
+            return answer
+        named = [f"{f} comes from {origins[f]}" for f in answer.fields if origins and f in origins]
+        hint = "; ".join(named) if named else "check the settings and server_params"
+        raise ServerError(f"model {body.get('model')!r} at {server_label(url)} refuses "
+                          f"grouppref's requests ({answer}); {hint}")
 
     def post(self, url: str, path: str, bodies: Sequence[dict[str, Any]],
              on_answer: Callable[[int, dict[str, Any] | RequestRefused], None] | None = None
@@ -331,68 +391,8 @@ class ServerPool:
                 for c in self._clients.values() for model, n in c.counts.items()]
 
 
-class Background:
-    """A coroutine running on a pool's event loop in a thread of its own (:meth:`ServerPool.start`).
-
-    The event loop is used by that thread only while the coroutine runs; the caller's thread
-    keeps the GIL only between its own Python steps (torch releases it while computing), so the
-    requests go out and their answers are read while it works.
-    """
-
-    def __init__(self, runner: asyncio.Runner, coroutine: Coroutine[Any, Any, Any]) -> None:
-        self._runner = runner
-        self._task: asyncio.Task[Any] | None = None
-        self._outcome: tuple[Any, BaseException | None] = (None, None)
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._main, args=(coroutine,), daemon=True,
-                                        name="grouppref-server-requests")
-        self._thread.start()
-
-    def _main(self, coroutine: Coroutine[Any, Any, Any]) -> None:
-        async def tracked() -> Any:
-            self._task = asyncio.current_task()
-            self._started.set()
-            return await coroutine
-
-        try:
-            self._outcome = (self._runner.run(tracked()), None)
-        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
-            self._outcome = (None, error)
-        finally:
-            self._started.set()
-
-    def cancel(self) -> None:
-        """Cancel the coroutine (its requests in flight are dropped); :meth:`result` then
-        raises ``CancelledError``."""
-        self._started.wait()
-        task = self._task
-        if task is not None and not task.done():
-            self._runner.get_loop().call_soon_threadsafe(task.cancel)
-
-    def result(self) -> Any:
-        """Wait for the coroutine; its result, or its exception raised here."""
-        self._thread.join()
-        value, error = self._outcome
-        if error is not None:
-            raise error
-        return value
-
-
-async def gather(coroutines: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
-    """Run ``coroutines`` concurrently (a ``TaskGroup``); their results in order. The first
-    that fails cancels the others and is raised as itself (not as an exception group)."""
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(c) for c in coroutines]
-    except BaseExceptionGroup as eg:
-        raise _first(eg) from None
-    return [t.result() for t in tasks]
-
-
-def _first(group: BaseExceptionGroup) -> BaseException:
-    """The first leaf exception of a (possibly nested) exception group."""
-    first = group.exceptions[0]
-    return _first(first) if isinstance(first, BaseExceptionGroup) else first
+def _body_key(url: str, path: str, body: dict[str, Any]) -> tuple[str, str, str]:
+    return url, path, json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
 def merge_usage(before: Sequence[dict[str, Any]], now: Sequence[ServerUsage]) -> list[dict[str, Any]]:

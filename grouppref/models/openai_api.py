@@ -16,7 +16,9 @@ Servers do not return the end-of-sequence token, so unlike the in-process backen
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +35,13 @@ class ServerError(GroupPrefError):
 
 class RequestRefused(ServerError):
     """The server refused one request (HTTP 400/413/422, e.g. a prompt longer than its
-    context): that row is rejected with the server's message; the stage goes on."""
+    context, or a request its validation refused): that row is rejected with the server's
+    message; the stage goes on. ``fields`` names the request fields a validation error
+    pointed at (top-level names, e.g. ``top_k``), when the server said."""
+
+    def __init__(self, message: str, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,24 @@ def server_kind(entry: dict[str, Any]) -> str | None:
     if owned == "llamacpp" or (owned == "me" and isinstance(entry.get("permissions"), list)):
         return "llama.cpp"
     return owned if owned in ("vllm", "sglang") else None
+
+
+def neutral_params(mode: str, entry: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The server kind and the values that switch off its own samplers, for a
+    ``neutral_sampling`` setting (``auto``: the kind ``entry``, the model's ``GET /models``
+    entry, names; a kind forces it; ``off``: none)."""
+    kind = server_kind(entry) if mode == "auto" else None if mode == "off" else mode
+    return kind, dict(NEUTRAL_SAMPLING.get(kind or "", {}))
+
+
+def param_origins(mode: str, kind: str | None, server_params: dict[str, Any],
+                  own: dict[str, str] | None = None) -> dict[str, str]:
+    """Request field -> the setting that puts it in the body, for naming the setting when a
+    server refuses a field: ``own`` (a stage's settings, e.g. ``{"top_p": "top_p"}``), then
+    the neutral values of ``kind``, then ``server_params`` (the last one wins)."""
+    neutral = {k: f"neutral_sampling {mode!r} ({kind} server)" for k in NEUTRAL_SAMPLING.get(
+        kind or "", {})}
+    return {**(own or {}), **neutral, **dict.fromkeys(server_params, "server_params")}
 
 
 def endpoint(prompt: Prompt, chat: bool) -> str:
@@ -196,11 +222,100 @@ def usage_tokens(answer: dict[str, Any]) -> tuple[int, int]:
             completion if isinstance(completion, int) else 0)
 
 
+@dataclass(frozen=True)
+class FieldProblem:
+    """One request field a server's validation refused: ``field`` (dotted path in the body,
+    e.g. ``top_k`` or ``messages.0.role``), the server's ``message`` and the value sent."""
+
+    field: str
+    message: str
+    value: Any = None
+
+
+# llama-cpp-python's server (0.3.x) answers a request its pydantic models refuse with HTTP 500,
+# {"error": {"message": "1 validation error:\n  {'type': ..., 'loc': ('body', 'top_k'),
+# 'msg': ..., 'input': -1, ...}\n\n  File ...", "type": "internal_server_error"}}: one
+# Python-repr dict per line. FastAPI's own form (HTTP 422) is {"detail": [{"loc": [...], ...}]}.
+_VALIDATION = re.compile(r"^\d+ validation errors?:")
+_PROBLEM_LINE = re.compile(r"'loc': \(([^)]*)\), 'msg': (?P<q>['\"])(.*?)(?P=q)(?:, 'input': (.*?))?"
+                           r"(?:, 'ctx'|, 'url'|\}$)")
+
+
+def _problem(loc: Any, message: Any, value: Any) -> FieldProblem | None:
+    parts = [str(x) for x in loc] if isinstance(loc, list | tuple) else []
+    if len(parts) < 2 or parts[0] != "body":
+        return None
+    return FieldProblem(".".join(parts[1:]), str(message), value)
+
+
+def validation_problems(status: int, text: str) -> list[FieldProblem]:
+    """The request fields a server's validation refused, from an error body: FastAPI's 422
+    ``detail`` list, or llama-cpp-python's HTTP 500 whose message is pydantic's error list
+    (see above). Empty for any other answer, e.g. a real fault inside the server.
+
+    Example:
+        >>> body = {"error": {"message": "1 validation error:\\n  {'type': 'greater_than_equal', "
+        ...         "'loc': ('body', 'top_k'), 'msg': 'Input should be greater than or equal "
+        ...         "to 0', 'input': -1, 'ctx': {'ge': 0}}\\n\\n  File ..."}}
+        >>> validation_problems(500, json.dumps(body))
+        [FieldProblem(field='top_k', message='Input should be greater than or equal to 0', value=-1)]
+    """
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(data, dict):
+        return []
+    if status == 422 and isinstance(data.get("detail"), list):
+        found = [_problem(d.get("loc"), d.get("msg"), d.get("input"))
+                 for d in data["detail"] if isinstance(d, dict)]
+        return [p for p in found if p is not None]
+    error = data.get("error")
+    message = error.get("message") if isinstance(error, dict) else None
+    if status != 500 or not isinstance(message, str) or not _VALIDATION.match(message):
+        return []
+    out = []
+    for line in message.splitlines()[1:]:
+        m = _PROBLEM_LINE.search(line.strip())
+        if m is None:
+            continue
+        loc = [part.strip().strip("'\"") for part in m.group(1).split(",") if part.strip()]
+        value = _literal(m.group(4)) if m.group(4) is not None else None
+        if (problem := _problem(loc, m.group(3), value)) is not None:
+            out.append(problem)
+    return out
+
+
+def _literal(text: str) -> Any:
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def refused_fields(status: int, text: str) -> tuple[str, ...] | None:
+    """The top-level request fields named by a validation error in this answer (in order,
+    once each), or None when it is not one. A llama-cpp-python HTTP 500 that is a validation
+    error is a refused request (never retried); any other 500 is a fault worth a retry."""
+    problems = validation_problems(status, text)
+    if not problems:
+        return None
+    return tuple(dict.fromkeys(p.field.split(".")[0] for p in problems))
+
+
 def error_message(status: int, text: str) -> str:
     """The server's own message from an error body (OpenAI ``{"error": {"message"}}``, FastAPI
-    ``{"detail"}``, or the raw text), on one line and at most 300 characters."""
-    import json
-
+    ``{"detail"}``, or the raw text), on one line and at most 300 characters. A validation
+    error names each refused field with the value sent: ``HTTP 500: request field top_k=-1:
+    Input should be greater than or equal to 0``."""
+    problems = validation_problems(status, text)
+    if problems:
+        shown = "; ".join(f"request field {p.field}={p.value!r}: {p.message}"
+                          for p in problems[:3])
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        return f"HTTP {status}: {shown[:300]}{more}"
     message = text
     try:
         data = json.loads(text)

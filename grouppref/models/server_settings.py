@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -27,6 +27,9 @@ from grouppref.errors import ConfigError
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 JsonValue = Any  # a JSON value (YAML/--set/--server-param parse to these)
+# which server's own samplers to switch off (grouppref.models.openai_api.NEUTRAL_SAMPLING):
+# auto = the kind GET /models names, a kind to force it, off = none
+NeutralSampling = Literal["auto", "llama.cpp", "vllm", "sglang", "off"]
 
 
 def check_base_url(url: str) -> str:

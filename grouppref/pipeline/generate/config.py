@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from grouppref.config import redact_credentials, validate
 from grouppref.errors import ConfigError
-from grouppref.models.server_settings import ServerSettings, check_base_url
+from grouppref.models.server_settings import NeutralSampling, ServerSettings, check_base_url
 from grouppref.readers.mapping import ColumnMapping
 from grouppref.runs.stage import StageSpec
 from grouppref.schemas import MAX_K, MIN_K
@@ -24,7 +24,6 @@ STAGE_VERSION = "1"
 DEFAULT_K = 4
 
 
-NeutralSampling = Literal["auto", "llama.cpp", "vllm", "sglang", "off"]
 Backend = Literal["transformers", "openai"]
 BACKENDS: tuple[str, ...] = ("transformers", "openai")
 

@@ -32,14 +32,14 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from grouppref.models.openai import RequestRefused, ServerError, ServerPool, gather
+from grouppref.models.openai import RequestRefused, ServerPool, gather
 from grouppref.models.openai_api import (
     CHAT,
-    NEUTRAL_SAMPLING,
     endpoint,
+    neutral_params,
+    param_origins,
     parse_sample,
     sample_body,
-    server_kind,
 )
 from grouppref.models.seeds import derive_seed
 from grouppref.models.server_settings import ServerSettings, server_label
@@ -69,20 +69,12 @@ class ServedSampler:
     def __init__(self, pool: ServerPool, config: GenerateConfig) -> None:
         self.pool, self.config = pool, config
         self.kinds: dict[str, str | None] = {}  # base URL -> server kind (after check)
-        # answers of the draws sent by check: (url, model, group id, slot, attempt) -> answer
-        self._kept: dict[tuple[str, str, str, int, int], dict[str, Any] | RequestRefused] = {}
+        self._neutral: dict[str, dict[str, Any]] = {}  # base URL -> its neutral values
 
     def server_params(self, url: str) -> dict[str, Any]:
         """What is merged last into each request body to ``url``: the neutral values of the
         server's own samplers (``neutral_sampling``), then ``server_params``."""
-        neutral = NEUTRAL_SAMPLING.get(self.kinds.get(url) or "", {})
-        return {**neutral, **self.config.server.server_params}
-
-    def _kind(self, entry: dict[str, Any]) -> str | None:
-        mode = self.config.neutral_sampling
-        if mode == "auto":
-            return server_kind(entry)
-        return None if mode == "off" else mode
+        return {**self._neutral.get(url, {}), **self.config.server.server_params}
 
     def _body(self, slot: ModelSlot, prompt: Prompt, path: str, seed: int,
               max_tokens: int | None = None) -> dict[str, Any]:
@@ -97,47 +89,38 @@ class ServedSampler:
         """Check every served model and probe each endpoint the prompts need.
 
         The probe of an endpoint is the first draw the stage needs there anyway (the first
-        prompt for that endpoint, the model's first slot, attempt 0), and its answer is kept
-        for that draw: checking costs no request beyond ``GET /models``. When that request is
-        refused, a short probe tells a refused setting (an error) from a refused prompt (that
-        prompt is rejected as usual); with ``first_draws`` off (a resumed stage, whose first
-        prompts may be done) the short probe is all that is sent.
+        prompt for that endpoint, the model's first slot, attempt 0), sent with
+        :meth:`ServerPool.first_request`, which keeps its answer for that draw: checking costs
+        no request beyond ``GET /models``. When that request is refused, a short probe tells a
+        refused setting (an error) from a refused prompt (that prompt is rejected as usual);
+        with ``first_draws`` off (a resumed stage, whose first prompts may be done) the short
+        probe is all that is sent.
 
         Raises:
-            ServerError: unreachable, unknown model, refused key, a refused probe or an answer
-                without log-probs (when they are asked for).
+            ServerError: unreachable, unknown model, refused key, a refused probe (naming the
+                setting of a refused field) or an answer without log-probs (when asked for).
         """
         firsts = {endpoint(p, self.config.chat_template): p for p in reversed(prompts)}
         for slot in slots:
             url = slot.share.base_url or ""
-            self.kinds[url] = self._kind(self.pool.check_model(url, slot.name))
+            self.kinds[url], self._neutral[url] = neutral_params(
+                self.config.neutral_sampling, self.pool.check_model(url, slot.name))
             for path, prompt in sorted(firsts.items()) or [(CHAT, None)]:
+                probe = self._body(slot, PROBE, path, 0, 1)
                 if first_draws and prompt is not None:
-                    self._first_draw(slot, prompt, path)
+                    seed = derive_seed(self.config.seed, make_group_id(prompt), slot.name,
+                                       slot.slots[0], 0) & SEED_MASK
+                    answer = self.pool.first_request(url, path, self._body(slot, prompt, path, seed),
+                                                     probe, self._origins(url))
                 else:
-                    self._probe(slot, path)
+                    answer = self.pool.probe(url, path, probe, self._origins(url))
+                parse_sample(answer, path, want_logprobs=self.config.logprobs)
 
-    def _first_draw(self, slot: ModelSlot, prompt: Prompt, path: str) -> None:
-        """Send the first draw of ``slot`` for ``prompt`` as the check of ``path``; keep it."""
-        gid, s = make_group_id(prompt), slot.slots[0]
-        seed = derive_seed(self.config.seed, gid, slot.name, s, 0) & SEED_MASK
-        url = slot.share.base_url or ""
-        [answer] = self.pool.post(url, path, [self._body(slot, prompt, path, seed)])
-        if isinstance(answer, RequestRefused):
-            self._probe(slot, path)  # the settings, or only this prompt?
-        else:
-            parse_sample(answer, path, want_logprobs=self.config.logprobs)
-        self._kept[(url, slot.name, gid, s, 0)] = answer
-
-    def _probe(self, slot: ModelSlot, path: str) -> None:
-        """One short request ("Say OK.", one token) with the run's settings."""
-        url = slot.share.base_url or ""
-        [answer] = self.pool.post(url, path, [self._body(slot, PROBE, path, 0, 1)])
-        if isinstance(answer, RequestRefused):
-            raise ServerError(f"model {slot.name!r} at {server_label(url)} refuses "
-                              f"grouppref's requests ({answer}); check the sampling "
-                              "settings and --server-param")
-        parse_sample(answer, path, want_logprobs=self.config.logprobs)
+    def _origins(self, url: str) -> dict[str, str]:
+        own = {"temperature": "temperature", "top_p": "top_p", "max_tokens": "max_new_tokens",
+               "stop": "stop", "logprobs": "logprobs", "top_logprobs": "logprobs"}
+        return param_origins(self.config.neutral_sampling, self.kinds.get(url),
+                             self.config.server.server_params, own)
 
     async def sample_round(self, jobs: Sequence[Job], attempt: int, work: ShardWork,
                            on_answer: OnAnswer) -> None:
@@ -174,9 +157,8 @@ class ServedSampler:
         path = endpoint(prompt, cfg.chat_template)
         seed = derive_seed(cfg.seed, work.gids[i], model.name, s, attempt) & SEED_MASK
         url = model.share.base_url or ""
-        answer = self._kept.pop((url, model.name, work.gids[i], s, attempt), None)
-        if answer is None:  # (else: sent by check, before the stage)
-            answer = await self.pool.request(url, path, self._body(model, prompt, path, seed))
+        # (the first draw was sent by check, before the stage: the pool hands back its answer)
+        answer = await self.pool.request(url, path, self._body(model, prompt, path, seed))
         if isinstance(answer, RequestRefused):
             work.refused.setdefault(i, f"the server refused it: {answer}")
             on_answer(attempt, 0)

@@ -16,7 +16,18 @@ go out at once on one event loop, up to each server's ``concurrency``
   rationales go to the ranking's metadata (``rating:<candidate_id>``, ``rationale:<...>``).
 
 Log-probs are read at temperature 1 and top_p 1, so servers that report the processed
-distribution (TGI; SGLang by default) report the model's own one here too.
+distribution (TGI; SGLang by default) report the model's own one here too. The samplers a
+server applies beyond those (llama.cpp's top_k, min_p and repeat penalty, the model's
+generation config in vLLM and SGLang) are switched off in every request of every mode for the
+servers ``GET /models`` names (``neutral_sampling``, as in ``generate``): a repeat penalty must
+not move a greedy rating, nor a processed distribution a verdict's log-odds. The values sent
+are in each ranking's metadata (``server_params``).
+
+No request is spent on checking: before the stage opens, each judge's first question (the
+first group's first one) goes out alone and its answer is kept for the shard that asks it
+(:meth:`~grouppref.models.openai.ServerPool.first_request`), so a bad URL, model, key or setting
+stops the stage with one line. Only when that question is refused does a short probe tell a
+refused setting from a refused prompt; a resumed stage sends the probe instead.
 """
 
 from __future__ import annotations
@@ -30,18 +41,20 @@ from typing import Any
 import torch
 
 from grouppref.models.openai import RequestRefused, ServerError, ServerPool, gather
-from grouppref.models.openai_api import CHAT, answer_text, first_token_top_logprobs, merge_params
-from grouppref.models.server_settings import read_api_key, server_label
-from grouppref.pipeline.rank import scoring as rs
-from grouppref.pipeline.rank.common import (
-    PAIRWISE_TEMPLATE,
-    POINTWISE_TEMPLATE,
-    Judged,
-    Outcome,
-    RankerInputError,
-    Skip,
+from grouppref.models.openai_api import (
+    CHAT,
+    answer_text,
+    first_token_top_logprobs,
+    merge_params,
+    neutral_params,
+    param_origins,
 )
+from grouppref.models.server_settings import read_api_key, server_label
+from grouppref.pipeline.rank import common
+from grouppref.pipeline.rank import scoring as rs
+from grouppref.pipeline.rank.common import Judged, Outcome, RankerInputError, Skip
 from grouppref.pipeline.rank.settings import JudgeRankerSettings
+from grouppref.runs.hashing import canonical_json
 from grouppref.schemas import CandidateGroup
 from grouppref.schemas.reports import ServerUsage
 
@@ -60,7 +73,10 @@ _RATING_LINE = re.compile(r"^[\s*#_]*rating[\s*_]*[:=][\s*_]*(\S+?)[\s*_]*(?:/\s
                           re.IGNORECASE | re.MULTILINE)
 _RATIONALE = re.compile(r"^[\s*#_]*rationale[\s*_]*[:=]\s*", re.IGNORECASE | re.MULTILINE)
 RATIONALE_CHARS = 2000
-RATIONALE_JSON_CHARS = 300  # json_object: keeps an enforced answer inside answer_tokens
+# json_object: the rationale's most characters, so that an enforced answer ends inside
+# answer_tokens (a token is at least one character; the rest of the object and its whitespace
+# take at most JSON_OVERHEAD_TOKENS), else a degenerate rationale ("1.1.1...") is cut off
+RATIONALE_JSON_CHARS, JSON_OVERHEAD_TOKENS = 300, 48
 
 
 def verdict_log_odds(top: dict[str, float], positive: str, negative: str,
@@ -138,7 +154,10 @@ class ServerJudgeRanker:
         self.url = settings.server.base_url or ""
         self.pool: ServerPool | None = None
         self._owns_pool = False  # False: a pool the stage shares among its served judges
-        self._connected = False
+        self._opened = False  # the model is checked (GET /models) and the server kind known
+        self._checked = False  # the settings are checked with one request through this pool
+        self._kind: str | None = None
+        self._neutral: dict[str, Any] = {}
         self._usage: list[ServerUsage] = []
 
     def model_path(self) -> None:
@@ -153,39 +172,58 @@ class ServerJudgeRanker:
     def attach(self, pool: ServerPool) -> None:
         """Send through ``pool``, which the rank stage shares among its served judges (it holds
         a client for this judge's URL; the stage counts its usage and closes it)."""
-        self.pool, self._owns_pool, self._connected = pool, False, False
+        self.pool, self._owns_pool, self._opened, self._checked = pool, False, False, False
 
-    def connect(self) -> None:
-        """Check the model on the server and, for the log-prob modes, that it returns top
-        log-probs (one short request), through the attached pool or a pool of its own. The rank
-        stage calls it before it opens the stage, so a bad URL, model or key leaves the run as
-        it was."""
-        if self._connected:
+    def load(self) -> None:
+        """Check the model on the server (``GET /models``, which also says which server it is:
+        ``neutral_sampling``), through the attached pool or a pool of its own. The judge's
+        settings are checked by the first question :meth:`score` sends (:meth:`connect`)."""
+        if self._opened:
             return
         if self.pool is None:
             self.pool = ServerPool({self.url: self.settings.server})
             self.pool.__enter__()
             self._owns_pool = True
-        self.pool.check_model(self.url, self.settings.model or "")
-        if self.settings.mode != "rubric":
-            [answer] = self.pool.post(self.url, CHAT, [self._body("Answer with Yes or No.")])
-            if isinstance(answer, RequestRefused) or not first_token_top_logprobs(answer, CHAT):
-                why = answer if isinstance(answer, RequestRefused) else "no top log-probs"
-                raise ServerError(f"judge {self.settings.model!r} at {server_label(self.url)}: "
-                                  f"{why}; the {self.settings.mode} mode reads the verdict's "
-                                  "top log-probs (use mode rubric with a server without them)")
-        self._connected = True
+        entry = self.pool.check_model(self.url, self.settings.model or "")
+        self._kind, self._neutral = neutral_params(self.settings.neutral_sampling, entry)
+        self._opened = True
 
-    def load(self) -> None:
-        """Connect, unless :meth:`connect` already did."""
-        self.connect()
+    def connect(self, first: CandidateGroup | None = None) -> None:
+        """:meth:`load`, then check the judge's settings with one request (once per pool): the
+        first question about ``first``, whose answer the pool keeps for the :meth:`score` that
+        asks it (so the check costs no request), or, without ``first`` (a resumed stage), a
+        short probe. A refused first question is told from refused settings by a short probe.
+        The rank stage calls it before it opens the stage, so a bad URL, model, key or setting
+        leaves the run as it was.
+
+        Raises:
+            ServerError: unreachable, unknown model, refused key, refused settings (naming the
+                setting of a refused field), or, for the log-prob modes, no top log-probs.
+        """
+        self.load()
+        if self._checked or self.pool is None:
+            return
+        s = self.settings
+        probe = self._body("Answer with Yes or No." if s.mode != "rubric" else "Say OK.")
+        probe["max_tokens"] = 1
+        questions = self.questions(first) if first is not None else []
+        origins = param_origins(s.neutral_sampling, self._kind, s.server.server_params, {
+            "max_tokens": "answer_tokens", "top_logprobs": "top_logprobs",
+            "response_format": "structured_output"})
+        answer = (self.pool.first_request(self.url, CHAT, self._body(questions[0]), probe, origins)
+                  if questions else self.pool.probe(self.url, CHAT, probe, origins))
+        if s.mode != "rubric" and not first_token_top_logprobs(answer, CHAT):
+            raise ServerError(f"judge {s.model!r} at {server_label(self.url)}: no top log-probs "
+                              f"in its answer; the {s.mode} mode reads the verdict's top "
+                              "log-probs (use mode rubric with a server without them)")
+        self._checked = True
 
     def close(self) -> None:
         """Close its own connection pool (keeping its usage counts), or let go of a shared one."""
         if self.pool is not None and self._owns_pool:
             self._usage = self.pool.usage()
             self.pool.__exit__(None, None, None)
-        self.pool, self._owns_pool, self._connected = None, False, False
+        self.pool, self._owns_pool, self._opened, self._checked = None, False, False, False
 
     def usage(self) -> list[ServerUsage]:
         """Requests and tokens so far (this session) through a pool of its own; a shared
@@ -193,6 +231,11 @@ class ServerJudgeRanker:
         return self.pool.usage() if self.pool is not None and self._owns_pool else self._usage
 
     # -- requests -----------------------------------------------------------------------------
+    def server_params(self) -> dict[str, Any]:
+        """What is merged last into each request body: the neutral values of the server's own
+        samplers (``neutral_sampling``, known after :meth:`load`), then ``server_params``."""
+        return {**self._neutral, **self.settings.server.server_params}
+
     def _body(self, content: str) -> dict[str, Any]:
         s = self.settings
         body: dict[str, Any] = {"model": s.model, "messages": [{"role": "user", "content": content}],
@@ -205,12 +248,13 @@ class ServerJudgeRanker:
             elif s.structured_output == "json_object":  # llama.cpp's form; it bounds lengths too
                 schema = {**RATING_SCHEMA, "properties": {
                     **RATING_SCHEMA["properties"],
-                    "rationale": {"type": "string", "maxLength": RATIONALE_JSON_CHARS}}}
+                    "rationale": {"type": "string", "maxLength": max(1, min(
+                        RATIONALE_JSON_CHARS, s.answer_tokens - JSON_OVERHEAD_TOKENS))}}}
                 body["response_format"] = {"type": "json_object", "schema": schema}
         else:
             body.update(max_tokens=1, temperature=1.0, top_p=1.0, logprobs=True,
                         top_logprobs=s.top_logprobs)
-        return merge_params(body, s.server.server_params)
+        return merge_params(body, self.server_params())
 
     def questions(self, group: CandidateGroup) -> list[str]:
         """The judge questions of one group: K (pointwise, rubric) or K(K-1) (pairwise,
@@ -218,17 +262,21 @@ class ServerJudgeRanker:
         s, p = self.settings, group.prompt.display_text()
         texts = [c.text for c in group.candidates]
         if s.mode == "pointwise":
-            return [POINTWISE_TEMPLATE.format(prompt=p, answer=t, question=s.question)
+            return [common.POINTWISE_TEMPLATE.format(prompt=p, answer=t, question=s.question)
                     for t in texts]
         if s.mode == "pairwise":
-            return [PAIRWISE_TEMPLATE.format(prompt=p, a=a, b=b)
+            return [common.PAIRWISE_TEMPLATE.format(prompt=p, a=a, b=b)
                     for i, a in enumerate(texts) for j, b in enumerate(texts) if i != j]
         reply = TEXT_REPLY if s.structured_output == "none" else JSON_REPLY
         return [RUBRIC_TEMPLATE.format(prompt=p, answer=t, rubric=s.rubric) + reply for t in texts]
 
     def score(self, groups: Sequence[CandidateGroup]) -> list[Outcome]:
         """Per group: scores (pointwise, pairwise), :class:`Judged` (rubric, or verdicts that
-        were bounds), or a :class:`Skip` with the reason."""
+        were bounds), or a :class:`Skip` with the reason. The first call checks the settings
+        with its first question (:meth:`connect`)."""
+        if not groups:
+            return []
+        self.connect(groups[0])
         if self.pool is None:
             raise RuntimeError("load() the judge first")
         return self.pool.run(self.score_async(groups))
@@ -257,10 +305,14 @@ class ServerJudgeRanker:
             return Skip(f"the server refused a judge request: {refused}")
         answered = [a for a in answers if isinstance(a, dict)]
         try:
-            return (self._rubric(group, answered) if self.settings.mode == "rubric"
-                    else self._verdicts(group, answered))
+            out = (self._rubric(group, answered) if self.settings.mode == "rubric"
+                   else self._verdicts(group, answered))
         except RankerInputError as e:
             return Skip(str(e))
+        if not (params := self.server_params()):
+            return out
+        scores, notes = (out.scores, out.metadata) if isinstance(out, Judged) else (out, {})
+        return Judged(scores, {**notes, "server_params": canonical_json(params)})
 
     def _verdicts(self, group: CandidateGroup, answers: list[dict[str, Any]]) -> Outcome:
         pointwise = self.settings.mode == "pointwise"

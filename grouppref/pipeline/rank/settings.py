@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from grouppref.config import redact_credentials
 from grouppref.errors import ConfigError
 from grouppref.models.loading import is_embedded, model_label
-from grouppref.models.server_settings import ServerSettings
+from grouppref.models.server_settings import NeutralSampling, ServerSettings
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.schemas import Annotator
 
@@ -159,6 +159,13 @@ class JudgeRankerSettings(_Settings):
                                "the judge's answer (a cut-off JSON answer cannot be parsed).")
     top_logprobs: int = Field(default=20, ge=2, le=20, description="openai pointwise/pairwise: "
                               "how many top tokens to read the verdict from.")
+    neutral_sampling: NeutralSampling = Field(
+        default="auto", description="openai: switch off the samplers a server applies beyond "
+        "temperature and top_p (llama.cpp: top_k 0, min_p 0, repeat_penalty 1; vLLM, SGLang: "
+        "top_k -1, min_p 0, repetition_penalty 1), so that no repeat penalty or min_p changes a "
+        "rating or a verdict's log-odds: 'auto' for the servers GET /models names, a kind to "
+        "force it, 'off' to send none; server_params override it. The values sent are in each "
+        "ranking's metadata (server_params).")
 
     @model_validator(mode="after")
     def _backend_fits(self) -> JudgeRankerSettings:

@@ -85,30 +85,44 @@ class ShardScorer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def connect(self) -> None:
-        """Open the shared pool and check every served judge's model (and, for the log-prob
-        modes, its top log-probs) in ranker order; nothing when there is no served judge."""
-        if self.pool is not None or not self.served:
+    def open(self) -> None:
+        """Open the shared pool and check every served judge's model (``GET /models``) in ranker
+        order; nothing when there is no served judge."""
+        if not self.served:
             return
-        self.pool = ServerPool(self.servers)
-        self.pool.__enter__()
+        if self.pool is None:
+            self.pool = ServerPool(self.servers)
+            self.pool.__enter__()
+            for judge in self.served:
+                judge.attach(self.pool)
         for judge in self.served:
-            judge.attach(self.pool)
-            judge.connect()
+            judge.load()
+
+    def connect(self, first: CandidateGroup | None = None) -> None:
+        """:meth:`open`, and check each served judge's settings with one request (once per
+        pool): its first question about ``first``, kept for the shard that asks it, or a short
+        probe without ``first`` (a resumed stage); see
+        :meth:`~grouppref.pipeline.rank.server_judge.ServerJudgeRanker.connect`."""
+        self.open()
+        for judge in self.served:
+            judge.connect(first)
 
     def load(self) -> None:
-        """Connect, and load the in-process rankers' models (once)."""
-        self.connect()
+        """:meth:`open`, and load the in-process rankers' models (once)."""
+        self.open()
         if not self._loaded:
             for ranker in self.local:
                 ranker.load()
             self._loaded = True
 
     def score(self, groups: Sequence[CandidateGroup]) -> list[list[Outcome]]:
-        """Every ranker's outcomes for ``groups``: ``out[r][g]``, rankers in their order."""
+        """Every ranker's outcomes for ``groups``: ``out[r][g]``, rankers in their order. The
+        first call checks the served judges' settings with their first questions."""
         self.load()
         if self.pool is None:
             return [r.score(groups) for r in self.rankers]
+        if groups:
+            self.connect(groups[0])
         outcomes = self.pool.run(self._score_all(groups))
         by_ranker = dict(zip([id(r) for r in self.served + self.local], outcomes, strict=True))
         return [by_ranker[id(r)] for r in self.rankers]

@@ -148,7 +148,10 @@ def run_rank(store: RunStore, config: RankConfig, force: bool = False) -> StageR
                            "stage_version": STAGE_VERSION}
     with scorer:  # served judges hold a connection pool
         if force or store.cached(STAGE, config, **key) is None:
-            scorer.connect()  # served judges: reach the servers before the stage opens
+            # served judges: reach the servers before the stage opens; a fresh stage's first
+            # questions do the checking (kept for its first shard), a resumed one sends probes
+            fresh = force or previous is None or previous.status != "running"
+            scorer.connect(groups[0][1] if fresh and groups else None)
         stage = store.open_stage(STAGE, config, record_type=AnnotatedGroup, force=force, **key)
         if stage.cached:
             return stage
