@@ -4,7 +4,8 @@ A checkpoint is ``OUT/checkpoints/step-NNNNNNNN/``: ``accelerator.save_state`` (
 optimizer, scheduler, RNG states of every process, accelerate's step counter) plus
 ``trainer_state.json`` (our step, epoch, batches seen in the epoch, and the settings that
 must not change across a resume). ``trainer_state.json`` is written last, so a folder
-without it is an interrupted save and is never resumed from.
+without it is an interrupted save and is never resumed from. Both trainers use it (their
+settings models share the fields named here: ``save_total_limit``, ``report_to``...).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from grouppref.errors import ConfigError, StageError
 from grouppref.runs.progress import stage_progress
-from grouppref.train.config import TrainConfig
 from grouppref.train.eval import MetricSums, reduce_sums
 
 STATE_FILE = "trainer_state.json"
@@ -115,7 +117,14 @@ class MetricsLog:
         return next((r for r in self.records() if r["split"] == split), {})
 
 
-def flat_config(config: TrainConfig) -> dict[str, Any]:
+def project_config(out_dir: Path) -> Any:
+    """accelerate's project folders of a training: ``OUT`` and the trackers' ``OUT/logs``."""
+    from accelerate.utils import ProjectConfiguration
+
+    return ProjectConfiguration(project_dir=str(out_dir), logging_dir=str(Path(out_dir) / "logs"))
+
+
+def flat_config(config: BaseModel) -> dict[str, Any]:
     """The settings as flat scalars (``data.max_prompt_length``...), as trackers want them."""
     out: dict[str, Any] = {}
 
@@ -132,11 +141,11 @@ def flat_config(config: TrainConfig) -> dict[str, Any]:
     return out
 
 
-def _resume_key(config: TrainConfig) -> dict[str, Any]:
+def _resume_key(config: BaseModel) -> dict[str, Any]:
     return {k: v for k, v in config.model_dump(mode="json").items() if k not in _RESUMABLE}
 
 
-def save(accelerator: Any, out_dir: Path, state: TrainState, config: TrainConfig) -> Path:
+def save(accelerator: Any, out_dir: Path, state: TrainState, config: BaseModel) -> Path:
     """Write a checkpoint of the current step (every process takes part); keep the newest
     ``save_total_limit`` ones."""
     root = Path(out_dir) / "checkpoints"
@@ -170,7 +179,7 @@ def find(out_dir: Path, resume: bool | str | Path) -> Path:
     return path
 
 
-def check_compatible(path: Path, config: TrainConfig) -> None:
+def check_compatible(path: Path, config: BaseModel) -> None:
     """Fail (before any model loads) if ``config`` changes what the checkpoint trained with.
 
     Raises:
@@ -186,7 +195,7 @@ def check_compatible(path: Path, config: TrainConfig) -> None:
                           f"only {sorted(_RESUMABLE)} may change on resume")
 
 
-def load(accelerator: Any, path: Path, config: TrainConfig) -> TrainState:
+def load(accelerator: Any, path: Path, config: BaseModel) -> TrainState:
     """Restore model, optimizer, scheduler, RNG and step from ``path``.
 
     Raises:
