@@ -11,7 +11,7 @@ The run object is a :class:`~grouppref.train.prepare.LoopRun` whose ``config`` h
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,26 @@ def after_step(run: LoopRun, window: checkpoint.Window, hooks: Hooks) -> checkpo
     return window
 
 
+_END = object()
+
+
+def _skipped(acc: Any, loader: Any, skip: int) -> Iterator[Any]:
+    """``loader``'s batches after the first ``skip`` (a resume mid-epoch), drawing nothing from
+    torch's global RNG: a DataLoader draws its base seed from it when an iterator starts, which
+    the uninterrupted run did at the start of the epoch, before the checkpoint saved the RNG
+    state. Without this, a resumed run with dropout (LoRA's) would drift from the
+    uninterrupted one."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        batches = iter(acc.skip_first_batches(loader, skip))
+        first = next(batches, _END)
+    if first is _END:
+        return
+    yield first
+    yield from batches
+
+
 def drive(run: LoopRun, hooks: Hooks) -> None:
     """Train until ``run.total_steps``; resumes mid-epoch by skipping the batches already seen
     (``run.state.batch_in_epoch``), the loader's order being seeded by epoch."""
@@ -75,8 +95,7 @@ def drive(run: LoopRun, hooks: Hooks) -> None:
         run.loader.set_epoch(state.epoch)
         if hooks.on_epoch is not None:
             hooks.on_epoch(state.epoch)
-        loader = (acc.skip_first_batches(run.loader, state.batch_in_epoch)
-                  if state.batch_in_epoch else run.loader)
+        loader = _skipped(acc, run.loader, state.batch_in_epoch) if state.batch_in_epoch else run.loader
         for batch in loader:
             if hooks.on_batch is not None:
                 batch = hooks.on_batch(batch)
