@@ -62,7 +62,7 @@ def _print_stats(stats: RewardModelStats, model_dir: str) -> None:
             table.add_row(name, *cells)
     out.print(table)
     out.print(f"held-out pair accuracy: {_fmt(stats.eval.get('pair_accuracy'))} "
-              f"({stats.groups['held_out']} groups); {stats.pairs_per_s:.4g} pairs/s")
+              f"({stats.groups.held_out} groups); {stats.pairs_per_s:.4g} pairs/s")
 
 
 train_rm = config_command(

@@ -207,16 +207,34 @@ class TrainStats(_TrainingReport):
                                         "order (empty without refresh).")
 
 
+class RewardModelGroups(_Report):
+    """Groups of a reward-model training."""
+
+    train: int
+    held_out: int
+    rejected: int = Field(description="Groups left out with a row reject.")
+    dropped_candidates: int = Field(description="Candidates left out (over max_length).")
+
+
 class RewardModelStats(_TrainingReport):
     """What a reward-model training measured (``RUN/train_rm`` manifest stats, ``metrics.json``
-    in the model folder)."""
+    in the model folder). ``train``, ``eval_start`` and ``eval`` hold ``loss``,
+    ``pair_accuracy``, ``margin`` (winner minus loser score of the decided pairs, weighted by
+    w_ij), ``reward_mean`` and ``reward_std`` (and, for ``train``, ``grad_norm``, ``lr``,
+    ``groups_per_s``, ``tokens_per_s``)."""
 
     loss: str
-    groups: dict[str, int] = Field(description="train, held_out, rejected, dropped_candidates.")
+    groups: RewardModelGroups
     pairs_per_s: float = Field(description="Weighted pairs (i<j, w_ij>0) trained per second, "
-                               "over the whole loop.")
+                               "over the loop this process ran (after the resume point).")
     seconds: float
     data_fingerprint: str = Field(default="", description="Fingerprint of the training data.")
+    base_model: str = Field(default="", description="The base model's public name (Hub id or "
+                            "folder name).")
+    lora: bool = Field(default=False, description="LoRA adapters (and the score head) trained, "
+                       "not every weight.")
+    resumed_from_step: int = Field(default=0, description="The checkpoint's step when this "
+                                   "training resumed (0: it started afresh).")
 
 
 class EvalReport(_Report):

@@ -28,6 +28,7 @@ from grouppref.train import checkpoint
 from grouppref.train.config import check_precision, check_trackers
 from grouppref.train.data import TokenizedGroup, collate_groups
 from grouppref.train.driver import Hooks, drive, optimizer_step
+from grouppref.train.model_card import public_name
 from grouppref.train.prepare import LoopRun, autocast_dtype, fresh_accelerator
 from grouppref.train.rm_config import RewardModelConfig
 from grouppref.train.rm_trainer import (
@@ -166,6 +167,7 @@ def train_reward_model(config: RewardModelConfig, groups: Sequence[ValidatedGrou
     check_precision(config.mixed_precision)
     out = Path(out_dir)
     run, tokenizer, rejects = _start(config, groups, out, resume)
+    resumed_from = run.state.step
     if run.state.step == 0:
         run.log_eval()
     t0 = time.perf_counter()
@@ -186,6 +188,8 @@ def train_reward_model(config: RewardModelConfig, groups: Sequence[ValidatedGrou
              "groups": {"train": len(train_set), "held_out": len(held_out),
                         "rejected": sum(r.scope == "row" for r in rejects),
                         "dropped_candidates": sum(r.scope == "part" for r in rejects)},
-             "pairs_per_s": run.pairs / max(seconds, 1e-9), "seconds": seconds}
+             "pairs_per_s": run.pairs / max(seconds, 1e-9), "seconds": seconds,
+             "base_model": public_name(config.model) if config.model else "embedded SmolLM2",
+             "lora": config.lora is not None, "resumed_from_step": resumed_from}
     used = [g.group_id for g in train_set + held_out]
     return RewardModelResult(stats=stats, out_dir=out, rejects=rejects, used=used)

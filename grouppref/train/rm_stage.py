@@ -68,8 +68,8 @@ def card_text(config: RewardModelConfig, stats: RewardModelStats, data: TrainedO
              "ranked groups of candidate answers.", "",
              "## Training data", "",
              f"`{data.name}` ({data.format}), fingerprint `{stats.data_fingerprint}`: "
-             f"{g['train']} groups trained on, {g['held_out']} held out, "
-             f"{g['rejected'] + data.unreadable} rejected, {g['dropped_candidates']} candidates "
+             f"{g.train} groups trained on, {g.held_out} held out, "
+             f"{g.rejected + data.unreadable} rejected, {g.dropped_candidates} candidates "
              "dropped (over max_length).", ""]
     if data.stale:
         lines += [f"> **Warning.** Trained on stale data: {', '.join(data.stale)} changed "
