@@ -124,7 +124,8 @@ def test_trackers_and_checkpoints(lora_run) -> None:
 
 def test_resume_in_a_run_is_never_cached(lora_run, tmp_path: Path) -> None:
     """``--resume`` in a run trains on from the newest checkpoint (here the last step: no
-    update left) instead of answering from the cache; a changed setting is one line, exit 2."""
+    update left) instead of answering from the cache; a changed setting is a ConfigError naming
+    it (one line, exit 2 from the CLI)."""
     store, args, _ = lora_run
     before = store.require("train_rm").finished_at
     result = CliRunner().invoke(app, [*args, "--resume"])
@@ -133,7 +134,9 @@ def test_resume_in_a_run_is_never_cached(lora_run, tmp_path: Path) -> None:
     assert store.require("train_rm").finished_at != before
     assert store.require("train_rm").stats["steps"] == 12
     bad = CliRunner().invoke(app, [*args, "--resume", "--lora-r", "4"])
-    assert bad.exit_code == 2 and "lora" in bad.output
+    assert isinstance(bad.exception, ConfigError), bad.output
+    assert "lora: {'r': 8" in str(bad.exception) and "'r': 4" in str(bad.exception)
+    assert store.require("train_rm").stats["steps"] == 12  # the stage was not touched
 
 
 def test_report_has_a_reward_model_section(lora_run) -> None:

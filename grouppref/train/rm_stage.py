@@ -19,6 +19,7 @@ from grouppref.runs.manifest import write_rejects
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import RewardModelStats
+from grouppref.train import checkpoint
 from grouppref.train.distributed import process_state
 from grouppref.train.model_card import TrainedOn, hub_id, make_readable, public_name, trained_on
 from grouppref.train.rm_config import RewardModelConfig
@@ -132,6 +133,8 @@ def run_train_rm(store: RunStore, config: RewardModelConfig, force: bool = False
     settings = _settings(config, out)
     key = sha256_text(canonical_json({"model": fingerprint,
                                       "stale": data.stale}))
+    if resume:  # a missing or incompatible checkpoint fails before the stage is touched
+        checkpoint.check_compatible(checkpoint.find(out, resume), config)
     stage = open_training_stage(store, STAGE, settings, key, STAGE_VERSION,
                                 reuse=not force and not resume)
     if stage is not None and stage.cached:
