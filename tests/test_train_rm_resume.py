@@ -27,16 +27,8 @@ from grouppref.train.config import LoraSettings
 from grouppref.train.rm_config import RewardModelConfig
 from grouppref.train.rm_loop import train_reward_model
 from grouppref.train.rm_trainer import load_reward_model
+from tests.test_train_rm import one_thread  # noqa: F401  (autouse: one torch thread)
 from tests.test_trainer import _write_validate, synthetic_groups
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model gains nothing from threads (see tests/test_trainer.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _weights(folder: Path) -> torch.Tensor:

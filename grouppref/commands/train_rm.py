@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from grouppref.commands.core import AllowStale
 from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out, print_counts, print_stage
-from grouppref.commands.train import DataArg, _lora_switch
+from grouppref.commands.train import DataArg, _fmt, _lora_switch, metrics_table
 from grouppref.errors import ConfigError
 from grouppref.schemas.reports import RewardModelStats
 from grouppref.train.rm_config import RewardModelConfig
@@ -46,21 +45,11 @@ def _run_train_rm(config: RewardModelConfig, extras: dict[str, Any], force: bool
         _print_stats(outcome.stats, str(outcome.out_dir))
 
 
-def _fmt(value: Any) -> str:
-    return "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
 def _print_stats(stats: RewardModelStats, model_dir: str) -> None:
-    table = Table(title=f"train-rm ({stats.loss}, {stats.steps} steps) -> {esc(model_dir)}")
-    table.add_column("metric")
-    for col in ("start (held-out)", "end (held-out)", "last train window"):
-        table.add_column(col, justify="right")
-    for name in ("pair_accuracy", "loss", "margin", "reward_mean", "reward_std", "groups", "grad_norm",
-                 "groups_per_s", "tokens_per_s"):
-        cells = [_fmt(d.get(name)) for d in (stats.eval_start, stats.eval, stats.train)]
-        if any(c != "" for c in cells):
-            table.add_row(name, *cells)
-    out.print(table)
+    out.print(metrics_table(
+        f"train-rm ({stats.loss}, {stats.steps} steps) -> {esc(model_dir)}",
+        ("pair_accuracy", "loss", "margin", "reward_mean", "reward_std", "groups", "grad_norm",
+         "groups_per_s", "tokens_per_s"), stats))
     out.print(f"held-out pair accuracy: {_fmt(stats.eval.get('pair_accuracy'))} "
               f"({stats.groups.held_out} groups); {stats.pairs_per_s:.4g} pairs/s")
 

@@ -3,7 +3,8 @@ reward model's, :mod:`grouppref.train.rm_loop`): epochs over a seedable loader, 
 mid-epoch by skipping the micro-batches already seen; on each optimizer step the clip, update
 and schedule; after it the train window logged every ``logging_steps``, the held-out eval every
 ``eval_steps`` and a checkpoint every ``save_steps``. What a trainer does differently (its
-forward and loss, its metrics, a batch sampler or a refresher) comes in as callables.
+forward and loss, its metrics, a batch sampler or a refresher) comes in as callables. Then
+the model saved alike (:func:`save_model`).
 
 The run object is a :class:`~grouppref.train.prepare.LoopRun` whose ``config`` has
 ``max_grad_norm``, ``logging_steps``, ``eval_steps``, ``save_steps`` and ``save_total_limit``.
@@ -110,3 +111,22 @@ def drive(run: LoopRun, hooks: Hooks) -> None:
         else:
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
     bar.close()
+
+
+def save_model(run: LoopRun, tokenizer: Any, out_dir: Path) -> Any:
+    """Save the trained model (with ``run.config.lora``: merged into the weights, or the adapter
+    alone) and the tokenizer into ``out_dir``; returns the model as saved (unwrapped)."""
+    acc, lora = run.accelerator, run.config.lora
+    acc.wait_for_everyone()
+    model = acc.unwrap_model(run.model)
+    if lora is not None:  # peft: merged weights or the adapter alone (DDP / single device)
+        if lora.save == "merged":
+            model = model.merge_and_unload()
+        model.save_pretrained(out_dir, is_main_process=acc.is_main_process)
+    else:  # get_state_dict gathers sharded (FSDP / DeepSpeed) weights
+        model.save_pretrained(out_dir, is_main_process=acc.is_main_process,
+                              save_function=acc.save, state_dict=acc.get_state_dict(run.model))
+    if acc.is_main_process:
+        tokenizer.save_pretrained(out_dir)
+    acc.wait_for_everyone()
+    return model

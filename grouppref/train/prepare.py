@@ -70,6 +70,21 @@ def enable_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def add_lora(model: Any, lora: Any, task_type: str, gradient_checkpointing: bool) -> Any:
+    """``model`` with peft LoRA adapters from ``lora`` (a ``LoraSettings``); ``task_type``
+    ``CAUSAL_LM`` (the policy) or ``SEQ_CLS`` (a reward model: peft adds the score head to
+    ``modules_to_save``, so it trains fully). With gradient checkpointing the inputs require
+    gradients, so the frozen base still back-propagates into the adapters."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        target_modules=lora.target_modules, task_type=task_type))
+    if gradient_checkpointing:
+        model.enable_input_require_grads()
+    return model
+
+
 def autocast_dtype(mixed_precision: str) -> torch.dtype | None:
     """The autocast dtype of a ``mixed_precision`` setting (``None`` for ``no``)."""
     return _AUTOCAST.get(mixed_precision)

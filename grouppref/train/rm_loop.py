@@ -27,7 +27,7 @@ from grouppref.schemas import ValidatedGroup
 from grouppref.train import checkpoint
 from grouppref.train.config import check_precision, check_trackers
 from grouppref.train.data import TokenizedGroup, collate_groups
-from grouppref.train.driver import Hooks, drive, optimizer_step
+from grouppref.train.driver import Hooks, drive, optimizer_step, save_model
 from grouppref.train.model_card import public_name
 from grouppref.train.prepare import LoopRun, autocast_dtype, fresh_accelerator
 from grouppref.train.rm_config import RewardModelConfig
@@ -104,23 +104,6 @@ def _build(config: RewardModelConfig, acc: Any, model: Any, train_set: list[Toke
                 log=checkpoint.MetricsLog(out_dir, acc))
 
 
-def _save(run: _Run, tokenizer: Any) -> None:
-    """The model (LoRA merged, or the adapter and score head alone) and tokenizer."""
-    acc, lora = run.accelerator, run.config.lora
-    acc.wait_for_everyone()
-    model = acc.unwrap_model(run.model)
-    if lora is not None:  # peft: DDP / single device
-        if lora.save == "merged":
-            model = model.merge_and_unload()
-        model.save_pretrained(run.out_dir, is_main_process=acc.is_main_process)
-    else:  # get_state_dict gathers sharded (FSDP / DeepSpeed) weights
-        model.save_pretrained(run.out_dir, is_main_process=acc.is_main_process,
-                              save_function=acc.save, state_dict=acc.get_state_dict(run.model))
-    if acc.is_main_process:
-        tokenizer.save_pretrained(run.out_dir)
-    acc.wait_for_everyone()
-
-
 def _start(config: RewardModelConfig, groups: Sequence[ValidatedGroup], out: Path,
            resume: bool | str | Path) -> tuple[_Run, Any, list[Any]]:
     """Checkpoint found and checked (before any model loads), model and data prepared, the
@@ -176,7 +159,7 @@ def train_reward_model(config: RewardModelConfig, groups: Sequence[ValidatedGrou
                      out_dir=out))
     seconds = time.perf_counter() - t0
     eval_end = run.log_eval()
-    _save(run, tokenizer)
+    save_model(run, tokenizer, out)
     run.accelerator.end_training()
     train_set, held_out = run.train_set, run.held_out
     eval_start = {k: v for k, v in run.log.first("eval").items()

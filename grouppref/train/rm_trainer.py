@@ -29,7 +29,7 @@ from grouppref.train.batch import GroupBatch
 from grouppref.train.data import TokenizedGroup, collate_groups
 from grouppref.train.eval import MetricSums, pair_margin
 from grouppref.train.losses import gspo_loss, hard_pair_targets, pair_accuracy, plackett_luce_loss
-from grouppref.train.prepare import enable_checkpointing, require_trainable
+from grouppref.train.prepare import add_lora, enable_checkpointing, require_trainable
 from grouppref.train.rm_config import RewardModelConfig
 from grouppref.train.rm_data import encode_groups, split_held_out
 
@@ -84,15 +84,8 @@ def prepare_model(model: Any, config: RewardModelConfig) -> Any:
     is in ``modules_to_save``, so it trains fully while the base is frozen), then train mode."""
     if config.gradient_checkpointing:
         enable_checkpointing(model)
-    lora = config.lora
-    if lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(
-            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-            target_modules=lora.target_modules, task_type="SEQ_CLS"))
-        if config.gradient_checkpointing:
-            model.enable_input_require_grads()
+    if config.lora is not None:
+        model = add_lora(model, config.lora, "SEQ_CLS", config.gradient_checkpointing)
     return model.train()
 
 

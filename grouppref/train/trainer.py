@@ -31,7 +31,7 @@ from grouppref.schemas.reports import TrainStats
 from grouppref.train import checkpoint
 from grouppref.train.config import TrainConfig, check_precision, check_trackers
 from grouppref.train.data import GroupBatch, collate_groups
-from grouppref.train.driver import Hooks, drive, optimizer_step
+from grouppref.train.driver import Hooks, drive, optimizer_step, save_model
 from grouppref.train.eval import evaluate, reward_metrics
 from grouppref.train.loop import Objective, step_loss
 from grouppref.train.mix import MixSampler, mix_loader
@@ -166,25 +166,6 @@ def _start_run(config: TrainConfig, prep: Prepared, policy: Any, out_dir: Path,
 
 
 # -- finish -----------------------------------------------------------------------------------
-def _save_model(run: _Run, tokenizer: Any) -> Any:
-    """Save the model (LoRA merged, or the adapter only) and tokenizer into ``out_dir``."""
-    acc, config = run.accelerator, run.config
-    acc.wait_for_everyone()
-    model = acc.unwrap_model(run.model)
-    lora = config.lora
-    if lora is not None:  # peft: merged weights or the adapter alone (DDP / single device)
-        if lora.save == "merged":
-            model = model.merge_and_unload()
-        model.save_pretrained(run.out_dir, is_main_process=acc.is_main_process)
-    else:  # get_state_dict gathers sharded (FSDP / DeepSpeed) weights
-        model.save_pretrained(run.out_dir, is_main_process=acc.is_main_process,
-                              save_function=acc.save, state_dict=acc.get_state_dict(run.model))
-    if acc.is_main_process:
-        tokenizer.save_pretrained(run.out_dir)
-    acc.wait_for_everyone()
-    return model
-
-
 def _train_stats(run: _Run, prep: Prepared, final_eval: dict[str, float],
                  seconds: float) -> TrainStats:
     groups, rejects, ref = prep.train_set + prep.held_out, prep.rejects, prep.reference
@@ -205,7 +186,7 @@ def _train_stats(run: _Run, prep: Prepared, final_eval: dict[str, float],
 def _finish(run: _Run, prep: Prepared, t0: float) -> TrainResult:
     """Final held-out eval, the model saved, ``metrics.json`` written, trackers closed."""
     final_eval = _log_eval(run) if run.held_out else {}
-    model = _save_model(run, prep.tokenizer)
+    model = save_model(run, prep.tokenizer, run.out_dir)
     stats = _train_stats(run, prep, final_eval, time.perf_counter() - t0)
     if run.refresh is not None:
         run.refresh.close()
