@@ -116,7 +116,7 @@ def _start(config: RewardModelConfig, groups: Sequence[ValidatedGroup], out: Pat
     if ckpt is not None:
         checkpoint.check_compatible(ckpt, config)
     model, tokenizer = load_reward_model(config.model, config.seed)
-    set_seed(config.seed)  # after the head's seeded initialisation: as before resume existed
+    set_seed(config.seed)  # the loop's RNG (LoRA dropout) starts from the seed, as train's does
     max_length = context_length(model, tokenizer, config.max_length)
     train_set, held_out, rejects = prepare_groups(groups, tokenizer, max_length, config)
     run = _build(config, acc, prepare_model(model, config), train_set, held_out, out)
