@@ -64,6 +64,19 @@ def test_resume_continues_exactly(tiny_lm_dir: Path, tmp_path: Path) -> None:
     assert again == pytest.approx(straight, rel=1e-5)
 
 
+def test_training_longer_on_resume_follows_the_new_schedule(tiny_lm_dir: Path,
+                                                            tmp_path: Path) -> None:
+    """2 steps of a linear decay, then ``--resume`` with max_steps 4: the rate after the resume
+    is the 4-step schedule's (lr·2/4, lr·1/4), not the restored 2-step one's (0 at its end)."""
+    groups = synthetic_groups(16, 0, seed=2)
+    base = dict(model=str(tiny_lm_dir), lr=1e-3, batch_size=4, logging_steps=1)
+    train_reward_model(RewardModelConfig(**base, max_steps=2, save_steps=2), groups, tmp_path)
+    train_reward_model(RewardModelConfig(**base, max_steps=4), groups, tmp_path, resume=True)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rates = {r["step"]: r["lr"] for r in rows if r["split"] == "train"}
+    assert rates == pytest.approx({1: 1e-3, 2: 5e-4, 3: 5e-4, 4: 2.5e-4})
+
+
 def test_resume_without_a_checkpoint_fails_before_loading(tmp_path: Path) -> None:
     with pytest.raises(StageError, match="no complete checkpoint"):
         train_reward_model(RewardModelConfig(model="/no/such/model"), synthetic_groups(2, 0),

@@ -195,8 +195,9 @@ def check_compatible(path: Path, config: BaseModel) -> None:
                           f"only {sorted(_RESUMABLE)} may change on resume")
 
 
-def load(accelerator: Any, path: Path, config: BaseModel) -> TrainState:
-    """Restore model, optimizer, scheduler, RNG and step from ``path``.
+def load(accelerator: Any, path: Path, config: BaseModel, scheduler: Any = None) -> TrainState:
+    """Restore model, optimizer, scheduler, RNG and step from ``path``; with ``scheduler``, the
+    learning rate is then re-fitted to the schedule of this run (:func:`refit_schedule`).
 
     Raises:
         ConfigError: a setting that shapes the optimisation differs from the checkpoint's.
@@ -204,8 +205,30 @@ def load(accelerator: Any, path: Path, config: BaseModel) -> TrainState:
     check_compatible(path, config)
     saved = json.loads((path / STATE_FILE).read_text())
     accelerator.load_state(str(path))
+    if scheduler is not None:
+        refit_schedule(scheduler)
     return TrainState(step=saved["step"], epoch=saved["epoch"],
                       batch_in_epoch=saved["batch_in_epoch"])
+
+
+def refit_schedule(scheduler: Any) -> None:
+    """Set each parameter group's rate to what this run's schedule gives at the restored step.
+
+    The optimizer state restores the rate the checkpoint's run would use next, computed from
+    *its* total steps; a resume with another ``max_steps`` / ``epochs`` has another schedule
+    (linear, cosine: ``lr_t = base_lr · λ(t)`` with ``λ`` built from the total), and without
+    this the first update after the resume would use the old rate (0 at the old end of a
+    linear decay). Identical to the restored rate when the total did not change. Only for
+    ``LambdaLR`` schedules (every ``get_scheduler`` kind); others are left as restored."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    if not isinstance(scheduler, LambdaLR):
+        return
+    rates = [base * fn(scheduler.last_epoch)
+             for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    scheduler._last_lr = rates  # what get_last_lr() reports (torch keeps it there)
 
 
 class ProgressBar:

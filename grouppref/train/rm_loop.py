@@ -121,7 +121,7 @@ def _start(config: RewardModelConfig, groups: Sequence[ValidatedGroup], out: Pat
     train_set, held_out, rejects = prepare_groups(groups, tokenizer, max_length, config)
     run = _build(config, acc, prepare_model(model, config), train_set, held_out, out)
     if ckpt is not None:
-        run.state = checkpoint.load(acc, ckpt, config)
+        run.state = checkpoint.load(acc, ckpt, config, run.scheduler)
     run.log.open(fresh=ckpt is None, after_step=run.state.step)
     acc.init_trackers("grouppref", config=checkpoint.flat_config(config))
     return run, tokenizer, rejects

@@ -154,7 +154,8 @@ def _start_run(config: TrainConfig, prep: Prepared, policy: Any, out_dir: Path,
     resuming; the metrics log and trackers opened; the refresher started."""
     run = _build_run(config, prep, policy, out_dir)
     if prep.checkpoint is not None:
-        run.state = checkpoint.load(prep.accelerator, prep.checkpoint, config)
+        run.state = checkpoint.load(prep.accelerator, prep.checkpoint, config,
+                                    run.scheduler)
     run.log.open(fresh=prep.checkpoint is None, after_step=run.state.step)
     prep.accelerator.init_trackers("grouppref", config=checkpoint.flat_config(config))
     if prep.plan is not None:
