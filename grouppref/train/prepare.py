@@ -1,7 +1,7 @@
 """What both trainers (the policy's, :mod:`grouppref.train.trainer`, and the reward model's,
 :mod:`grouppref.train.rm_loop`) prepare before their loop the same way: a fresh ``Accelerator``,
-gradient checkpointing, LoRA adapters, the autocast dtype, the check that some group is left to train on, and
-the fields of the object their loop works on (:class:`LoopRun`)."""
+gradient checkpointing, LoRA adapters, the autocast dtype, the check that some group is left
+to train on, and the fields of the object their loop works on (:class:`LoopRun`)."""
 
 from __future__ import annotations
 
