@@ -104,8 +104,8 @@ def test_lora_trains_adapters_and_the_score_head(lora_run, tiny_lm_dir: Path) ->
     the adapted projections moved, the embeddings (not adapted) did not; accuracy rises."""
     store, _, output = lora_run
     stats = RewardModelStats.model_validate(store.require("train_rm").stats)
-    assert stats.eval["pair_accuracy"] > stats.eval_start["pair_accuracy"]
-    assert stats.eval["pair_accuracy"] >= 0.9, stats.eval
+    assert stats.eval.pair_accuracy > stats.eval_start.pair_accuracy
+    assert stats.eval.pair_accuracy >= 0.9, stats.eval
     folder = Path(store.require("train_rm").outputs["model"])
     assert not (folder / "adapter_config.json").exists()
     trained, _ = load_reward_model(str(folder))
@@ -151,5 +151,5 @@ def test_report_has_a_reward_model_section(lora_run) -> None:
     stats = RewardModelStats.model_validate(store.require("train_rm").stats)
     section = page[page.index("id='reward-model'"):]
     assert "Reward model" in page and "held-out" in section
-    assert f"{stats.eval['pair_accuracy']:.3f}" in section
+    assert f"{stats.eval.pair_accuracy:.3f}" in section
     assert "margin" in section and "data:image/png;base64," in section

@@ -49,8 +49,9 @@ def _print_stats(stats: RewardModelStats, model_dir: str) -> None:
     out.print(metrics_table(
         f"train-rm ({stats.loss}, {stats.steps} steps) -> {esc(model_dir)}",
         ("pair_accuracy", "loss", "margin", "reward_mean", "reward_std", "groups", "grad_norm",
-         "groups_per_s", "tokens_per_s"), stats))
-    out.print(f"held-out pair accuracy: {_fmt(stats.eval.get('pair_accuracy'))} "
+         "groups_per_s", "tokens_per_s"),
+        (stats.eval_start.model_dump(), stats.eval.model_dump(), stats.train.model_dump())))
+    out.print(f"held-out pair accuracy: {_fmt(stats.eval.pair_accuracy)} "
               f"({stats.groups.held_out} groups); {stats.pairs_per_s:.4g} pairs/s")
 
 

@@ -9,7 +9,6 @@ data and its fingerprint, the loss, the steps and the held-out pair accuracy. It
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,11 +77,11 @@ def card_text(config: RewardModelConfig, stats: RewardModelStats, data: TrainedO
     lines += ["## Training", "", "| setting | value |", "|---|---|",
               *(f"| {k} | {_fmt(v)} |" for k, v in rows), "",
               "## Evaluation (held-out groups)", ""]
-    if end:
+    if end.measured():
         lines += ["Pair accuracy against the consensus of the aggregated rankings (weighted by "
                   "the pair confidence w_ij; a tie counts 1/2).", "",
                   "| metric | before training | after training |", "|---|---|---|",
-                  *(f"| {n} | {_fmt(start.get(n))} | {_fmt(end.get(n))} |"
+                  *(f"| {n} | {_fmt(getattr(start, n))} | {_fmt(getattr(end, n))} |"
                     for n in ("pair_accuracy", "loss")), ""]
     else:
         lines += ["No held-out groups: nothing was evaluated.", ""]
@@ -100,7 +99,7 @@ def finish_rm_folder(out_dir: Path, config: RewardModelConfig, stats: RewardMode
     """Write ``metrics.json`` and the model card; make the files readable."""
     from huggingface_hub import ModelCard
 
-    (out_dir / "metrics.json").write_text(json.dumps(stats.model_dump(mode="json"), indent=2)
+    (out_dir / "metrics.json").write_text(stats.model_dump_json(indent=2, exclude_none=True)
                                           + "\n")
     ModelCard(card_text(config, stats, data, out_dir.resolve().name)).save(out_dir / "README.md")
     make_readable(out_dir)
@@ -145,7 +144,7 @@ def run_train_rm(store: RunStore, config: RewardModelConfig, force: bool = False
         finish_rm_folder(out, config, stats, trained_on(str(store.root), "run", store,
                                                         data.stale))
         record_training(stage, data, result.used, result.rejects,
-                        stats.model_dump(mode="json"), out)
+                        stats.model_dump(mode="json", exclude_none=True), out)
     return training_stage_result(store, STAGE, stage)
 
 

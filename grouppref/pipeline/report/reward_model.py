@@ -53,11 +53,11 @@ def _summary(stats: RewardModelStats) -> str:
 
 def _held_out_table(stats: RewardModelStats) -> str:
     before, after = stats.eval_start, stats.eval
-    if not after:
+    if not after.measured():
         return "<p class='muted'>No held-out groups: nothing was evaluated.</p>"
     rows = []
     for name in HELD_OUT:
-        b, a = before.get(name), after.get(name)
+        b, a = getattr(before, name), getattr(after, name)
         change = a - b if isinstance(a, int | float) and isinstance(b, int | float) else None
         rows.append([name, b, a, change])
     return ("<p class='muted'>On the held-out groups: pair accuracy against the consensus "
