@@ -28,8 +28,9 @@ from grouppref.train.config import LoraSettings
 from grouppref.train.rm_config import RewardModelConfig
 from grouppref.train.rm_loop import train_reward_model
 from grouppref.train.rm_trainer import load_reward_model
-from tests.test_train_rm import one_thread  # noqa: F401  (autouse: one torch thread)
 from tests.test_trainer import _write_validate, synthetic_groups
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _weights(folder: Path) -> torch.Tensor:
