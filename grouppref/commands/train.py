@@ -73,17 +73,26 @@ def _run_train(config: TrainConfig, extras: dict[str, Any], force: bool) -> None
         _print_stats(outcome.stats, str(outcome.out_dir))
 
 
-def _print_stats(stats: TrainStats, model_dir: str) -> None:
-    table = Table(title=f"train -> {esc(model_dir)}")
+def metrics_table(title: str, names: tuple[str, ...],
+                  columns: tuple[dict[str, Any], dict[str, Any], dict[str, Any]]) -> Table:
+    """A training's metrics (``names`` that have a value) before, after and in the last train
+    window (``columns``): the table ``train`` and ``train-rm`` print."""
+    table = Table(title=title)
     table.add_column("metric")
     for col in ("start (held-out)", "end (held-out)", "last train window"):
         table.add_column(col, justify="right")
-    for name in ("loss", "pair_accuracy", "margin", "reward_best", "reward_worst", "kl",
-                 "logp_pair_accuracy", "grad_norm", "groups_per_s", "tokens_per_s"):
-        cells = [_fmt(d.get(name)) for d in (stats.eval_start, stats.eval, stats.train)]
+    for name in names:
+        cells = [_fmt(d.get(name)) for d in columns]
         if any(c != "" for c in cells):
             table.add_row(name, *cells)
-    out.print(table)
+    return table
+
+
+def _print_stats(stats: TrainStats, model_dir: str) -> None:
+    out.print(metrics_table(f"train -> {esc(model_dir)}", (
+        "loss", "pair_accuracy", "margin", "reward_best", "reward_worst", "kl",
+        "logp_pair_accuracy", "grad_norm", "groups_per_s", "tokens_per_s"),
+        (stats.eval_start, stats.eval, stats.train)))
     if stats.refresh:
         _print_refresh(stats)
     if stats.groups.truncated_responses:

@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from grouppref.commands.core import AllowStale
 from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out, print_counts, print_stage
-from grouppref.commands.train import DataArg
+from grouppref.commands.train import DataArg, _fmt, _lora_switch, metrics_table
 from grouppref.errors import ConfigError
 from grouppref.schemas.reports import RewardModelStats
 from grouppref.train.rm_config import RewardModelConfig
@@ -26,10 +25,10 @@ def _run_train_rm(config: RewardModelConfig, extras: dict[str, Any], force: bool
     from grouppref.train.rm_stage import run_train_rm, train_rm_dataset
     from grouppref.train.sources import is_run
 
-    data, where = extras["data"], extras["out"]
+    data, where, resume = extras["data"], extras["out"], extras["resume_from"] or extras["resume"]
     main = process_state().is_main_process
     if is_run(data):
-        stage = run_train_rm(RunStore(data), config, force=force, out_dir=where,
+        stage = run_train_rm(RunStore(data), config, force=force, out_dir=where, resume=resume,
                              allow_stale=extras["allow_stale"])
         if main:
             print_stage(stage, name="train_rm")
@@ -38,7 +37,7 @@ def _run_train_rm(config: RewardModelConfig, extras: dict[str, Any], force: bool
         return
     if where is None:
         raise ConfigError(f"{data} is not a run directory: pass --out DIR for the reward model")
-    outcome = train_rm_dataset(data, config, where)
+    outcome = train_rm_dataset(data, config, where, resume=resume)
     if main:
         for reject in outcome.rejects[:20]:
             err.print(f"[red]reject[/] {esc(reject.one_line())}")
@@ -46,27 +45,18 @@ def _run_train_rm(config: RewardModelConfig, extras: dict[str, Any], force: bool
         _print_stats(outcome.stats, str(outcome.out_dir))
 
 
-def _fmt(value: Any) -> str:
-    return "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
 def _print_stats(stats: RewardModelStats, model_dir: str) -> None:
-    table = Table(title=f"train-rm ({stats.loss}, {stats.steps} steps) -> {esc(model_dir)}")
-    table.add_column("metric")
-    for col in ("start (held-out)", "end (held-out)", "last train window"):
-        table.add_column(col, justify="right")
-    for name in ("pair_accuracy", "loss", "reward_mean", "reward_std", "groups", "grad_norm",
-                 "groups_per_s", "tokens_per_s"):
-        cells = [_fmt(d.get(name)) for d in (stats.eval_start, stats.eval, stats.train)]
-        if any(c != "" for c in cells):
-            table.add_row(name, *cells)
-    out.print(table)
-    out.print(f"held-out pair accuracy: {_fmt(stats.eval.get('pair_accuracy'))} "
-              f"({stats.groups['held_out']} groups); {stats.pairs_per_s:.4g} pairs/s")
+    out.print(metrics_table(
+        f"train-rm ({stats.loss}, {stats.steps} steps) -> {esc(model_dir)}",
+        ("pair_accuracy", "loss", "margin", "reward_mean", "reward_std", "groups", "grad_norm",
+         "groups_per_s", "tokens_per_s"),
+        (stats.eval_start.model_dump(), stats.eval.model_dump(), stats.train.model_dump())))
+    out.print(f"held-out pair accuracy: {_fmt(stats.eval.pair_accuracy)} "
+              f"({stats.groups.held_out} groups); {stats.pairs_per_s:.4g} pairs/s")
 
 
 train_rm = config_command(
-    RewardModelConfig, _run_train_rm, name="train-rm", section="train_rm",
+    RewardModelConfig, _run_train_rm, name="train-rm", section="train_rm", prepare=_lora_switch,
     doc="Train a scalar reward model (a 1-output sequence classifier on a causal LM or "
     "encoder) on ranked groups with the soft Bradley-Terry group loss or Plackett-Luce; "
     "the folder loads as `grouppref rank --ranker reward:DIR`.",
@@ -75,8 +65,18 @@ train_rm = config_command(
         Extra("out", Annotated[Path | None, typer.Option(
             "--out", help="Where the reward model, tokenizer, metrics and card go (default in "
             "a run: RUN/train_rm/model; required otherwise).", show_default=False)], None),
+        Extra("lora", Annotated[bool | None, typer.Option(
+            "--lora/--no-lora", help="Train LoRA adapters and the score head only (with the "
+            "--lora-* settings).", show_default=False)], None),
+        Extra("resume", Annotated[bool, typer.Option(
+            "--resume", help="Continue from the newest checkpoint in OUT/checkpoints "
+            "(written every --save-steps).")], False),
+        Extra("resume_from", Annotated[Path | None, typer.Option(
+            "--resume-from", help="Continue from this checkpoint folder.",
+            show_default=False)], None),
         Extra("allow_stale", AllowStale, False),
     ],
+    flatten={"lora": "lora-{}"},
     force_help="Train again even when RUN/train_rm is cached.")
 
 

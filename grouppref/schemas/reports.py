@@ -207,16 +207,59 @@ class TrainStats(_TrainingReport):
                                         "order (empty without refresh).")
 
 
+class RewardModelGroups(_Report):
+    """Groups of a reward-model training."""
+
+    train: int
+    held_out: int
+    rejected: int = Field(description="Groups left out with a row reject.")
+    dropped_candidates: int = Field(description="Candidates left out (over max_length).")
+
+
+class RewardModelMetrics(_Report):
+    """A reward model's metrics on the held-out groups (an evaluation) or over a logging window
+    of training; ``None``: not measured (nothing held out; a field of the other kind)."""
+
+    loss: float | None = None
+    pair_accuracy: float | None = Field(default=None, description="Share of the decided "
+                                        "consensus pairs the scores order the same way, "
+                                        "weighted by w_ij, a tie counting 1/2.")
+    margin: float | None = Field(default=None, description="Winner minus loser score of the "
+                                 "decided pairs, weighted by w_ij.")
+    reward_mean: float | None = Field(default=None, description="Mean score within a group.")
+    reward_std: float | None = Field(default=None, description="Spread of the scores within a "
+                                     "group.")
+    groups: float | None = Field(default=None, description="Groups evaluated (evaluation).")
+    grad_norm: float | None = None  # the others: a training window
+    lr: float | None = None
+    groups_per_s: float | None = None
+    tokens_per_s: float | None = None
+
+    def measured(self) -> bool:
+        """Whether anything was measured (an evaluation with no held-out group is empty)."""
+        return self.loss is not None
+
+
 class RewardModelStats(_TrainingReport):
     """What a reward-model training measured (``RUN/train_rm`` manifest stats, ``metrics.json``
-    in the model folder)."""
+    in the model folder; written without the ``None`` metrics)."""
 
+    train: RewardModelMetrics = Field(description="Last logging window's training metrics.")
+    eval_start: RewardModelMetrics = Field(description="Held-out metrics before training "
+                                           "(empty: nothing held out).")
+    eval: RewardModelMetrics = Field(description="Held-out metrics at the end.")
     loss: str
-    groups: dict[str, int] = Field(description="train, held_out, rejected, dropped_candidates.")
+    groups: RewardModelGroups
     pairs_per_s: float = Field(description="Weighted pairs (i<j, w_ij>0) trained per second, "
-                               "over the whole loop.")
+                               "over the loop this process ran (after the resume point).")
     seconds: float
     data_fingerprint: str = Field(default="", description="Fingerprint of the training data.")
+    base_model: str = Field(default="", description="The base model's public name (Hub id or "
+                            "folder name).")
+    lora: bool = Field(default=False, description="LoRA adapters (and the score head) trained, "
+                       "not every weight.")
+    resumed_from_step: int = Field(default=0, description="The checkpoint's step when this "
+                                   "training resumed (0: it started afresh).")
 
 
 class EvalReport(_Report):

@@ -4,7 +4,8 @@ A checkpoint is ``OUT/checkpoints/step-NNNNNNNN/``: ``accelerator.save_state`` (
 optimizer, scheduler, RNG states of every process, accelerate's step counter) plus
 ``trainer_state.json`` (our step, epoch, batches seen in the epoch, and the settings that
 must not change across a resume). ``trainer_state.json`` is written last, so a folder
-without it is an interrupted save and is never resumed from.
+without it is an interrupted save and is never resumed from. Both trainers use it (their
+settings models share the fields named here: ``save_total_limit``, ``report_to``...).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from grouppref.errors import ConfigError, StageError
 from grouppref.runs.progress import stage_progress
-from grouppref.train.config import TrainConfig
 from grouppref.train.eval import MetricSums, reduce_sums
 
 STATE_FILE = "trainer_state.json"
@@ -115,7 +117,14 @@ class MetricsLog:
         return next((r for r in self.records() if r["split"] == split), {})
 
 
-def flat_config(config: TrainConfig) -> dict[str, Any]:
+def project_config(out_dir: Path) -> Any:
+    """accelerate's project folders of a training: ``OUT`` and the trackers' ``OUT/logs``."""
+    from accelerate.utils import ProjectConfiguration
+
+    return ProjectConfiguration(project_dir=str(out_dir), logging_dir=str(Path(out_dir) / "logs"))
+
+
+def flat_config(config: BaseModel) -> dict[str, Any]:
     """The settings as flat scalars (``data.max_prompt_length``...), as trackers want them."""
     out: dict[str, Any] = {}
 
@@ -132,11 +141,11 @@ def flat_config(config: TrainConfig) -> dict[str, Any]:
     return out
 
 
-def _resume_key(config: TrainConfig) -> dict[str, Any]:
+def _resume_key(config: BaseModel) -> dict[str, Any]:
     return {k: v for k, v in config.model_dump(mode="json").items() if k not in _RESUMABLE}
 
 
-def save(accelerator: Any, out_dir: Path, state: TrainState, config: TrainConfig) -> Path:
+def save(accelerator: Any, out_dir: Path, state: TrainState, config: BaseModel) -> Path:
     """Write a checkpoint of the current step (every process takes part); keep the newest
     ``save_total_limit`` ones."""
     root = Path(out_dir) / "checkpoints"
@@ -170,7 +179,7 @@ def find(out_dir: Path, resume: bool | str | Path) -> Path:
     return path
 
 
-def check_compatible(path: Path, config: TrainConfig) -> None:
+def check_compatible(path: Path, config: BaseModel) -> None:
     """Fail (before any model loads) if ``config`` changes what the checkpoint trained with.
 
     Raises:
@@ -186,8 +195,9 @@ def check_compatible(path: Path, config: TrainConfig) -> None:
                           f"only {sorted(_RESUMABLE)} may change on resume")
 
 
-def load(accelerator: Any, path: Path, config: TrainConfig) -> TrainState:
-    """Restore model, optimizer, scheduler, RNG and step from ``path``.
+def load(accelerator: Any, path: Path, config: BaseModel, scheduler: Any = None) -> TrainState:
+    """Restore model, optimizer, scheduler, RNG and step from ``path``; with ``scheduler``, the
+    learning rate is then re-fitted to the schedule of this run (:func:`refit_schedule`).
 
     Raises:
         ConfigError: a setting that shapes the optimisation differs from the checkpoint's.
@@ -195,8 +205,30 @@ def load(accelerator: Any, path: Path, config: TrainConfig) -> TrainState:
     check_compatible(path, config)
     saved = json.loads((path / STATE_FILE).read_text())
     accelerator.load_state(str(path))
+    if scheduler is not None:
+        refit_schedule(scheduler)
     return TrainState(step=saved["step"], epoch=saved["epoch"],
                       batch_in_epoch=saved["batch_in_epoch"])
+
+
+def refit_schedule(scheduler: Any) -> None:
+    """Set each parameter group's rate to what this run's schedule gives at the restored step.
+
+    The optimizer state restores the rate the checkpoint's run would use next, computed from
+    *its* total steps; a resume with another ``max_steps`` / ``epochs`` has another schedule
+    (linear, cosine: ``lr_t = base_lr · λ(t)`` with ``λ`` built from the total), and without
+    this the first update after the resume would use the old rate (0 at the old end of a
+    linear decay). Identical to the restored rate when the total did not change. Only for
+    ``LambdaLR`` schedules (every ``get_scheduler`` kind); others are left as restored."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    if not isinstance(scheduler, LambdaLR):
+        return
+    rates = [base * fn(scheduler.last_epoch)
+             for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    scheduler._last_lr = rates  # what get_last_lr() reports (torch keeps it there)
 
 
 class ProgressBar:

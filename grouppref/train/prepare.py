@@ -1,7 +1,7 @@
 """What both trainers (the policy's, :mod:`grouppref.train.trainer`, and the reward model's,
 :mod:`grouppref.train.rm_loop`) prepare before their loop the same way: a fresh ``Accelerator``,
-gradient checkpointing, the autocast dtype, the check that some group is left to train on, and
-the fields of the object their loop works on (:class:`LoopRun`)."""
+gradient checkpointing, LoRA adapters, the autocast dtype, the check that some group is left
+to train on, and the fields of the object their loop works on (:class:`LoopRun`)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,21 @@ def enable_checkpointing(model: Any) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def add_lora(model: Any, lora: Any, task_type: str, gradient_checkpointing: bool) -> Any:
+    """``model`` with peft LoRA adapters from ``lora`` (a ``LoraSettings``); ``task_type``
+    ``CAUSAL_LM`` (the policy) or ``SEQ_CLS`` (a reward model: peft adds the score head to
+    ``modules_to_save``, so it trains fully). With gradient checkpointing the inputs require
+    gradients, so the frozen base still back-propagates into the adapters."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        target_modules=lora.target_modules, task_type=task_type))
+    if gradient_checkpointing:
+        model.enable_input_require_grads()
+    return model
 
 
 def autocast_dtype(mixed_precision: str) -> torch.dtype | None:

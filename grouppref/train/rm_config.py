@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from grouppref.runs.stage import StageSpec
 from grouppref.schemas.reports import RewardModelStats
+from grouppref.train.config import LoraSettings, Tracker
 
 __all__ = ["TRAIN_RM", "RewardModelConfig", "RewardModelStats"]  # the stats live in schemas.reports
 
@@ -60,12 +61,22 @@ class RewardModelConfig(BaseModel):
         default="no", description="Autocast precision: bf16 (CPU or a bf16 GPU), fp16 (CUDA only).")
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute activations in backward to save memory.")
+    lora: LoraSettings | None = Field(
+        default=None, description="Train LoRA adapters (peft, task SEQ_CLS) and the score head "
+        "only; the base stays frozen.")
     seed: int = Field(default=0, description="Seed of the head's initialisation, shuffling and "
                       "the held-out split.")
     logging_steps: int = Field(default=10, ge=1, description="Log training metrics every N steps.")
     eval_steps: int | None = Field(
         default=None, ge=1, description="Evaluate on the held-out groups every N steps (always "
         "at start and end).")
+    save_steps: int | None = Field(
+        default=None, ge=1, description="Write a resumable checkpoint every N steps "
+        "(OUT/checkpoints; --resume continues from the newest).")
+    save_total_limit: int = Field(default=2, ge=1, description="Checkpoints kept (oldest removed).")
+    report_to: list[Tracker] = Field(
+        default_factory=list, description="Extra metric backends: tensorboard, trackio (as "
+        "train's; logs under OUT/logs).")
 
 
 TRAIN_RM = StageSpec(name="train_rm", config=RewardModelConfig,

@@ -9,7 +9,6 @@ data and its fingerprint, the loss, the steps and the held-out pair accuracy. It
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from grouppref.runs.manifest import write_rejects
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import RewardModelStats
+from grouppref.train import checkpoint
 from grouppref.train.distributed import process_state
 from grouppref.train.model_card import TrainedOn, hub_id, make_readable, public_name, trained_on
 from grouppref.train.rm_config import RewardModelConfig
@@ -38,6 +38,14 @@ def _fmt(value: Any) -> str:
     return "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _lora_row(config: RewardModelConfig) -> str:
+    lora = config.lora
+    if lora is None:
+        return "no (all weights trained)"
+    return (f"r={lora.r}, alpha={lora.alpha}, dropout={lora.dropout}, "
+            f"targets={lora.target_modules}, score head trained fully, saved {lora.save}")
+
+
 def card_text(config: RewardModelConfig, stats: RewardModelStats, data: TrainedOn,
               repo: str) -> str:
     """The reward model's card: YAML metadata, data, settings, held-out accuracy, usage."""
@@ -51,6 +59,7 @@ def card_text(config: RewardModelConfig, stats: RewardModelStats, data: TrainedO
     rows = [("base model", base or public_name(config.model)), ("loss", config.loss),
             ("pair targets", config.pair_targets if config.loss == "gspo" else "-"),
             ("center_rewards", config.center_rewards), ("learning rate", config.lr),
+            ("LoRA", _lora_row(config)),
             ("batch", f"{config.batch_size} groups x {config.grad_accum} accumulation"),
             ("steps", stats.steps), ("epochs", stats.epochs), ("seed", config.seed),
             ("seconds", stats.seconds), ("pairs/s", stats.pairs_per_s)]
@@ -59,8 +68,8 @@ def card_text(config: RewardModelConfig, stats: RewardModelStats, data: TrainedO
              "ranked groups of candidate answers.", "",
              "## Training data", "",
              f"`{data.name}` ({data.format}), fingerprint `{stats.data_fingerprint}`: "
-             f"{g['train']} groups trained on, {g['held_out']} held out, "
-             f"{g['rejected'] + data.unreadable} rejected, {g['dropped_candidates']} candidates "
+             f"{g.train} groups trained on, {g.held_out} held out, "
+             f"{g.rejected + data.unreadable} rejected, {g.dropped_candidates} candidates "
              "dropped (over max_length).", ""]
     if data.stale:
         lines += [f"> **Warning.** Trained on stale data: {', '.join(data.stale)} changed "
@@ -68,11 +77,11 @@ def card_text(config: RewardModelConfig, stats: RewardModelStats, data: TrainedO
     lines += ["## Training", "", "| setting | value |", "|---|---|",
               *(f"| {k} | {_fmt(v)} |" for k, v in rows), "",
               "## Evaluation (held-out groups)", ""]
-    if end:
+    if end.measured():
         lines += ["Pair accuracy against the consensus of the aggregated rankings (weighted by "
                   "the pair confidence w_ij; a tie counts 1/2).", "",
                   "| metric | before training | after training |", "|---|---|---|",
-                  *(f"| {n} | {_fmt(start.get(n))} | {_fmt(end.get(n))} |"
+                  *(f"| {n} | {_fmt(getattr(start, n))} | {_fmt(getattr(end, n))} |"
                     for n in ("pair_accuracy", "loss")), ""]
     else:
         lines += ["No held-out groups: nothing was evaluated.", ""]
@@ -90,7 +99,7 @@ def finish_rm_folder(out_dir: Path, config: RewardModelConfig, stats: RewardMode
     """Write ``metrics.json`` and the model card; make the files readable."""
     from huggingface_hub import ModelCard
 
-    (out_dir / "metrics.json").write_text(json.dumps(stats.model_dump(mode="json"), indent=2)
+    (out_dir / "metrics.json").write_text(stats.model_dump_json(indent=2, exclude_none=True)
                                           + "\n")
     ModelCard(card_text(config, stats, data, out_dir.resolve().name)).save(out_dir / "README.md")
     make_readable(out_dir)
@@ -101,9 +110,11 @@ def _settings(config: RewardModelConfig, out_dir: Path) -> dict[str, Any]:
 
 
 def run_train_rm(store: RunStore, config: RewardModelConfig, force: bool = False, *,
-                 out_dir: str | Path | None = None,
+                 out_dir: str | Path | None = None, resume: bool | str | Path = False,
                  allow_stale: bool = False) -> StageRun[ValidatedGroup]:
-    """Train a reward model on the run's validated groups (module docstring).
+    """Train a reward model on the run's validated groups (module docstring); ``resume``
+    (``True``: the newest checkpoint in the model folder, or a checkpoint folder) continues an
+    interrupted training instead of starting again (never answered from the cache).
 
     Returns:
         StageRun[ValidatedGroup]: the groups used; ``manifest.stats`` a
@@ -121,16 +132,19 @@ def run_train_rm(store: RunStore, config: RewardModelConfig, force: bool = False
     settings = _settings(config, out)
     key = sha256_text(canonical_json({"model": fingerprint,
                                       "stale": data.stale}))
-    stage = open_training_stage(store, STAGE, settings, key, STAGE_VERSION, reuse=not force)
+    if resume:  # a missing or incompatible checkpoint fails before the stage is touched
+        checkpoint.check_compatible(checkpoint.find(out, resume), config)
+    stage = open_training_stage(store, STAGE, settings, key, STAGE_VERSION,
+                                reuse=not force and not resume)
     if stage is not None and stage.cached:
         return stage
-    result = train_reward_model(config, data.groups, out)
+    result = train_reward_model(config, data.groups, out, resume=resume)
     if stage is not None:
         stats = RewardModelStats(**result.stats, data_fingerprint=data.fingerprint)
         finish_rm_folder(out, config, stats, trained_on(str(store.root), "run", store,
                                                         data.stale))
         record_training(stage, data, result.used, result.rejects,
-                        stats.model_dump(mode="json"), out)
+                        stats.model_dump(mode="json", exclude_none=True), out)
     return training_stage_result(store, STAGE, stage)
 
 
@@ -144,17 +158,17 @@ class RewardModelOutcome:
     rejects: list[Reject]
 
 
-def train_rm_dataset(source: str | Path, config: RewardModelConfig,
-                     out_dir: str | Path) -> RewardModelOutcome:
+def train_rm_dataset(source: str | Path, config: RewardModelConfig, out_dir: str | Path, *,
+                     resume: bool | str | Path = False) -> RewardModelOutcome:
     """Train on a published dataset or Hub id (not a run); ``rejects.jsonl`` and
-    ``source.json`` go into ``out_dir`` with the model."""
+    ``source.json`` go into ``out_dir`` with the model; ``resume`` as in :func:`run_train_rm`."""
     from grouppref.models.loading import resolve_model
     from grouppref.train.rm_loop import train_reward_model
 
     resolve_model(config.model)  # an unknown model fails before the data is read
     data = load_groups(source, stage=STAGE)
     out = Path(out_dir)
-    result = train_reward_model(config, data.groups, out)
+    result = train_reward_model(config, data.groups, out, resume=resume)
     rejects = data.rejects + result.rejects
     stats = RewardModelStats(**result.stats, data_fingerprint=data.fingerprint)
     if process_state().is_main_process:

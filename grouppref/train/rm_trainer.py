@@ -27,14 +27,14 @@ from grouppref.models.loading import load_tokenizer, resolve_model
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.train.batch import GroupBatch
 from grouppref.train.data import TokenizedGroup, collate_groups
-from grouppref.train.eval import MetricSums
+from grouppref.train.eval import MetricSums, pair_margin
 from grouppref.train.losses import gspo_loss, hard_pair_targets, pair_accuracy, plackett_luce_loss
-from grouppref.train.prepare import require_trainable
+from grouppref.train.prepare import add_lora, enable_checkpointing, require_trainable
 from grouppref.train.rm_config import RewardModelConfig
 from grouppref.train.rm_data import encode_groups, split_held_out
 
 DEFAULT_MAX_LENGTH = 1024
-TRAIN_METRICS = ("loss", "pair_accuracy", "reward_mean", "reward_std")
+TRAIN_METRICS = ("loss", "pair_accuracy", "margin", "reward_mean", "reward_std")
 
 
 @dataclass
@@ -79,6 +79,16 @@ def load_reward_model(name: str | None, seed: int = 0) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def prepare_model(model: Any, config: RewardModelConfig) -> Any:
+    """Gradient checkpointing, then LoRA adapters (``peft`` task ``SEQ_CLS``: the new score head
+    is in ``modules_to_save``, so it trains fully while the base is frozen), then train mode."""
+    if config.gradient_checkpointing:
+        enable_checkpointing(model)
+    if config.lora is not None:
+        model = add_lora(model, config.lora, "SEQ_CLS", config.gradient_checkpointing)
+    return model.train()
+
+
 def context_length(model: Any, tokenizer: Any, given: int | None) -> int:
     """``given``, else the smaller of the model's positions and the tokenizer's limit."""
     if given is not None:
@@ -116,13 +126,15 @@ def reward_loss(s: torch.Tensor, batch: GroupBatch, config: RewardModelConfig) -
 
 
 def batch_metrics(s: torch.Tensor, batch: GroupBatch) -> dict[str, torch.Tensor]:
-    """Per-group pair accuracy against the consensus (weighted by w_ij, as in ``eval``), and
-    the mean and spread of the scores."""
+    """Per-group pair accuracy against the consensus (weighted by w_ij, as in ``eval``), the
+    reward margin of the decided pairs (winner minus loser, weighted by w_ij:
+    :func:`~grouppref.train.eval.pair_margin`), and the mean and spread of the scores."""
     valid = batch.valid
     n = valid.sum(1).clamp(min=1)
     mean = (s * valid).sum(1) / n
     var = (((s - mean[:, None]) ** 2) * valid).sum(1) / n
     return {"pair_accuracy": pair_accuracy(s, batch.p_ij, batch.w_ij, valid),
+            "margin": pair_margin(s, batch.p_ij, batch.w_ij, valid),
             "reward_mean": mean.detach(), "reward_std": var.sqrt().detach()}
 
 

@@ -31,6 +31,7 @@ from grouppref.schemas.reports import TrainStats
 from grouppref.train import checkpoint
 from grouppref.train.config import TrainConfig, check_precision, check_trackers
 from grouppref.train.data import GroupBatch, collate_groups
+from grouppref.train.driver import Hooks, drive, optimizer_step, save_model
 from grouppref.train.eval import evaluate, reward_metrics
 from grouppref.train.loop import Objective, step_loss
 from grouppref.train.mix import MixSampler, mix_loader
@@ -76,21 +77,12 @@ class _Run(LoopRun):
 def _micro_step(run: _Run, batch: GroupBatch, window: checkpoint.Window) -> None:
     """The shared step (:func:`grouppref.train.loop.step_loss`) under accelerate: forward,
     backward and (on a sync step) clip + optimizer + schedule."""
-    acc, config = run.accelerator, run.config
-    with acc.accumulate(run.model):
-        out = step_loss(run.model, batch, run.objective, share_prefix=config.share_prefix)
+    with run.accelerator.accumulate(run.model):
+        out = step_loss(run.model, batch, run.objective, share_prefix=run.config.share_prefix)
         if run.refresh is not None:
             run.refresh.observe(batch, out.logps)
-        acc.backward(out.loss.mean())
-        if acc.sync_gradients:
-            norm = acc.clip_grad_norm_(run.model.parameters(), config.max_grad_norm)
-            window.grad_norms.append(float(norm))
-            window.lr = run.scheduler.get_last_lr()[0]  # the rate this update uses
-        run.optimizer.step()
-        run.optimizer.zero_grad()
-        if acc.sync_gradients:
-            run.scheduler.step()
-    stats = reward_metrics(out.logps, batch, config.beta, config.length_normalise)
+        optimizer_step(run, out.loss.mean(), window)
+    stats = reward_metrics(out.logps, batch, run.config.beta, run.config.length_normalise)
     window.sums.add({"loss": out.loss.detach(), **stats, **out.extra})
     if run.mix is not None:  # realised and scheduled shares of the label sources
         window.sums.add({k: torch.tensor(v) for k, v in
@@ -100,20 +92,8 @@ def _micro_step(run: _Run, batch: GroupBatch, window: checkpoint.Window) -> None
 
 
 # -- the loop ---------------------------------------------------------------------------------
-def _after_step(run: _Run, window: checkpoint.Window) -> checkpoint.Window:
-    """Log, evaluate and checkpoint as configured; returns the (possibly fresh) window."""
-    config, step = run.config, run.state.step
-    last = step >= run.total_steps
-    if step % config.logging_steps == 0 or last:
-        names = list(TRAIN_METRICS) + sorted(set(window.sums.sums) - set(TRAIN_METRICS))
-        run.last_train = window.summary(names) | {"lr": window.lr}
-        run.log.write(step, run.state.epoch_progress(run.steps_per_epoch), "train", run.last_train)
-        window = checkpoint.Window()
-    if run.held_out and config.eval_steps and step % config.eval_steps == 0 and not last:
-        _log_eval(run)
-    if config.save_steps and step % config.save_steps == 0:
-        checkpoint.save(run.accelerator, run.out_dir, run.state, config)
-    return window
+def _metric_names(window: checkpoint.Window) -> list[str]:
+    return list(TRAIN_METRICS) + sorted(set(window.sums.sums) - set(TRAIN_METRICS))
 
 
 def _log_eval(run: _Run) -> dict[str, float]:
@@ -127,30 +107,14 @@ def _log_eval(run: _Run) -> dict[str, float]:
 
 
 def _loop(run: _Run) -> None:
-    """Train until ``total_steps``; resumes mid-epoch by skipping the batches already seen."""
-    acc, state = run.accelerator, run.state
-    window = checkpoint.Window()
-    bar = checkpoint.progress_bar(acc, run.total_steps, state.step)
-    while state.step < run.total_steps:
-        run.loader.set_epoch(state.epoch)
-        if run.mix is not None:
-            run.mix.set_epoch(state.epoch)
-        loader = (acc.skip_first_batches(run.loader, state.batch_in_epoch)
-                  if state.batch_in_epoch else run.loader)
-        for batch in loader:
-            if run.refresh is not None:  # runs a refresh round when due, adds fresh groups
-                batch = run.refresh.mix(batch, state)
-            _micro_step(run, batch, window)
-            state.batch_in_epoch += 1
-            if acc.sync_gradients:
-                state.step += 1
-                window = _after_step(run, window)
-                bar.update(state.step, run.last_train)
-                if state.step >= run.total_steps:
-                    break
-        else:
-            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-    bar.close()
+    """Train until ``total_steps`` (:func:`grouppref.train.driver.drive`), with the mix
+    sampler's epochs and the refresher's fresh groups."""
+    refresh, state = run.refresh, run.state
+    drive(run, Hooks(
+        micro_step=partial(_micro_step, run), metric_names=_metric_names,
+        evaluate=partial(_log_eval, run), out_dir=run.out_dir,
+        on_epoch=run.mix.set_epoch if run.mix is not None else None,
+        on_batch=(lambda batch: refresh.mix(batch, state)) if refresh is not None else None))
 
 
 # -- set-up of the loop ----------------------------------------------------------------------
@@ -190,7 +154,8 @@ def _start_run(config: TrainConfig, prep: Prepared, policy: Any, out_dir: Path,
     resuming; the metrics log and trackers opened; the refresher started."""
     run = _build_run(config, prep, policy, out_dir)
     if prep.checkpoint is not None:
-        run.state = checkpoint.load(prep.accelerator, prep.checkpoint, config)
+        run.state = checkpoint.load(prep.accelerator, prep.checkpoint, config,
+                                    run.scheduler)
     run.log.open(fresh=prep.checkpoint is None, after_step=run.state.step)
     prep.accelerator.init_trackers("grouppref", config=checkpoint.flat_config(config))
     if prep.plan is not None:
@@ -202,25 +167,6 @@ def _start_run(config: TrainConfig, prep: Prepared, policy: Any, out_dir: Path,
 
 
 # -- finish -----------------------------------------------------------------------------------
-def _save_model(run: _Run, tokenizer: Any) -> Any:
-    """Save the model (LoRA merged, or the adapter only) and tokenizer into ``out_dir``."""
-    acc, config = run.accelerator, run.config
-    acc.wait_for_everyone()
-    model = acc.unwrap_model(run.model)
-    lora = config.lora
-    if lora is not None:  # peft: merged weights or the adapter alone (DDP / single device)
-        if lora.save == "merged":
-            model = model.merge_and_unload()
-        model.save_pretrained(run.out_dir, is_main_process=acc.is_main_process)
-    else:  # get_state_dict gathers sharded (FSDP / DeepSpeed) weights
-        model.save_pretrained(run.out_dir, is_main_process=acc.is_main_process,
-                              save_function=acc.save, state_dict=acc.get_state_dict(run.model))
-    if acc.is_main_process:
-        tokenizer.save_pretrained(run.out_dir)
-    acc.wait_for_everyone()
-    return model
-
-
 def _train_stats(run: _Run, prep: Prepared, final_eval: dict[str, float],
                  seconds: float) -> TrainStats:
     groups, rejects, ref = prep.train_set + prep.held_out, prep.rejects, prep.reference
@@ -241,7 +187,7 @@ def _train_stats(run: _Run, prep: Prepared, final_eval: dict[str, float],
 def _finish(run: _Run, prep: Prepared, t0: float) -> TrainResult:
     """Final held-out eval, the model saved, ``metrics.json`` written, trackers closed."""
     final_eval = _log_eval(run) if run.held_out else {}
-    model = _save_model(run, prep.tokenizer)
+    model = save_model(run, prep.tokenizer, run.out_dir)
     stats = _train_stats(run, prep, final_eval, time.perf_counter() - t0)
     if run.refresh is not None:
         run.refresh.close()

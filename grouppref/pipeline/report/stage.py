@@ -4,7 +4,8 @@ Everything is inline (CSS, and matplotlib plots as base64 PNG), so the file make
 request and can be mailed or attached to a ticket. Sections appear for the stages that ran:
 counts per stage with reject reasons, agreement histogram, annotator reliability, pair-weight
 distribution, estimated (and, for simulated panels, true) noise with the DPO-fallback
-recommendation, training curves and the before/after evaluation.
+recommendation, the reward model's curves and held-out accuracy, training curves and the before/after
+evaluation.
 
 It describes the run's current stages only (:func:`grouppref.runs.freshness.run_manifests`):
 stages made before the last ``grouppref run`` by another config are left out. A stale stage
@@ -14,10 +15,7 @@ opens with a warning naming each stale stage and what changed.
 
 from __future__ import annotations
 
-import base64
 import html
-import io
-import json
 import re
 from collections import Counter
 from datetime import datetime, timezone
@@ -31,6 +29,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from grouppref.errors import StageError
 from grouppref.pipeline.report.config import STAGE, ReportConfig
+from grouppref.pipeline.report.parts import (
+    figure_png,
+    fmt,
+    h2,
+    img,
+    missing,
+    read_jsonl,
+    table,
+)
+from grouppref.pipeline.report.reward_model import section_reward_model
 from grouppref.pipeline.report.selection import describe_selection, read_selection, selection_table
 from grouppref.runs.freshness import rerun_chain, run_manifests, stale_causes, stale_note, step_of
 from grouppref.runs.hashing import canonical_json, sha256_text
@@ -55,42 +63,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}.muted{color:#57606a;f
 # Nothing outside the file may load: images are data: URIs, styles inline.
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 NAV = (("stages", "Stages"), ("agreement", "Agreement"), ("noise", "Annotators and noise"),
-       ("training", "Training"), ("evaluation", "Evaluation"))
-
-
-def _figure_png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _img(src: str, alt: str) -> str:
-    return f'<img src="{src}" alt="{html.escape(alt)}">'
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _cell(value: Any) -> str:
-    """A table cell: numbers right-aligned, text left-aligned."""
-    num = isinstance(value, int | float) and not isinstance(value, bool)
-    return f"<td{' class=num' if num else ''}>{html.escape(_fmt(value))}</td>"
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return "-" if value is None else str(value)
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+       ("reward-model", "Reward model"), ("training", "Training"), ("evaluation", "Evaluation"))
 
 
 # -- sections ---------------------------------------------------------------------------------
@@ -129,11 +102,11 @@ def section_counts(view: RunView, max_reasons: int) -> str:
         common = Counter((r.scope, reject_kind(r.reason)) for r in rejects)
         reasons += [[m.stage, "whole row" if scope == "row" else "part of a row", reason, n]
                     for (scope, reason), n in common.most_common(max_reasons)]
-    out = _h2("Stages", "stages") + _table(
+    out = h2("Stages", "stages") + table(
         ["stage", "status", "in", "out", "rejected", "partly rejected", "seconds"], rows)
     out += section_servers(view.manifests)
     if reasons:
-        out += "<h3>Most common reject reasons</h3>" + _table(
+        out += "<h3>Most common reject reasons</h3>" + table(
             ["stage", "rejected", "reason", "count"], reasons)
     return out
 
@@ -150,7 +123,7 @@ def section_servers(manifests: list[Manifest]) -> str:
                          failed or "-", u.prompt_tokens, u.completion_tokens])
     if not rows:
         return ""
-    return "<h3>Inference servers</h3>" + _table(
+    return "<h3>Inference servers</h3>" + table(
         ["stage", "server", "model", "requests", "retried", "refused", "failed attempts",
          "prompt tokens", "completion tokens"], rows)
 
@@ -158,14 +131,6 @@ def section_servers(manifests: list[Manifest]) -> str:
 def reject_kind(reason: str) -> str:
     """A reject reason with its numbers blanked, so equal causes count together."""
     return re.sub(r"(?<![\w.-])\d+(\.\d+)?(?![\w-])", "#", reason)[:160]
-
-
-def _h2(title: str, anchor: str) -> str:
-    return f"<h2 id='{anchor}'>{html.escape(title)}</h2>"
-
-
-def _missing(title: str, anchor: str, why: str) -> str:
-    return _h2(title, anchor) + f"<p class='muted'>{html.escape(why)}</p>"
 
 
 def _validated(view: RunView) -> list[ValidatedGroup]:
@@ -180,7 +145,7 @@ def section_agreement(groups: list[ValidatedGroup]) -> str:
     weights = [p.weight for g in groups for p in g.pairs]
     probs = [p.p for g in groups for p in g.pairs]
     if not ws and not weights:
-        return _missing("Agreement and pair weights", "agreement",
+        return missing("Agreement and pair weights", "agreement",
                         "No aggregated groups yet (run the aggregate stage).")
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.2))
     axes[0].hist(ws, bins=20, range=(0, 1), color="#0969da")
@@ -191,9 +156,9 @@ def section_agreement(groups: list[ValidatedGroup]) -> str:
     axes[2].set(title="pair probability p_ij", xlabel="p", ylabel="pairs")
     flags = Counter(f for g in groups for f in g.flags)
     flag_rows = [[f, n] for f, n in flags.most_common()]
-    return (_h2("Agreement and pair weights", "agreement") + _img(_figure_png(fig), "agreement histograms")
+    return (h2("Agreement and pair weights", "agreement") + img(figure_png(fig), "agreement histograms")
             + f"<p class='muted'>{len(groups)} groups, {len(weights)} pairs.</p>"
-            + (_table(["flag", "groups"], flag_rows) if flag_rows else ""))
+            + (table(["flag", "groups"], flag_rows) if flag_rows else ""))
 
 
 def _aggregate_report(view: RunView) -> AggregateReport | None:
@@ -206,9 +171,9 @@ def _aggregate_report(view: RunView) -> AggregateReport | None:
 def section_noise(view: RunView) -> str:
     report = _aggregate_report(view)
     if report is None:
-        return _missing("Annotators and noise", "noise",
+        return missing("Annotators and noise", "noise",
                         "No aggregate report yet (run the aggregate stage).")
-    out = _h2("Annotators and noise", "noise")
+    out = h2("Annotators and noise", "noise")
     sim = view.manifest("simulate")
     truth = (sim.stats.get("annotators") or {}) if sim is not None else {}
     if report.annotators:
@@ -216,7 +181,7 @@ def section_noise(view: RunView) -> str:
                  (truth.get(a.id) or {}).get("realised_flip_rate"), a.annotator_weight,
                  "yes" if a.unreliable else "", "yes" if a.dropped else ""]
                 for a in report.annotators]
-        out += _table(["annotator", "kind", "groups", "tau vs consensus", "estimated flip rate",
+        out += table(["annotator", "kind", "groups", "tau vs consensus", "estimated flip rate",
                        "true flip rate (simulated)", "annotator weight", "unreliable",
                        "dropped"], rows)
     noise, rec = report.noise, report.recommendation
@@ -232,13 +197,13 @@ def section_noise(view: RunView) -> str:
         loss = str(rec.loss or "none: do not train on these labels")
         out += (f"<div class='box{warn}'>Estimated label noise (all annotators in the fit): "
                 f"<b>{noise.estimated:.1%}</b>; share of votes against the consensus: "
-                f"{_fmt(noise.observed_against_consensus)}; pairs some ranking ties (left out of "
-                f"the estimate): {_fmt(noise.tied_pair_share)}.{extra}<br>Pair targets: "
+                f"{fmt(noise.observed_against_consensus)}; pairs some ranking ties (left out of "
+                f"the estimate): {fmt(noise.tied_pair_share)}.{extra}<br>Pair targets: "
                 f"<b>{html.escape(rec.pair_targets)}</b>. Recommended loss: "
                 f"<b>{html.escape(loss)}</b> ({html.escape(rec.reason)})."
                 f"<br><span class='muted'>{html.escape(rec.note)}</span></div>")
     if report.rules:
-        out += "<h3>Noise rules</h3>" + _table(
+        out += "<h3>Noise rules</h3>" + table(
             ["rule", "action", "groups flagged", "groups dropped"],
             [[name, r.action, r.flagged, r.dropped] for name, r in report.rules.items()])
     return out
@@ -248,7 +213,7 @@ def _train_log(view: RunView) -> list[dict[str, Any]]:
     if view.manifest("train") is None:
         return []
     return [row for path in sorted(view.store.stage_dir("train").rglob("metrics.jsonl"))
-            for row in _read_jsonl(path)]
+            for row in read_jsonl(path)]
 
 
 def section_training(view: RunView) -> str:
@@ -256,7 +221,7 @@ def section_training(view: RunView) -> str:
     train = [r for r in log if r.get("split") == "train" and "loss" in r]
     held = [r for r in log if r.get("split") == "eval"]
     if not train:
-        return _missing("Training", "training", "No training in this run.")
+        return missing("Training", "training", "No training in this run.")
     keys = [k for k in ("loss", "pair_accuracy", "margin") if any(k in r for r in train)]
     fig, axes = plt.subplots(1, len(keys), figsize=(4.3 * len(keys), 3.2), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
@@ -268,15 +233,15 @@ def section_training(view: RunView) -> str:
         ax.legend()
     last = train[-1]
     speed = (f"<p class='muted'>last logged step {last['step']}: "
-             f"{_fmt(last.get('groups_per_s'))} groups/s, {_fmt(last.get('tokens_per_s'))} "
-             f"tokens/s, KL to reference {_fmt(last.get('kl'))}</p>")
-    return _h2("Training", "training") + _img(_figure_png(fig), "training curves") + speed
+             f"{fmt(last.get('groups_per_s'))} groups/s, {fmt(last.get('tokens_per_s'))} "
+             f"tokens/s, KL to reference {fmt(last.get('kl'))}</p>")
+    return h2("Training", "training") + img(figure_png(fig), "training curves") + speed
 
 
 def section_eval(view: RunView) -> str:
     path = view.store.stage_dir("eval") / "metrics.json"
     if not view.is_complete("eval") or not path.exists():
-        return _missing("Evaluation on the held-out split", "evaluation",
+        return missing("Evaluation on the held-out split", "evaluation",
                         "No evaluation in this run.")
     report = EvalReport.model_validate_json(path.read_text())
     before = report.metrics.get("baseline") or {}
@@ -287,11 +252,11 @@ def section_eval(view: RunView) -> str:
              and isinstance(before.get(k), int | float) else None] for k in keys]
     head = (f"<p class='muted'>{report.groups} held-out groups ({report.split} split); before "
             f"= {html.escape(str(report.baseline))}, after = {html.escape(str(report.model))}; "
-            f"implicit reward beta = {_fmt(report.beta)} against "
+            f"implicit reward beta = {fmt(report.beta)} against "
             f"{html.escape(str(report.ref_model))}.</p>")
     plot = _eval_plot(before, after, keys)
-    return (_h2("Evaluation on the held-out split", "evaluation") + head + plot
-            + _table(["metric", "before", "after", "change"], rows))
+    return (h2("Evaluation on the held-out split", "evaluation") + head + plot
+            + table(["metric", "before", "after", "change"], rows))
 
 
 def _eval_plot(before: dict[str, Any], after: dict[str, Any], keys: list[str]) -> str:
@@ -315,7 +280,7 @@ def _eval_plot(before: dict[str, Any], after: dict[str, Any], keys: list[str]) -
                    else "margins and rewards")
     if len(groups) > 1:
         axes[0][1].set(title="margins, rewards and KL")
-    return _img(_figure_png(fig), "evaluation before and after training")
+    return img(figure_png(fig), "evaluation before and after training")
 
 
 def section_selection(view: RunView) -> str:
@@ -324,9 +289,9 @@ def section_selection(view: RunView) -> str:
     if sel is None or sel.select == "all":
         return ""
     header, rows = selection_table(sel)
-    return (_h2("Human labeling: which groups people saw", "labeling")
+    return (h2("Human labeling: which groups people saw", "labeling")
             + f"<div class='box'>{html.escape(describe_selection(sel))}</div>"
-            + _table(header, rows))
+            + table(header, rows))
 
 
 def _stale_box(stale: dict[str, list[str]]) -> str:
@@ -342,7 +307,7 @@ def render_report(store: RunStore, config: ReportConfig,
     sections = [_stale_box(stale) if stale else "", section_counts(view, config.max_reject_reasons)]
     groups = _validated(view)
     sections += [section_selection(view), section_agreement(groups), section_noise(view),
-                 section_training(view),
+                 section_reward_model(view.manifest("train_rm")), section_training(view),
                  section_eval(view)]
     body = "".join(s for s in sections if s)
     nav = " &middot; ".join(f"<a href='#{a}'>{t}</a>" for a, t in NAV)
