@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grouppref.errors import StageError
 from grouppref.pipeline.export.config import ExportConfig
 from grouppref.pipeline.export.stage import run_export
 from grouppref.pipeline.validate.config import ValidateConfig
@@ -112,6 +113,16 @@ def test_hub_id_of_a_model_reference(tmp_path: Path) -> None:
     assert hub_id("acme/other-lm") == "acme/other-lm"  # not a local path: a Hub id
     assert hub_id(str(snapshot)) == "acme/tiny-lm"  # a folder of the Hugging Face cache
     assert hub_id(str(local)) is None and public_name(str(local)) == "my-model"
+
+
+def test_train_resume_without_a_checkpoint_leaves_the_run_untouched(tmp_path: Path) -> None:
+    """``train --resume`` with no checkpoint fails before the run's train stage is opened: no
+    manifest left saying "running" (the model is never loaded either)."""
+    store = _run(tmp_path, n=4)
+    with pytest.raises(StageError, match="checkpoint"):
+        run_train(store, TrainConfig(model="/no/such/model"), out_dir=tmp_path / "model",
+                  resume=True)
+    assert store.manifest("train") is None
 
 
 @pytest.mark.slow  # trains a tiny LM one step (with LoRA, and fully)

@@ -19,6 +19,7 @@ from grouppref.runs.manifest import write_rejects
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import TrainStats
+from grouppref.train import checkpoint
 from grouppref.train.config import TrainConfig
 from grouppref.train.distributed import process_state
 from grouppref.train.model_card import (
@@ -72,6 +73,8 @@ def run_train(store: RunStore, config: TrainConfig, force: bool = False, *,
     settings = _stage_config(config, out)
     # a model trained on stale data carries a card that says so: another output, another key
     marker = sha256_text(canonical_json({"stale": data.stale})) if data.stale else ""
+    if resume:  # a missing or incompatible checkpoint fails before the stage is touched
+        checkpoint.check_compatible(checkpoint.find(out, resume), config)
     stage = open_training_stage(store, STAGE, settings, marker, STAGE_VERSION,
                                 reuse=not force and not resume)
     if stage is not None and stage.cached:
