@@ -279,4 +279,5 @@ def test_trl_pairs_file_with_out(tmp_path: Path, tiny_lm_dir: Path) -> None:
     assert json.loads((out / "source.json").read_text())["format"] == "trl-pairs"
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     assert len(rejects) == 1 and rejects[0]["row"] == 13
+    assert rejects[0]["source"] == "pairs.jsonl (train)"  # published: never the full path
     assert "pairs.jsonl" in (out / "README.md").read_text()

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from grouppref.runs.hashing import canonical_json, sha256_text
-from grouppref.runs.manifest import write_rejects
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import RewardModelStats
@@ -25,6 +24,7 @@ from grouppref.train.rm_config import RewardModelConfig
 from grouppref.train.sources import (
     load_groups,
     open_training_stage,
+    publish_source,
     record_training,
     training_stage_result,
 )
@@ -171,13 +171,9 @@ def train_rm_dataset(source: str | Path, config: RewardModelConfig, out_dir: str
     result = train_reward_model(config, data.groups, out, resume=resume)
     rejects = data.rejects + result.rejects
     stats = RewardModelStats(**result.stats, data_fingerprint=data.fingerprint)
+    counts = publish_source(out, data, rejects)
     if process_state().is_main_process:
-        write_rejects(out / "rejects.jsonl", rejects)
-        (out / "source.json").write_text(canonical_json(
-            {"source": public_name(data.source), "format": data.format,
-             "fingerprint": data.fingerprint}) + "\n")
         finish_rm_folder(out, config, stats, trained_on(
             data.source, data.format, unreadable=sum(r.scope == "row" for r in data.rejects)))
-    counts = {"inputs": data.rows, "outputs": len(result.used),
-              "rejected": sum(r.scope == "row" for r in rejects)}
+    counts["outputs"] = len(result.used)
     return RewardModelOutcome(stats=stats, out_dir=out, counts=counts, rejects=rejects)

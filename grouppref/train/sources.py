@@ -19,9 +19,12 @@ from typing import Any
 
 from grouppref.readers.published import read_validated
 from grouppref.runs.freshness import require_fresh
+from grouppref.runs.hashing import canonical_json
+from grouppref.runs.manifest import write_rejects
 from grouppref.runs.store import RunStore, Shard, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.train.distributed import process_state
+from grouppref.train.model_card import public_name, public_rejects
 
 INPUT_STAGE = "validate"
 
@@ -114,3 +117,15 @@ def record_training(stage: StageRun[ValidatedGroup], data: GroupSource, used: li
     records = [g for g in data.groups if g.group_id in keep]
     stage.write_shard(Shard(index=0, start=0, items=records), records, rejects)
     stage.finish(inputs=data.rows, stats=stats, outputs={"model": str(model_dir)})
+
+
+def publish_source(out: Path, data: GroupSource, rejects: list[Reject]) -> dict[str, int]:
+    """A model trained on a dataset (not a run): ``rejects.jsonl`` (reading, tokenising and
+    training rejects, with public file names only) and ``source.json`` go into its folder ``out``
+    (main process only). Returns the ``inputs`` / ``rejected`` counts of the data."""
+    if process_state().is_main_process:
+        write_rejects(out / "rejects.jsonl", public_rejects(rejects, data.source))
+        (out / "source.json").write_text(canonical_json(
+            {"source": public_name(data.source), "format": data.format,
+             "fingerprint": data.fingerprint}) + "\n")
+    return {"inputs": data.rows, "rejected": sum(r.scope == "row" for r in rejects)}

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from grouppref.runs.hashing import canonical_json, sha256_text
-from grouppref.runs.manifest import write_rejects
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import TrainStats
@@ -24,13 +23,12 @@ from grouppref.train.config import TrainConfig
 from grouppref.train.distributed import process_state
 from grouppref.train.model_card import (
     finish_model_folder,
-    public_name,
-    public_rejects,
     trained_on,
 )
 from grouppref.train.sources import (
     load_groups,
     open_training_stage,
+    publish_source,
     record_training,
     training_stage_result,
 )
@@ -109,14 +107,9 @@ def train_dataset(source: str | Path, config: TrainConfig, out_dir: str | Path, 
     out = Path(out_dir)
     result = train(config, data.groups, out, resume=resume, reference_cache=reference_cache)
     rejects = data.rejects + result.rejects
+    counts = publish_source(out, data, rejects)
     if process_state().is_main_process:
-        write_rejects(out / "rejects.jsonl", public_rejects(rejects, data.source))
-        (out / "source.json").write_text(canonical_json(
-            {"source": public_name(data.source), "format": data.format,
-             "fingerprint": data.fingerprint})
-            + "\n")
         finish_model_folder(out, config, result.stats, trained_on(
             data.source, data.format, unreadable=sum(r.scope == "row" for r in data.rejects)))
-    counts = {"inputs": data.rows, "outputs": len(result.used),
-              "rejected": sum(r.scope == "row" for r in rejects)}
+    counts["outputs"] = len(result.used)
     return TrainOutcome(stats=result.stats, out_dir=out, counts=counts, rejects=rejects)
