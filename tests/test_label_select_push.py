@@ -7,6 +7,7 @@ stage's stats) and shown in the HTML report.
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from grouppref.labeling.client import connect, resolve_credentials
 from grouppref.labeling.config import LabelRunConfig, PullConfig, PushConfig
@@ -127,3 +129,19 @@ def test_run_label_waits_for_the_random_selection_and_the_report_shows_it(
     assert "4 of the 12 groups of the rank stage (Argilla datasets sel-run-k*) went to people, " \
         "drawn at random (seed 3)" in html
     assert all(gid in html for gid in expected.ids)
+
+
+@pytest.mark.argilla
+def test_run_label_says_when_the_audit_groups_fall_short(argilla_server: Any,
+                                                          tmp_path: Path) -> None:
+    """The run's label stage prints the push's note: an uncertain budget of 3 at the default
+    audit share (0.2) draws too few audit groups for the aggregate to judge annotators on."""
+    store = write_stage(tmp_path / "run", run_groups())
+    push = PushConfig(dataset="sel-note", select="uncertain", budget=3)
+    config = LabelRunConfig(push=push, state_dir=str(argilla_server.state_dir))
+    shown = io.StringIO()
+    with pytest.raises(WaitingForLabels):
+        run_label(store, config, console=Console(file=shown, width=400))
+    text = shown.getvalue()
+    assert "label: note: " in text and "in a budget of 3 (--audit-share 0.2)" in text
+    assert "a budget of 25 or more at --audit-share 0.2 gives 5" in text

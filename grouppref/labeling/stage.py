@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from grouppref.errors import ConfigError
 from grouppref.labeling.client import (
@@ -39,6 +40,7 @@ from grouppref.labeling.client import (
 from grouppref.labeling.config import LABEL_STAGE, SOURCE_STAGES, LabelRunConfig, PullConfig, PushConfig
 from grouppref.labeling.pull import DatasetState, dataset_names, fetch_state, pull_run
 from grouppref.labeling.push import load_groups, plan_selection, push_run, write_selection
+from grouppref.pipeline.report.selection import audit_note
 from grouppref.runs.stage import Waiting
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup
@@ -125,6 +127,9 @@ def _push(store: RunStore, push: PushConfig, client: ArgillaClient, creds: Argil
     console.print(f"{'label':>9}: pushed {report.groups} groups to {creds.api_url} (datasets "
                   f"{names}: {report.created} new, {report.updated} updated, "
                   f"{len(report.refused)} refused)", highlight=False)
+    note = audit_note(report.selection) if report.selection else None
+    if note:  # the same note as `label push`: too few audit groups to judge annotators
+        console.print(f"{'label':>9}: note: {escape(note)}", highlight=False)
     where = f"argilla:{creds.api_url}#{report.workspace}/"
     stage.finish(inputs=report.groups, kept=report.groups,
                  stats={"dataset_ids": {d.name: d.dataset_id for d in report.datasets},
