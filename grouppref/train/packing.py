@@ -181,8 +181,10 @@ def grouped_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
     q_prompt, q_resp = query.split([p, k * t], dim=2)  # split, not slices: its backward is one
     k_prompt, k_resp = key.split([p, k * t], dim=2)  # cat (slicing's zero-fills a full-size
     v_prompt, v_resp = value.split([p, k * t], dim=2)  # gradient per slice, then adds them)
-    out = F.scaled_dot_product_attention(_fold(q_prompt, kv), k_prompt, v_prompt,
-                                         attn_mask=prompt_mask, **sdpa)
+    # Contiguous keys/values: sdpa saves its inputs for backward, and a compiled layer's backward
+    # with symbolic sizes asserted the strides of the first shapes on these split views.
+    out = F.scaled_dot_product_attention(_fold(q_prompt, kv), k_prompt.contiguous(),
+                                         v_prompt.contiguous(), attn_mask=prompt_mask, **sdpa)
     out = out.reshape(b, h, p, d)
     if t:
         def per_response(x: Tensor) -> Tensor:  # (B, X, K·T, D) -> (B·K, X, T, D)
