@@ -2,9 +2,10 @@
 connection pool, as before) vs together (:class:`ShardScorer`: one event loop, each server's
 own limit), against FAKE servers that answer every request after a fixed delay.
 
-The servers are FAKES (:class:`DelayFake`, loopback ``ThreadingHTTPServer``): each holds every
-request for ``--delay`` seconds, then answers with verdict log-probs (one-token questions) or
-``Rating: N`` (rubric questions), made from a hash of the question, and counts the requests in
+The servers are FAKES (:class:`DelayFake`, served on loopback by tests/fake_http.py, the
+plumbing the in-flight tests use too): each holds every request for ``--delay`` seconds, then
+answers with verdict log-probs (one-token questions) or ``Rating: N`` (rubric questions), made
+from a hash of the question (:func:`tests.fake_http.judge_answer`), and counts the requests in
 flight. They measure what the client overlaps, not a model: with a fixed delay, the wall time
 is set by how many requests are in flight at once. Judges: pointwise on server 1, pairwise on
 server 2, rubric on server 1 (so server 1 is shared by two judges), each at ``--concurrency``.
@@ -20,15 +21,11 @@ Example:
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from grouppref.pipeline.rank.rankers import build_ranker
@@ -36,6 +33,7 @@ from grouppref.pipeline.rank.settings import JudgeRankerSettings
 from grouppref.pipeline.rank.shard_scoring import ShardScorer
 from grouppref.schemas import AnnotatedGroup
 from tests.factories import make_group
+from tests.fake_http import JsonHandler, judge_answer, serve
 
 MODEL = "fake-judge"
 
@@ -71,58 +69,19 @@ class DelayFake:
         time.sleep(self.delay)
         for tally in (self.own, self.shared):
             tally.step(-1)
-        question = str(body["messages"][-1]["content"])
-        digest = int(hashlib.sha256(question.encode()).hexdigest()[:8], 16)
-        if body.get("max_tokens") == 1:
-            lp = -0.05 - (digest % 997) / 300
-            tops = [{"token": t, "logprob": v} for t, v in
-                    (("Yes", lp), ("No", -1.0), ("A", lp), ("B", -1.0))]
-            logprobs: dict[str, Any] | None = {"content": [
-                {"token": "Yes", "logprob": lp, "top_logprobs": tops}]}
-            content = "Yes"
-        else:
-            logprobs, content = None, f"Rating: {digest % 10 + 1}\nRationale: fake."
-        return {"choices": [{"index": 0, "finish_reason": "stop", "logprobs": logprobs,
-                             "message": {"role": "assistant", "content": content}}],
-                "usage": {"prompt_tokens": 9, "completion_tokens": 1}}
+        return judge_answer(body)
 
 
-def _handler(fake: DelayFake) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+def _handler(fake: DelayFake) -> type[JsonHandler]:
+    class Handler(JsonHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as real servers
         disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms ACK stall
+        models = (MODEL,)
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _send(self, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            self._send({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-
-        def do_POST(self) -> None:  # noqa: N802
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            self._send(fake.answer(body))
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.send_json(fake.answer(self.read_json()))
 
     return Handler
-
-
-@contextmanager
-def serve(fake: DelayFake) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def workload(n: int, k: int) -> list[AnnotatedGroup]:
@@ -175,7 +134,7 @@ def main() -> None:
         both = InFlight()
         fakes = [DelayFake(args.delay, both), DelayFake(args.delay, both)]
         with ExitStack() as stack:
-            url1, url2 = (stack.enter_context(serve(f)) for f in fakes)
+            url1, url2 = (stack.enter_context(serve(_handler(f))) for f in fakes)
             seconds, out = run(judges(url1, url2, args.concurrency), groups)
         rows.append((label, seconds, [f.own.most for f in fakes] + [both.most], both.requests,
                      out))

@@ -84,22 +84,12 @@ def make_groups(n: int, split: str, rng: random.Random, words: int) -> list:
 
 
 def tiny_model(folder: Path, hidden: int) -> str:
-    """A 2-layer Llama with SmolLM2's tokenizer and chat template, saved to ``folder``."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
+    """A 2-layer Llama with SmolLM2's tokenizer and chat template, saved to ``folder`` (the
+    tests' tiny model, :func:`tests.tiny_models.save_tiny_llama`)."""
     from grouppref.models.loading import embedded_model_dir
+    from tests.tiny_models import save_tiny_llama
 
-    tok = AutoTokenizer.from_pretrained(embedded_model_dir())
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                         tie_word_embeddings=True)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
+    return str(save_tiny_llama(folder, embedded_model_dir(), hidden=hidden))
 
 
 def held_out_accuracy(model, tokenizer, groups) -> float:

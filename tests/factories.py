@@ -1,7 +1,15 @@
-"""Small builders of valid records for tests (real records, validated by the schemas)."""
+"""Small builders of valid records for tests (real records, validated by the schemas), and of a
+run holding imported groups."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
+from grouppref.pipeline.imports.config import ImportConfig
+from grouppref.pipeline.imports.stage import run_import_candidates
+from grouppref.runs.store import RunStore
 from grouppref.schemas import (
     AnnotatedGroup,
     Annotator,
@@ -42,3 +50,18 @@ def make_annotated(group: CandidateGroup, orders: list[list[int]]) -> AnnotatedG
     """The group with one ranking per order, by annotators ``ann-1``, ``ann-2``, ..."""
     rankings = [make_ranking(group, o, annotator=f"ann-{i + 1}") for i, o in enumerate(orders)]
     return AnnotatedGroup(**group.model_dump(), rankings=rankings)
+
+
+# two groups of K = 3 to judge, as rows of grouppref's import form (prompt + responses)
+JUDGED_ROWS = [{"prompt": "What is 2 + 2?", "responses": ["4", "2 + 2 = 5.", "It is 4."]},
+               {"prompt": "Capital of France?", "responses": ["Paris.", "London.", "Rome."]}]
+
+
+def imported_run(folder: Path, rows: list[dict[str, Any]]) -> RunStore:
+    """A run in ``folder/run`` whose candidates are ``rows`` (written to ``folder/groups.jsonl``
+    and imported with the ``import`` stage): the input of a rank stage."""
+    source = folder / "groups.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    store = RunStore(folder / "run")
+    run_import_candidates(store, ImportConfig(source=str(source)))
+    return store

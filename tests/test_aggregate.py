@@ -13,6 +13,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
+from benchmarks.evidence import ties
 from grouppref.commands import aggregate as aggregate_cmd
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.aggregate.config import AggregateConfig
@@ -92,31 +93,13 @@ def test_noise_rate_on_equal_panels(flip: float) -> None:
     assert abs(noise_rate(rel) - flips.sum() / pairs.sum()) < NOISE_TOL
 
 
-def tied_panel(groups: int, flip: float, levels: int, declared: bool, seed: int = 0
+def tied_panel(groups: int, flip: float, levels: int, declared: bool
                ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, float]:
-    """A constructed tied panel: K = 4 true scores drawn from ``levels`` values (3 levels: a
-    third of the pairs tie), three annotators at ``flip`` that must order tied candidates (at
-    random), and, with ``declared``, a rule-like ranking of the true tiers as a 4th slot.
-
-    Returns ranks (B, A, K), ann (B, A), each annotator's (flips, votes) on decided pairs,
-    and the true share of tied pairs."""
-    rng = np.random.default_rng(seed)
-    k, a = 4, 3 + int(declared)
-    ranks = torch.empty(groups, a, k, dtype=torch.long)
-    flips, votes, tied = np.zeros(a), np.zeros(a), 0
-    for g in range(groups):
-        scores = rng.integers(0, levels, size=k).astype(float).tolist()
-        tied += sum(scores[i] == scores[j] for i in range(k) for j in range(i + 1, k))
-        for m in range(3):
-            order = simulate_order(scores, AnnotatorSpec(id="s", flip_rate=flip), rng)
-            f, n = order_flips(order, scores)
-            flips[m], votes[m] = flips[m] + f, votes[m] + n
-            ranks[g, m, torch.tensor(order)] = torch.arange(k)
-        if declared:  # tier index of each candidate: equal scores share a tier
-            levels_seen = sorted(set(scores), reverse=True)
-            ranks[g, 3] = torch.tensor([levels_seen.index(x) for x in scores])
-            votes[3] += sum(scores[i] != scores[j] for i in range(k) for j in range(i + 1, k))
-    return ranks, torch.arange(a).expand(groups, a).clone(), flips, votes, tied / (groups * 6)
+    """The constructed tied panel of the ties experiment (:func:`benchmarks.evidence.ties.panel`,
+    seed 0): ranks (B, A, K), ann (B, A), each annotator's (flips, votes) on decided pairs, and
+    the true share of tied pairs."""
+    p = ties.panel(groups, flip, levels, declared, seed=0)
+    return p["ranks"], p["ann"], p["flips"], p["votes"], p["tie_share"]
 
 
 @pytest.mark.parametrize("flip", [0.0, 0.1, 0.3])

@@ -4,7 +4,6 @@ judge answer that is not a rating, a wrong model name; and the pure parsing help
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -13,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from grouppref.pipeline.imports.config import ImportConfig
-from grouppref.pipeline.imports.stage import run_import_candidates
 from grouppref.pipeline.rank.common import RankerInputError
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.server_judge import parse_rating, verdict_log_odds
@@ -22,6 +19,7 @@ from grouppref.pipeline.rank.settings import parse_ranker_spec
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas.reports import ServerUsage
+from tests.factories import imported_run
 from tests.llama_server import MODEL_ALIAS
 from tests.test_rank_served_overlap import _one_after_another
 
@@ -34,11 +32,7 @@ NOT_A_RATING = 'root ::= "I cannot rate this."'  # llama.cpp grammar: the answer
 @pytest.fixture
 def groups_run(tmp_path: Path) -> RunStore:
     """A run whose generate stage holds two hand-written groups (K = 3 and 2)."""
-    source = tmp_path / "groups.jsonl"
-    source.write_text("".join(json.dumps(row) + "\n" for row in GROUPS))
-    store = RunStore(tmp_path / "run")
-    run_import_candidates(store, ImportConfig(source=str(source)))
-    return store
+    return imported_run(tmp_path, GROUPS)
 
 
 def _judge(url: str, **settings: object) -> dict[str, object]:

@@ -43,7 +43,7 @@ def test_audit_groups_are_marked_pulled_and_used_by_the_aggregate(
          "--budget", "6", "--audit-share", "0.5", "--uncertainty", "kendall_w", "--seed", "1"],
         capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     assert pushed.returncode == 0, pushed.stderr
-    assert "3 of them audit groups drawn at random (seed 1)" in pushed.stdout
+    assert "3 of them audit groups drawn at random (--audit-share 0.5, seed 1)" in pushed.stdout
     assert "no audit groups" not in pushed.stderr
     selection = LabelSelection.model_validate_json(
         (store.root / "label" / "selection.json").read_text(encoding="utf-8"))
@@ -91,10 +91,17 @@ def test_audit_groups_are_marked_pulled_and_used_by_the_aggregate(
     assert {row["group"]: row["role"] for row in shown} == roles  # why each group was sent
     assert [row["role"] for row in shown] == ["uncertain"] * 3 + ["audit"] * 3
 
-    plain = subprocess.run(  # no audit share: the push says what that costs
+    plain = subprocess.run(  # the default share; too small a budget: the push says so
         [sys.executable, "-m", "grouppref", "label", "push", str(store.root), "--state-dir",
-         str(argilla_server.state_dir), "--dataset", "audit-none", "--select", "uncertain",
-         "--budget", "2", "--uncertainty", "kendall_w"],
+         str(argilla_server.state_dir), "--dataset", "audit-default", "--select", "uncertain",
+         "--budget", "6", "--uncertainty", "kendall_w"],
         capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     assert plain.returncode == 0, plain.stderr
-    assert "note: no audit groups" in plain.stderr and "--audit-share 0.2" in plain.stderr
+    assert "1 of them audit group drawn at random (--audit-share 0.2, seed 0)" in plain.stdout
+    assert "note: only 1 audit group in a budget of 6 (--audit-share 0.2); the aggregate " \
+           "needs 5 per person" in plain.stderr
+    assert "a budget of 25 or more at --audit-share 0.2 gives 5" in plain.stderr
+    default = LabelSelection.model_validate_json(
+        (store.root / "label" / "selection.json").read_text(encoding="utf-8"))
+    assert default.audit_share == 0.2
+    assert sorted(g.role for g in default.selected) == ["audit"] + ["uncertain"] * 5

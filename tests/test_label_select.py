@@ -156,7 +156,8 @@ def test_top_n_orders_ties_by_the_seed_and_keeps_strictly_larger_ones() -> None:
 @pytest.mark.parametrize("criterion", ["kendall_w", "bt_posterior"])
 def test_uncertain_picks_the_groups_where_the_rankers_disagree(criterion: str) -> None:
     groups = panel()
-    sel = select_groups(groups, PushConfig(select="uncertain", budget=3, uncertainty=criterion),
+    sel = select_groups(groups, PushConfig(select="uncertain", budget=3, uncertainty=criterion,
+                                           audit_share=0),
                         "rank")
     assert sel.ids == ids_of(groups, [8, 7, 6])  # most uncertain first
     values = [g.uncertainty for g in sel.selected]

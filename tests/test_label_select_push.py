@@ -54,10 +54,11 @@ def test_cli_push_sends_exactly_the_uncertain_groups_and_pull_follows(
     pushed = subprocess.run(
         [sys.executable, "-m", "grouppref", "label", "push", str(store.root), "--state-dir",
          str(argilla_server.state_dir), "--dataset", "sel-cli", "--select", "uncertain",
-         "--budget", "3", "--uncertainty", "kendall_w"],
+         "--budget", "3", "--uncertainty", "kendall_w", "--audit-share", "0"],
         capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     assert pushed.returncode == 0, pushed.stderr
     assert "selected 3 of 12 groups: the most uncertain by kendall_w" in pushed.stdout
+    assert "note: no audit groups in a budget of 3 (--audit-share 0)" in pushed.stderr
     want = [groups[i].group_id for i in (8, 7, 6)]
     creds = resolve_credentials(state_dir=argilla_server.state_dir)
     with connect(creds) as client:

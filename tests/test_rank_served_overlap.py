@@ -11,8 +11,6 @@ threshold: counts and the order of events only.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -24,8 +22,6 @@ import pytest
 from grouppref.errors import ConfigError
 from grouppref.models.openai import merge_usage
 from grouppref.models.server_settings import ServerSettings
-from grouppref.pipeline.imports.config import ImportConfig
-from grouppref.pipeline.imports.stage import run_import_candidates
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.rankers import RuleRanker, build_ranker
 from grouppref.pipeline.rank.settings import annotator_for
@@ -33,11 +29,11 @@ from grouppref.pipeline.rank.shard_scoring import shared_server_settings
 from grouppref.pipeline.rank.stage import rank_group, run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, from_row
-from tests.test_served_overlap import MODELS, InFlightFake, Request, _prompt_of, serve_fake
+from tests.factories import JUDGED_ROWS, imported_run
+from tests.fake_http import judge_answer
+from tests.test_served_overlap import MODELS, InFlightFake, Request, serve_fake
 
 UNRATABLE = "London."  # a rubric answer about this candidate is not a rating (a part-reject)
-ROWS = [{"prompt": "What is 2 + 2?", "responses": ["4", "2 + 2 = 5.", "It is 4."]},
-        {"prompt": "Capital of France?", "responses": ["Paris.", "London.", "Rome."]}]
 
 
 @dataclass
@@ -51,26 +47,10 @@ class VaryingFake(InFlightFake):
     def answer(self, path: str, body: dict[str, Any], request: Request) -> dict[str, Any]:
         if request.start:  # not a probe (probes are answered outside the accounting)
             InFlightFake.leave(self, request)
-        prompt = _prompt_of(body)
-        digest = int(hashlib.sha256(f"{body.get('model')}|{prompt}".encode()).hexdigest()[:8], 16)
-        if body.get("max_tokens") == 1:
-            lp = -0.05 - (digest % 997) / 300
-            tops = [{"token": t, "logprob": v} for t, v in
-                    (("Yes", lp), ("No", -1.0), ("A", lp), ("B", -1.0))]
-            return _chat("Yes", {"content": [{"token": "Yes", "logprob": lp,
-                                              "top_logprobs": tops}]})
-        text = ("I cannot rate this." if f"[Response]\n{UNRATABLE}" in prompt else
-                f"Rating: {digest % 10 + 1}\nRationale: fake rationale {digest % 7}.")
-        return _chat(text, None)
+        return judge_answer(body, unratable=UNRATABLE)
 
     def leave(self, request: Request) -> None:
         """Counted in :meth:`answer`."""
-
-
-def _chat(content: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-    return {"choices": [{"index": 0, "finish_reason": "stop", "logprobs": logprobs,
-                         "message": {"role": "assistant", "content": content}}],
-            "usage": {"prompt_tokens": 9, "completion_tokens": len(content.split())}}
 
 
 def _judge_of(request: Request) -> str:
@@ -97,11 +77,7 @@ def _judge(mode: str, model: str, url: str, concurrency: int) -> dict[str, Any]:
 @pytest.fixture
 def groups_run(tmp_path: Path) -> RunStore:
     """Two hand-written groups of K = 3 in a run (the rankers' input)."""
-    source = tmp_path / "groups.jsonl"
-    source.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
-    store = RunStore(tmp_path / "run")
-    run_import_candidates(store, ImportConfig(source=str(source)))
-    return store
+    return imported_run(tmp_path, JUDGED_ROWS)
 
 
 def _servers(fake: VaryingFake, n: int, stack: ExitStack) -> list[str]:

@@ -39,12 +39,7 @@ PLAIN = DataConfig(chat_template=False, max_response_length=32)
 LENGTH = {"kind": "rule", "checks": [{"check": "length", "target": 20}]}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def refresh_config(tiny: Path, **over) -> TrainConfig:

@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 import torch
 
-from grouppref.labeling.config import PushConfig
+from grouppref.labeling.config import AUDIT_SHARE, PushConfig
 from grouppref.labeling.select import select_groups
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
-from grouppref.pipeline.report.selection import describe_selection
+from grouppref.pipeline.report.selection import audit_note, describe_selection
 from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
-from grouppref.schemas.reports import AnnotatorReliability
+from grouppref.schemas.reports import AnnotatorReliability, LabelSelection, SelectedGroup
 from grouppref.stats.reliability import (
     TARGETED,
     UNIFORM,
@@ -91,9 +91,9 @@ def selected_panel(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return ranks, ann, design
 
 
-def loo_tau_reference(ranks: np.ndarray, ann: np.ndarray, g: int, s: int) -> float | None:
-    """Tau of slot ``s`` of group ``g`` against choix's fit of the group's other rankings
-    (weights 1): ``(c - d) / (c + d)`` over the pairs both order strictly."""
+def loo_counts_reference(ranks: np.ndarray, ann: np.ndarray, g: int, s: int) -> tuple[int, int]:
+    """Pairs slot ``s`` of group ``g`` orders strictly the same / the other way as choix's fit
+    of the group's other rankings (weights 1), over the pairs both order strictly."""
     data = []
     for o in range(ranks.shape[1]):
         if o != s and ann[g, o] >= 0:
@@ -106,6 +106,13 @@ def loo_tau_reference(ranks: np.ndarray, ann: np.ndarray, g: int, s: int) -> flo
         cons = 0 if abs(theta[i] - theta[j]) < 1e-6 else np.sign(theta[i] - theta[j])
         if mine and cons:
             c, d = c + (mine == cons), d + (mine != cons)
+    return c, d
+
+
+def loo_tau_reference(ranks: np.ndarray, ann: np.ndarray, g: int, s: int) -> float | None:
+    """Tau of slot ``s`` of group ``g`` against choix's fit of the group's other rankings
+    (weights 1): ``(c - d) / (c + d)`` of :func:`loo_counts_reference`."""
+    c, d = loo_counts_reference(ranks, ann, g, s)
     return (c - d) / (c + d) if c + d else None
 
 
@@ -224,7 +231,7 @@ def test_stage_judges_a_selected_human_on_its_audit_groups(tmp_path: Path) -> No
 # -- choosing audit groups --------------------------------------------------------------------
 def test_audit_share_draws_uniformly_and_fills_with_the_most_uncertain() -> None:
     groups = panel()  # groups 6, 7, 8 disagree (8 the most); 0-5 are unanimous
-    base = select_groups(groups, PushConfig(select="uncertain", budget=3,
+    base = select_groups(groups, PushConfig(select="uncertain", budget=3, audit_share=0,
                                             uncertainty="kendall_w"), "rank")
     assert [g.role for g in base.selected] == ["uncertain"] * 3 and base.audit_share == 0
     config = PushConfig(select="uncertain", budget=4, uncertainty="kendall_w", audit_share=0.5)
@@ -256,6 +263,51 @@ def _tensors(groups: list[AnnotatedGroup]) -> tuple[torch.Tensor, torch.Tensor]:
     ranks = torch.tensor([[[next(t for t, tier in enumerate(r.tiers) if cid in tier)
                             for cid in g.candidate_ids()] for r in g.rankings] for g in groups])
     return ranks, torch.ones(ranks.shape[:2], dtype=torch.bool)
+
+
+def test_select_uncertain_audits_a_fifth_of_the_budget_by_default() -> None:
+    groups = panel()
+    assert PushConfig(select="uncertain", budget=5).audit_share == AUDIT_SHARE == 0.2
+    assert PushConfig(select="random", budget=5).audit_share == 0.0  # uniform already
+    assert PushConfig().audit_share == 0.0
+    assert PushConfig(select="uncertain", budget=5, audit_share=0).audit_share == 0.0
+    sel = select_groups(groups, PushConfig(select="uncertain", budget=5,
+                                           uncertainty="kendall_w"), "rank")
+    assert sel.audit_share == 0.2 and [g.role for g in sel.selected].count("audit") == 1
+    # the recorded settings validate again to the same share (a run config round trip)
+    again = PushConfig.model_validate(PushConfig(select="random", budget=5).model_dump())
+    assert again.audit_share == 0.0
+
+
+def _selection(audit: int, share: float, budget: int, select: str = "uncertain"
+               ) -> LabelSelection:
+    roles = ["audit"] * audit + ["uncertain" if select == "uncertain" else select] * (
+        budget - audit)
+    return LabelSelection(select=select, budget=budget, audit_share=share, source_stage="rank",
+                          groups=400, selected=[SelectedGroup(group_id=f"g{i}", uncertainty=None,
+                                                              role=r)
+                                                for i, r in enumerate(roles)])
+
+
+def test_audit_note_says_when_the_audit_falls_short() -> None:
+    assert audit_note(_selection(5, 0.2, 25)) is None  # enough for the aggregate
+    assert audit_note(_selection(0, 0.0, 40, "random")) is None  # uniform: needs no audit
+    none = audit_note(_selection(0, 0.0, 40))
+    assert none is not None and none.startswith("no audit groups in a budget of 40 "
+                                                "(--audit-share 0); the aggregate needs 5")
+    assert "the default --audit-share 0.2 gives 5 from a budget of 25" in none
+    few = audit_note(_selection(2, 0.2, 10))
+    assert few is not None and few.startswith("only 2 audit groups in a budget of 10 "
+                                              "(--audit-share 0.2); the aggregate needs 5 per "
+                                              "person, so it will judge these annotators on "
+                                              "all their groups")
+    assert "a budget of 25 or more at --audit-share 0.2 gives 5" in few
+    assert audit_note(_selection(3, 0.3, 10), min_groups=3) is None
+    shown = describe_selection(_selection(2, 0.2, 10).model_copy(
+        update={"uncertainty": "kendall_w", "measure": "1 - W"}))  # the report says it too
+    assert shown.endswith(f"Note: {few}")
+    assert "Note:" not in describe_selection(_selection(5, 0.2, 25).model_copy(
+        update={"uncertainty": "kendall_w", "measure": "1 - W"}))
 
 
 def test_audit_share_needs_select_uncertain() -> None:

@@ -11,14 +11,12 @@ tests/test_judge_server.py. No wall-clock threshold: only counts and the order o
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +26,12 @@ from grouppref.models.openai import ServerPool, gather
 from grouppref.models.server_settings import ServerSettings
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.generate.stage import run_generate
-from grouppref.pipeline.imports.config import ImportConfig
-from grouppref.pipeline.imports.stage import run_import_candidates
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas import Prompt
+from tests.factories import JUDGED_ROWS, imported_run
+from tests.fake_http import JsonHandler, chat_completion, prompt_of, serve
 from tests.fake_openai_server import MODEL as FAKE_MODEL
 from tests.fake_openai_server import SLOW, _answer, fake_openai_server
 
@@ -117,10 +115,8 @@ class InFlightFake:
         log-probs."""
         if body.get("max_tokens") == 1:
             tops = [{"token": t, "logprob": lp} for t, lp in VERDICTS]
-            return {"choices": [{"index": 0, "finish_reason": "length", "message": {
-                "role": "assistant", "content": "Yes"}, "logprobs": {"content": [
-                    {"token": "Yes", "logprob": -0.4, "top_logprobs": tops}]}}],
-                "usage": {"prompt_tokens": 9, "completion_tokens": 1}}
+            return chat_completion("Yes", {"content": [
+                {"token": "Yes", "logprob": -0.4, "top_logprobs": tops}]}, "length")
         answer = _answer(path, body)
         if DUPLICATE in request.prompt and request.nth < self.k:
             answer["choices"][0]["message"]["content"] = "the same answer"
@@ -130,54 +126,28 @@ class InFlightFake:
         return a.start < b.end and b.start < a.end
 
 
-def _prompt_of(body: dict[str, Any]) -> str:
-    messages = body.get("messages") or []
-    return str(messages[-1]["content"]) if messages else str(body.get("prompt"))
+def _handler(fake: InFlightFake) -> type[JsonHandler]:
+    class Handler(JsonHandler):
+        models = MODELS
 
-
-def _handler(fake: InFlightFake) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _send(self, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            self._send({"object": "list", "data": [{"id": m, "object": "model"} for m in MODELS]})
-
-        def do_POST(self) -> None:  # noqa: N802
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            if _prompt_of(body) in PROBES:  # answered at once, outside the accounting
-                self._send(fake.answer(self.path, body, Request("", fake.k, 0)))
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.read_json()
+            if prompt_of(body) in PROBES:  # answered at once, outside the accounting
+                self.send_json(fake.answer(self.path, body, Request("", fake.k, 0)))
                 return
-            request = fake.arrive(_prompt_of(body))
+            request = fake.arrive(prompt_of(body))
             try:
-                self._send(fake.answer(self.path, body, request))
+                self.send_json(fake.answer(self.path, body, request))
             finally:
                 fake.leave(request)
 
     return Handler
 
 
-@contextmanager
-def serve_fake(fake: InFlightFake) -> Iterator[str]:
+def serve_fake(fake: InFlightFake) -> AbstractContextManager[str]:
     """The base URL of ``fake`` served on a free loopback port (several servers may share one
     fake: its counts are then across them)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return serve(_handler(fake))
 
 
 @contextmanager
@@ -307,13 +277,7 @@ def test_background_requests_can_be_cancelled_and_the_pool_reused() -> None:
 @pytest.fixture
 def groups_run(tmp_path: Path) -> RunStore:
     """Two hand-written groups of K = 3 in a run (the judge's input)."""
-    rows = [{"prompt": "What is 2 + 2?", "responses": ["4", "2 + 2 = 5.", "It is 4."]},
-            {"prompt": "Capital of France?", "responses": ["Paris.", "London.", "Rome."]}]
-    source = tmp_path / "groups.jsonl"
-    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    store = RunStore(tmp_path / "run")
-    run_import_candidates(store, ImportConfig(source=str(source)))
-    return store
+    return imported_run(tmp_path, JUDGED_ROWS)
 
 
 @pytest.mark.parametrize(("mode", "concurrency", "pending"),

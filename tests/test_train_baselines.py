@@ -25,14 +25,7 @@ from grouppref.train.trim import loss_candidates, trim_for_loss
 from tests.test_trainer import PLAIN, synthetic_group, synthetic_groups
 
 ATOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def test_hard_pair_targets_against_a_loop() -> None:

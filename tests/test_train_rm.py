@@ -37,13 +37,7 @@ TRAIN_ARGS = ["--max-steps", "12", "--batch-size", "8", "--lr", "5e-3", "--lr-sc
               "constant", "--logging-steps", "4"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model gains nothing from threads (see tests/test_trainer.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _write_generate(store: RunStore, groups: list[ValidatedGroup]) -> None:

@@ -50,6 +50,7 @@ WORDS = ["apple", "river", "stone", "cloud", "green", "table", "music", "light",
          "glass", "smile", "winter", "garden", "bread", "ocean", "candle", "forest", "silver"]
 PLAIN = DataConfig(chat_template=False)
 ATOL = 1e-4
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def synthetic_group(i: int, split: str, rng: random.Random,
@@ -103,16 +104,6 @@ def naive_eval(model_dir: Path, ref_dir: Path, groups: list[ValidatedGroup],
         accs.append(sum(1.0 if d > 0 else 0.5 if d == 0 else 0.0 for d in diffs) / len(diffs))
         margins.append(sum(diffs) / len(diffs))
     return sum(accs) / len(accs), sum(margins) / len(margins)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model gains nothing from threads, and on a busy 2-core machine OpenMP threads
-    oversubscribe (measured: a held-out scoring pass took 43 s with the default, 6 s with 1)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

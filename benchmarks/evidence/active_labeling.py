@@ -17,6 +17,9 @@ automatic kinds 0.5, annotator reliability), and the consensus order of every gr
 compared with the truth: pair accuracy over all pairs of all groups (a consensus tie counts
 half). ``oracle`` is not an option of grouppref: it sends the groups whose machine-only
 consensus has the most wrong pairs (it knows the truth), the ceiling of any selection.
+Uncertain selection here spends the whole budget on uncertain groups (``--audit-share 0``,
+the only choice when this ran; the default 0.2 is measured in
+:mod:`benchmarks.evidence.active_labeling_audit`).
 
     OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -m benchmarks.evidence.active_labeling
 """
@@ -25,14 +28,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from benchmarks.evidence import common as c
 from grouppref.labeling.config import PushConfig
@@ -144,7 +144,8 @@ def chosen_by(method: str, groups: list[AnnotatedGroup], n: int, seed: int,
         order = np.argsort(-wrong, kind="stable")[:n]
         return {groups[i].group_id for i in order}
     config = PushConfig(select="random" if method == "random" else "uncertain", budget=n,
-                        seed=seed, **({} if method == "random" else {"uncertainty": method}))
+                        seed=seed, **({} if method == "random" else
+                                      {"uncertainty": method, "audit_share": 0.0}))
     return set(select_groups(groups, config, "rank").ids)
 
 
@@ -199,6 +200,12 @@ def weight_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def report(rows: list[dict[str, Any]]) -> str:
+    """The accuracy table, then the human's weight."""
+    return table(rows) + "\n\nWeight of the human's rankings after the reliability step " \
+        "(mean over seeds; 0 = dropped as unreliable):\n\n" + weight_table(rows)
+
+
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib
 
@@ -221,37 +228,31 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def panel_parser(doc: str, name: str, seeds: int = 5) -> argparse.ArgumentParser:
+    """The options of a simulation on this panel: ``--groups``, ``--f-auto``, ``--f-human``,
+    ``--seeds`` (default ``0 .. seeds - 1``), ``--out``, ``--name`` (default ``name``) and
+    ``--replot`` (what :func:`benchmarks.evidence.common.run_or_replot` reads)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--groups", type=int, default=400)
     ap.add_argument("--f-auto", type=float, default=0.3, help="automatic rankers' flip rate")
     ap.add_argument("--f-human", type=float, default=0.05, help="the human's flip rate")
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(seeds)))
+    ap.add_argument("--out", type=Path, default=c.DOCS)
+    ap.add_argument("--name", default=name)
+    ap.add_argument("--replot", action="store_true", help="tables (and plot) from the JSON")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    ap = panel_parser(__doc__, "active_labeling")
     ap.add_argument("--reliability-iterations", type=int,
                     default=AggregateConfig().reliability_iterations,
                     help="the aggregate's reliability rounds (0: kind weights only)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--out", type=Path, default=c.DOCS)
-    ap.add_argument("--name", default="active_labeling")
-    ap.add_argument("--replot", action="store_true", help="tables and plot from the JSON")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    start = time.time()
-    path = args.out / f"{args.name}.json"
-    if args.replot:
-        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
-    else:
-        rows = [r for seed in args.seeds for r in run_seed(args, seed)]
-        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        c.write_json(path, {"settings": settings, "seconds": round(time.time() - start, 1),
-                            "environment": c.environment(), "rows": rows})
-    text = table(rows) + "\n\nWeight of the human's rankings after the reliability step " \
-        "(mean over seeds; 0 = dropped as unreliable):\n\n" + weight_table(rows)
-    (args.out / f"{args.name}_table.md").write_text(text + "\n", encoding="utf-8")
+    rows = c.run_or_replot(args, run_seed, report)
     plot(rows, args.out / f"{args.name}.png",
          f"automatic flip {args.f_auto:g}, human flip {args.f_human:g}, "
          f"{args.groups} groups, {len(args.seeds)} seeds")
-    print(text)
-    print(f"{time.time() - start:.0f} s")
     return rows
 
 

@@ -23,9 +23,6 @@ Every difference is paired by seed (the same panel and the same human answers pe
 from __future__ import annotations
 
 import argparse
-import json
-import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +33,7 @@ from benchmarks.evidence.active_labeling import (
     consensus_tiers,
     make_panel,
     pair_accuracy,
+    panel_parser,
     with_humans,
     wrong_pairs,
 )
@@ -131,30 +129,8 @@ def tables(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--groups", type=int, default=400)
-    ap.add_argument("--f-auto", type=float, default=0.3, help="automatic rankers' flip rate")
-    ap.add_argument("--f-human", type=float, default=0.05, help="the human's flip rate")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--out", type=Path, default=c.DOCS)
-    ap.add_argument("--name", default="active_labeling_audit")
-    ap.add_argument("--replot", action="store_true", help="tables from the JSON")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    start = time.time()
-    path = args.out / f"{args.name}.json"
-    if args.replot:
-        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
-    else:
-        rows = [r for seed in args.seeds for r in run_seed(args, seed)]
-        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        c.write_json(path, {"settings": settings, "seconds": round(time.time() - start, 1),
-                            "environment": c.environment(), "rows": rows})
-    text = tables(rows)
-    (args.out / f"{args.name}_table.md").write_text(text + "\n", encoding="utf-8")
-    print(text)
-    print(f"{time.time() - start:.0f} s")
-    return rows
+    ap = panel_parser(__doc__, "active_labeling_audit")
+    return c.run_or_replot(ap.parse_args(argv), run_seed, tables)
 
 
 if __name__ == "__main__":

@@ -21,12 +21,14 @@ Testbed (one per seed):
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import math
 import platform
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -384,6 +386,30 @@ def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
+def run_or_replot(args: Any, run_seed: Callable[[Any, int], list[dict[str, Any]]],
+                  render: Callable[[list[dict[str, Any]]], str]) -> list[dict[str, Any]]:
+    """The main block of a per-seed simulation: rows from ``args.out/<args.name>.json`` with
+    ``args.replot``, else ``run_seed(args, seed)`` over ``args.seeds``, written there with the
+    settings, seconds and environment; ``render(rows)`` goes to ``<name>_table.md`` and stdout.
+
+    ``args`` needs ``out``, ``name``, ``seeds`` and ``replot``; torch runs on one thread."""
+    torch.set_num_threads(1)
+    start = time.time()
+    path = args.out / f"{args.name}.json"
+    if args.replot:
+        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+    else:
+        rows = [r for seed in args.seeds for r in run_seed(args, seed)]
+        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        write_json(path, {"settings": settings, "seconds": round(time.time() - start, 1),
+                          "environment": environment(), "rows": rows})
+    text = render(rows)
+    (args.out / f"{args.name}_table.md").write_text(text + "\n", encoding="utf-8")
+    print(text)
+    print(f"{time.time() - start:.0f} s")
+    return rows
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -447,3 +473,47 @@ def run_pool(fn: Any, jobs: list[dict[str, Any]], workers: int, cache: Path | No
     with mp.get_context("spawn").Pool(workers, initializer=torch.set_num_threads,
                                       initargs=(1,)) as pool:
         return pool.map(_cached, args, chunksize=1)
+
+
+# --- What the experiment scripts' command lines, job caches and plots share (the scripts'
+# ``main`` and ``plot`` used to repeat these lines). ---
+
+
+def evidence_parser(doc: str | None, outputs: str = "JSON, tables, plots",
+                    workers: int | None = None, threads: int | None = None
+                    ) -> argparse.ArgumentParser:
+    """The options every experiment script takes: ``--quick`` and ``--out`` (a folder for
+    ``outputs``, default docs/evidence); with ``workers``, ``--workers`` (processes of one
+    torch thread each, that many by default); with ``threads``, ``--threads`` (torch threads
+    of the one process). The description is the first line of ``doc``."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test")
+    ap.add_argument("--out", type=Path, default=DOCS, help=f"folder for {outputs}")
+    if workers is not None:
+        ap.add_argument("--workers", type=int, default=workers,
+                        help="processes (one torch thread each)")
+    if threads is not None:
+        ap.add_argument("--threads", type=int, default=threads, help="torch threads")
+    return ap
+
+
+def job_cache(experiment: str, quick: bool) -> Path | None:
+    """Where :func:`run_pool` keeps the finished jobs of a full run of ``experiment`` (under
+    the system's temporary folder, so an interrupted run resumes); a quick run keeps none."""
+    return None if quick else Path(tempfile.gettempdir()) / "grouppref-evidence" / experiment
+
+
+def pooled_rows(fn: Any, jobs: list[dict[str, Any]], workers: int, cache: Path | None
+                ) -> list[Any]:
+    """:func:`run_pool` for jobs that each return a list of rows: all the rows, job by job."""
+    return [row for part in run_pool(fn, jobs, workers, cache) for row in part]
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> None:
+    """Lay out ``fig``, write it to ``path`` as a PNG (its folder made if missing), close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)

@@ -34,11 +34,9 @@ reference-std units. Differences are paired by seed (same task, data, labels) wi
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -215,9 +213,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     cfg = result["settings"]
     fig.suptitle(f"{cfg['human_prompts']} human + {cfg['auto_prompts']} automatic groups: "
                  "mean, 95% CI over seeds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    c.save_figure(fig, path)
 
 
 def write_outputs(result: dict[str, Any], out: Path, name: str) -> str:
@@ -229,10 +225,7 @@ def write_outputs(result: dict[str, Any], out: Path, name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes for the smoke test")
-    ap.add_argument("--out", type=Path, default=c.DOCS, help="folder for JSON, table, plot")
-    ap.add_argument("--workers", type=int, default=2, help="processes (one torch thread each)")
+    ap = c.evidence_parser(__doc__, "JSON, table, plot", workers=2)
     ap.add_argument("--regime", choices=tuple(REGIMES), default="few_human",
                     help="human / automatic groups: 200 / 1800 or 800 / 1200")
     ap.add_argument("--replot", action="store_true", help="redo table and plot from the JSON")
@@ -246,14 +239,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(write_outputs(result, args.out, name))
         return result
     jobs = [{"cfg": cfg, "seed": s, "method": m} for s in cfg["seeds"] for m in METHODS]
-    cache = None if args.quick else Path(tempfile.gettempdir()) / "grouppref-evidence" / "curriculum"
+    cache = c.job_cache("curriculum", args.quick)
     load0, t0 = os.getloadavg(), time.perf_counter()
     if args.collect and cache is not None:
         done = [j for j in jobs if c.cache_path(cache, j).exists()]
         seeds = [s for s in cfg["seeds"] if sum(j["seed"] == s for j in done) == len(METHODS)]
         cfg = {**cfg, "seeds": seeds}
         jobs = [j for j in done if j["seed"] in seeds]
-    rows = [r for part in c.run_pool(run_job, jobs, args.workers, cache) for r in part]
+    rows = c.pooled_rows(run_job, jobs, args.workers, cache)
     result = {"experiment": "curriculum", "settings": cfg, "methods": list(METHODS),
               "testbed": {**vars(c.Testbed()), **cfg["testbed"]}, "environment": c.environment(),
               "wall_s": time.perf_counter() - t0, "workers": args.workers,

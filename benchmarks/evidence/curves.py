@@ -36,10 +36,8 @@ Jobs (one per K, condition, seed, cached under ``$TMPDIR/grouppref-evidence/curv
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -180,10 +178,7 @@ def collect(cfg: dict[str, Any], jobs: list[dict[str, Any]], cache: Path) -> dic
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes for the CI smoke test")
-    ap.add_argument("--out", type=Path, default=c.DOCS, help="folder for JSON, tables, plots")
-    ap.add_argument("--workers", type=int, default=2, help="processes (one torch thread each)")
+    ap = c.evidence_parser(__doc__, workers=2)
     ap.add_argument("--replot", action="store_true", help="redo tables and plots from the JSON")
     ap.add_argument("--only", choices=("noise", "group_size"), help="run one experiment's jobs")
     ap.add_argument("--collect", action="store_true",
@@ -196,14 +191,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(report.write_outputs(result, args.out, name))
         return result
     jobs = [j for j in jobs_of(cfg) if args.only in (None, j["experiment"])]
-    cache = None if args.quick else Path(tempfile.gettempdir()) / "grouppref-evidence" / "curves"
+    cache = c.job_cache("curves", args.quick)
     if args.collect and cache is not None:
         result = collect(cfg, jobs, cache)
         print(report.write_outputs(result, args.out, name))
         c.log(f"collected {len(result['runs'])} rows; {len(result['missing_jobs'])} jobs not run")
         return result
     load0, t0 = os.getloadavg(), time.perf_counter()
-    rows = [r for part in c.run_pool(run_job, jobs, args.workers, cache) for r in part]
+    rows = c.pooled_rows(run_job, jobs, args.workers, cache)
     result = {"experiment": "curves", "settings": cfg, "methods": list(METHODS),
               "testbed": {**vars(c.Testbed()), **cfg["testbed"]}, "environment": c.environment(),
               "wall_s": time.perf_counter() - t0, "workers": args.workers,

@@ -16,8 +16,6 @@ same group), equal steps and batch size (in groups). Metrics as in experiment 1.
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -118,25 +116,17 @@ def plot(summary: dict[str, Any], cfg: dict[str, Any], path: Path) -> None:
         ax.set_title(f"{metric} after {step} steps")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    c.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes for the CI smoke test")
-    ap.add_argument("--out", type=Path, default=c.DOCS, help="folder for JSON, tables, plots")
-    ap.add_argument("--workers", type=int, default=2, help="processes (one torch thread each)")
-    args = ap.parse_args(argv)
+    args = c.evidence_parser(__doc__, workers=2).parse_args(argv)
     cfg = settings(args.quick)
     # largest K first so the slow jobs do not end up alone at the tail of the pool
     jobs = [{**cfg, "seed": s, "k": k, "setting": st} for k in sorted(cfg["ks"], reverse=True)
             for st in ("equal_prompts", "equal_budget") for s in cfg["seeds"]]
     t0 = time.perf_counter()
-    cache = None if args.quick else Path(tempfile.gettempdir()) / "grouppref-evidence" / "group_size"
-    rows = [r for part in c.run_pool(run_job, jobs, args.workers, cache) for r in part]
+    rows = c.pooled_rows(run_job, jobs, args.workers, c.job_cache("group_size", args.quick))
     summary = summarise(rows, cfg)
     name = "group_size_quick" if args.quick else "group_size"
     result = {"experiment": "group_size", "quick": args.quick, "settings": cfg,

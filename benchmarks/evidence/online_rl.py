@@ -21,12 +21,10 @@ mean rule score of greedy answers on held-out prompts, and the shares correct / 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import tempfile
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -133,11 +131,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run")
-    ap.add_argument("--out", type=Path, default=c.DOCS, help="folder for the JSON")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads")
-    args = ap.parse_args(argv)
+    args = c.evidence_parser(__doc__, "the JSON", threads=2).parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = settings(args.quick)
     model, tok = smol.load_smol()

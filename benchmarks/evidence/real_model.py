@@ -17,10 +17,8 @@ correct / in the required format, before and after.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -148,10 +146,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run")
-    ap.add_argument("--out", type=Path, default=c.DOCS, help="folder for the JSON")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap = c.evidence_parser(__doc__, "the JSON", threads=2)
     ap.add_argument("--seed", type=int, default=0, help="seed of prompts, samples, panel, order")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

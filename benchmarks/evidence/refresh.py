@@ -37,7 +37,6 @@ evaluations.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -354,17 +353,11 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel("true-reward gain (ref. std)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    c.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes for the CI smoke test")
-    ap.add_argument("--out", type=Path, default=c.DOCS, help="folder for JSON, table, plot")
-    ap.add_argument("--workers", type=int, default=1, help="processes (one torch thread each)")
+    ap = c.evidence_parser(__doc__, "JSON, table, plot", workers=1)
     ap.add_argument("--seeds", type=int, default=None, help="first N seeds only (default: all)")
     args = ap.parse_args(argv)
     cfg = settings(args.quick)
@@ -373,8 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shared = {k: v for k, v in cfg.items() if k != "seeds"}
     jobs = [{**shared, "seed": s} for s in cfg["seeds"]]
     t0, load_start = time.perf_counter(), os.getloadavg()
-    cache = None if args.quick else Path(tempfile.gettempdir()) / "grouppref-evidence" / "refresh"
-    runs = c.run_pool(run_job, jobs, args.workers, cache)
+    runs = c.run_pool(run_job, jobs, args.workers, c.job_cache("refresh", args.quick))
     summary = summarise(runs)
     name = "refresh_quick" if args.quick else "refresh"
     result = {"experiment": "refresh", "quick": args.quick, "settings": cfg,

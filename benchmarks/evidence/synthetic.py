@@ -22,9 +22,7 @@ std units), and KL(policy || reference).
 
 from __future__ import annotations
 
-import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -170,10 +168,7 @@ def plot(summary: dict[str, Any], conditions: list[str], steps: list[int], path:
             ax.set_title(f"{metric} after {s} steps")
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    c.save_figure(fig, path)
 
 
 def plot_frontier(summary: dict[str, Any], conditions: list[str], steps: list[int], path: Path) -> None:
@@ -195,9 +190,7 @@ def plot_frontier(summary: dict[str, Any], conditions: list[str], steps: list[in
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("true-reward gain (ref. std)")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    c.save_figure(fig, path)
 
 
 def write_outputs(result: dict[str, Any], out: Path, name: str) -> str:
@@ -218,10 +211,7 @@ def write_outputs(result: dict[str, Any], out: Path, name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes for the CI smoke test")
-    ap.add_argument("--out", type=Path, default=c.DOCS, help="folder for JSON, tables, plots")
-    ap.add_argument("--workers", type=int, default=2, help="processes (one torch thread each)")
+    ap = c.evidence_parser(__doc__, workers=2)
     ap.add_argument("--replot", action="store_true", help="redo tables and plots from the JSON")
     args = ap.parse_args(argv)
     cfg = settings(args.quick)
@@ -234,8 +224,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shared = {k: v for k, v in cfg.items() if k not in ("seeds", "conditions")}
     jobs = [{**shared, "seed": s, "condition": cond} for cond in cfg["conditions"] for s in cfg["seeds"]]
     t0 = time.perf_counter()
-    cache = None if args.quick else Path(tempfile.gettempdir()) / "grouppref-evidence" / "synthetic"
-    rows = [r for part in c.run_pool(run_job, jobs, args.workers, cache) for r in part]
+    rows = c.pooled_rows(run_job, jobs, args.workers, c.job_cache("synthetic", args.quick))
     summary = summarise(rows, cfg["conditions"], cfg["steps"])
     result = {"experiment": "synthetic", "quick": args.quick, "settings": cfg,
               "testbed": vars(c.Testbed()), "methods": list(c.METHODS),

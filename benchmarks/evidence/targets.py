@@ -106,9 +106,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("share that truly wins", fontsize=8)
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    c.save_figure(fig, path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

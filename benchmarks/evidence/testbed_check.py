@@ -13,7 +13,6 @@ Default plan: every variant on seed 0, the two rank-2 variants at lr 3e-4 also o
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -67,8 +66,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             for v in args.variants
             for s in [*args.seeds, *(args.more_seeds if v.startswith("rank2_") and "1e-3" not in v else [])]]
     t0 = time.perf_counter()
-    cache = Path(tempfile.gettempdir()) / "grouppref-evidence" / "testbed_check"
-    rows = [r for part in c.run_pool(run_job, jobs, args.workers, cache) for r in part]
+    rows = c.pooled_rows(run_job, jobs, args.workers, c.job_cache("testbed_check", quick=False))
     for r in rows:
         print(f"{r['variant']:24s} s{r['seed']} {r['method']:14s} {r['step']:5d} "
               f"acc {r['pair_accuracy']:.3f} (ceiling {r['independent_ceiling']:.3f}) "

@@ -30,7 +30,13 @@ from grouppref.stats.reliability import estimate_reliability, noise_rate, pairwi
 
 
 def panel(groups: int, flip: float, levels: int, declared: bool, seed: int) -> dict[str, Any]:
-    """ranks (B, A, K), ann (B, A), true flips / votes per annotator on decided pairs, tie share."""
+    """A constructed tied panel: K = 4 true scores drawn from ``levels`` values (3 levels: a
+    third of the pairs tie; 0: normal scores, no ties), three annotators at ``flip`` that must
+    order tied candidates (at random), and, with ``declared``, a rule-like ranking of the true
+    tiers as a 4th slot (tests/test_aggregate.py checks the noise estimate on it).
+
+    Returns ``ranks`` (B, A, K), ``ann`` (B, A), each annotator's ``flips`` and ``votes`` on
+    decided pairs, and the true share of tied pairs ``tie_share``."""
     rng = np.random.default_rng(seed)
     k, a = 4, 3 + int(declared)
     ranks = torch.empty(groups, a, k, dtype=torch.long)
@@ -43,7 +49,7 @@ def panel(groups: int, flip: float, levels: int, declared: bool, seed: int) -> d
             f, n = order_flips(order, scores)
             flips[m], votes[m] = flips[m] + f, votes[m] + n
             ranks[g, m, torch.tensor(order)] = torch.arange(k)
-        if declared:
+        if declared:  # tier index of each candidate: equal scores share a tier
             seen = sorted(set(scores), reverse=True)
             ranks[g, 3] = torch.tensor([seen.index(x) for x in scores])
             votes[3] += sum(scores[i] != scores[j] for i in range(k) for j in range(i + 1, k))

@@ -26,7 +26,7 @@ from grouppref.labeling.client import (
 from grouppref.labeling.config import PullConfig, PushConfig, TargetConfig
 from grouppref.labeling.pull import label_status, pull_run
 from grouppref.labeling.push import plan_selection, push_run
-from grouppref.pipeline.report.selection import selection_path
+from grouppref.pipeline.report.selection import audit_note, selection_path
 from grouppref.runs.store import RunStore
 
 M = TypeVar("M", bound=BaseModel)
@@ -93,15 +93,15 @@ def _push(config: PushConfig, extras: dict[str, Any], force: bool) -> None:
                else f"{selection.select} (seed {selection.seed})")
         audit = sum(g.role == "audit" for g in selection.selected)
         if audit:
-            how += f", {audit} of them audit groups drawn at random (seed {selection.seed})"
+            how += (f", {audit} of them audit group{'s' if audit != 1 else ''} drawn at "
+                    "random (--audit-share "
+                    f"{selection.audit_share:g}, seed {selection.seed})")
         out.print(f"  selected {len(selection.selected)} of {selection.groups} groups: "
                   f"{esc(how)}; list in {selection_path(store)}",
                   highlight=False)
-        if selection.select == "uncertain" and not audit:
-            err.print("note: no audit groups: the aggregate will judge these annotators on the "
-                      "hardest groups only, which makes good ones look unreliable; "
-                      "--audit-share 0.2 sends a random fifth of the budget to measure them "
-                      "(docs/labeling-push-pull.md)", highlight=False)
+        note = audit_note(selection)
+        if note:
+            err.print(f"note: {esc(note)}", highlight=False)
 
 
 push = config_command(

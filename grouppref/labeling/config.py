@@ -23,6 +23,9 @@ DEFAULT_WORKSPACE = "grouppref"  # also the embedded server's default workspace
 MAX_BATCH = 500  # the server's limit for one bulk upsert
 
 
+AUDIT_SHARE = 0.2  # default audit share of --select uncertain (docs/evidence.md, issue 18)
+
+
 SourceStage = Literal["rank", "generate", "simulate"]
 
 
@@ -74,13 +77,14 @@ class PushConfig(TargetConfig):
         "the Bradley-Terry posterior of the automatic rankings), kendall_w (1 - Kendall's W "
         "between automatic rankers) or rm_margin (smallest gap between a reward model's "
         "scores)."))
-    audit_share: float = Field(default=0.0, ge=0.0, le=1.0, description=(
+    audit_share: float | None = Field(default=None, ge=0.0, le=1.0, description=(
         "With --select uncertain: this share of the budget is drawn uniformly at random from "
         "all groups (--seed) as audit groups, the rest are the most uncertain of the others. "
         "Records say which (metadata selection: audit or uncertain), and the aggregate judges "
         "the reliability of an annotator who saw uncertain groups on its audit groups only "
-        "(the hardest groups make anyone look unreliable). 0: no audit; that annotator then "
-        "keeps its kind weight."))
+        "(the hardest groups make anyone look unreliable). Default: "
+        f"{AUDIT_SHARE:g} with --select uncertain, none otherwise. 0: no audit groups; "
+        "those annotators are then judged on the hardest groups (biased low)."))
     seed: int = Field(default=0, description="Seed of --select random (and of the order among "
                       "equally uncertain groups, and of the audit draw).")
 
@@ -92,10 +96,12 @@ class PushConfig(TargetConfig):
         if self.select != "all" and self.budget is None:
             raise ValueError(f"select {self.select!r} needs a budget: the number of groups "
                              "to send, e.g. --budget 100")
-        if self.audit_share > 0 and self.select != "uncertain":
+        if self.audit_share and self.select != "uncertain":
             raise ValueError(f"audit_share {self.audit_share:g} needs select 'uncertain' (a "
                              f"select {self.select!r} push is already uniform); add --select "
                              "uncertain or drop --audit-share")
+        if self.audit_share is None:  # resolved here, so the run records the share used
+            self.audit_share = AUDIT_SHARE if self.select == "uncertain" else 0.0
         return self
 
     def spec(self, k: int, chat: bool, existing: dict[str, Any] | None = None,

@@ -171,7 +171,7 @@ def select_groups(groups: Sequence[AnnotatedGroup], config: PushConfig, source: 
         ConfigError: a budget larger than the run, or a criterion whose inputs are missing.
     """
     base = {"select": config.select, "budget": config.budget, "seed": config.seed,
-            "source_stage": source, "groups": len(groups), "audit_share": config.audit_share}
+            "source_stage": source, "groups": len(groups), "audit_share": config.audit_share or 0.0}
     if config.select == "all":
         return LabelSelection(**base, selected=[SelectedGroup(
             group_id=g.group_id, uncertainty=None, role="all") for g in groups])
@@ -183,7 +183,7 @@ def select_groups(groups: Sequence[AnnotatedGroup], config: PushConfig, source: 
         return LabelSelection(**base, selected=[SelectedGroup(
             group_id=groups[i].group_id, uncertainty=None, role="random") for i in picked])
     u = uncertainty_of(groups, config.uncertainty, source)
-    audit, targeted = split_budget(u, n, config.audit_share, gen)
+    audit, targeted = split_budget(u, n, config.audit_share or 0.0, gen)
     rest = sorted(set(range(len(groups))) - set(audit) - set(targeted))
     sent = [(i, "uncertain") for i in targeted] + [(i, "audit") for i in audit]
     return LabelSelection(

@@ -9,6 +9,9 @@ Two measures per annotator, both over tensors of all groups (chunked by ``batch_
   annotator out matters: with 3 annotators a group's full consensus is pulled towards each
   one's own votes. ``tau`` drives the annotator weights: ``annotator_weight = kind_weight * clip(tau, 0, 1)``,
   iterated (consensus -> tau -> weights -> refit) ``reliability_iterations`` times.
+  With ``weight="log_odds"`` the weight is instead the log-odds of the annotator's pairwise
+  votes agreeing with that consensus (:func:`log_odds_weight`: ``log((1 - e) / e)`` of its
+  shrunk disagreement rate ``e``, floored at 0 and capped).
   An annotator is *unreliable* when its ``tau`` is not significantly above chance:
   ``tau <= unreliable_tau + z * se(tau)`` (se over its groups).
 * ``flip_rate``: the share of its pairwise votes against the (unknown) truth, from pairwise
@@ -102,6 +105,43 @@ class Reliability:
     audit_only: torch.Tensor | None = None  # bool: judged on its uniform (audit) groups only
 
 
+WEIGHTS = ("tau", "log_odds")  # how the reliability weight is made from the agreement
+
+
+def log_odds_weight(disagree: torch.Tensor, pairs: torch.Tensor, prior_pairs: float = 2.0,
+                    min_rate: float = 0.02) -> torch.Tensor:
+    """Reliability weight from an annotator's pairwise disagreement with the consensus.
+
+    ``e = (d + m / 2) / (n + m)``, ``w = log((1 - e) / e)`` clipped to
+    ``[0, log((1 - min_rate) / min_rate)]``, where ``d`` of the annotator's ``n`` strict
+    pairwise votes go against the consensus and ``m = prior_pairs``.
+
+    Under a one-coin noise model (each vote flips the true order with probability ``e``,
+    independently: Dawid and Skene 1979 with one error rate per annotator), ``log((1 - e) /
+    e)`` is the log-likelihood ratio one vote carries, i.e. what it is worth in the optimal
+    weighted majority (Nitzan and Paroush 1982); in a Bradley-Terry fit it multiplies the
+    annotator's votes. ``e`` is the posterior mean under a ``Beta(m/2, m/2)`` prior, which
+    shrinks an annotator with few pairs towards 0.5 (weight 0) and keeps a perfect record
+    finite; ``min_rate`` caps the weight (``log(49) = 3.89`` at 0.02). Departures: ``e`` is
+    measured against the (leave-one-out) consensus, not the truth, so the consensus' own
+    errors count against the annotator (Dawid-Skene would fit ``e`` and the truth jointly by
+    EM); an annotator worse than chance (``e > 0.5``) gets 0, not a negative weight (its
+    votes are not reversed).
+
+    Args:
+        disagree (torch.Tensor): ``(N,)`` votes against the consensus ``d``.
+        pairs (torch.Tensor): ``(N,)`` strict votes compared with it ``n`` (``d <= n``).
+        prior_pairs (float): ``m > 0``, pseudo-votes of the prior (half of them against).
+        min_rate (float): smallest ``e`` used, in ``(0, 0.5)``.
+
+    Returns:
+        torch.Tensor: ``(N,)`` weights, ``>= 0``.
+    """
+    e = (disagree + prior_pairs / 2) / (pairs + prior_pairs)
+    e = e.clamp(min=min_rate, max=0.5)
+    return torch.log((1 - e) / e)
+
+
 def fit_batches(wins: torch.Tensor, alpha: float, batch_size: int, max_iter: int) -> torch.Tensor:
     """:func:`bt.map_pairwise` over ``(B, K, K)`` wins in chunks of ``batch_size``; ``(B, K)``."""
     parts = [bt.map_pairwise(wins[s : s + batch_size], alpha, max_iter=max_iter)
@@ -167,6 +207,7 @@ def _tau_summary(acc: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     mean = torch.where(g > 0, acc["sum"] / g.clamp(min=1), math.nan)
     var = torch.where(g > 1, (acc["sq"] - g * mean**2) / (g - 1).clamp(min=1), math.nan)
     return {"tau": mean, "tau_se": (var.clamp(min=0) / g.clamp(min=1)).sqrt(), "groups": g,
+            "against": acc["d"], "compared": acc["c"] + acc["d"],
             "loo_disagreement": torch.where(acc["c"] + acc["d"] > 0,
                                             acc["d"] / (acc["c"] + acc["d"]).clamp(min=1), math.nan)}
 
@@ -243,7 +284,8 @@ def pairwise_agreement(ranks: torch.Tensor, ann: torch.Tensor, n: int, batch_siz
 def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.Tensor, *,
                          alpha: float, iterations: int, min_groups: int, unreliable_tau: float,
                          z: float, drop: bool, batch_size: int, max_iter: int,
-                         tie_tol: float, design: torch.Tensor | None = None) -> Reliability:
+                         tie_tol: float, design: torch.Tensor | None = None,
+                         weight: str = "tau") -> Reliability:
     """Iterate consensus -> tau -> weights, then estimate flip rates.
 
     Args:
@@ -253,6 +295,8 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
         design (torch.Tensor | None): ``(B, A)`` how each ranking's group was chosen
             (:data:`UNMARKED`, :data:`UNIFORM`, :data:`TARGETED`); None: every ranking counts
             (the estimator before selection markers; see the module docstring).
+        weight (str): ``tau`` (``clip(tau, 0, 1)``) or ``log_odds`` (:func:`log_odds_weight`
+            of its votes against the leave-one-out consensus, on the same groups as tau).
         alpha, iterations, min_groups, unreliable_tau, z, drop, batch_size, max_iter, tie_tol:
             the :class:`~grouppref.pipeline.aggregate.stage.AggregateConfig` settings.
 
@@ -281,8 +325,7 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
         enough = st["groups"] >= min_groups
         unreliable = enough & (st["tau"] <= unreliable_tau + z * st["tau_se"].nan_to_num(0.0))
         if iterations > 0:
-            annotator_w = kind_w * torch.where(enough, st["tau"].nan_to_num(0.0).clamp(0, 1),
-                                               1.0)
+            annotator_w = kind_w * torch.where(enough, _weight(st, weight), 1.0)
         if drop:
             annotator_w = torch.where(unreliable, 0.0, annotator_w)
     agr = pairwise_agreement(ranks, ann, n, batch_size, annotator_w,
@@ -294,6 +337,13 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
                        tie_rate=torch.where(agr.ranked > 0, agr.ties / agr.ranked.clamp(min=1), math.nan),
                        tied_share=agr.tied_pairs / agr.covered_pairs if agr.covered_pairs else None,
                        audit_only=audit_only)
+
+
+def _weight(st: dict[str, torch.Tensor], weight: str) -> torch.Tensor:
+    """The reliability weight of each annotator from its tau statistics (``weight``: WEIGHTS)."""
+    if weight == "log_odds":
+        return log_odds_weight(st["against"], st["compared"])
+    return st["tau"].nan_to_num(0.0).clamp(0, 1)
 
 
 def noise_rate(rel: Reliability) -> float | None:

@@ -57,6 +57,12 @@ class AggregateConfig(BaseModel):
         "uniformly (selection=audit, `--audit-share`), since the hardest groups make anyone "
         "look unreliable; with fewer than min_groups_for_reliability of them, on all its "
         "groups as before. all: every group for everyone (biased under selection).")
+    reliability_weight: Literal["tau", "log_odds"] = Field(
+        default="tau", description="How an annotator's reliability weight is made from its "
+        "agreement with the leave-one-out consensus (on the groups reliability_groups picks). "
+        "tau: clip(Kendall's tau, 0, 1). log_odds: log((1 - e) / e) of its share e of "
+        "pairwise votes against the consensus (shrunk towards 0.5 over few votes, floored "
+        "at 0, capped at log 49), what a vote is worth under a one-coin noise model.")
     min_groups_for_reliability: int = Field(default=5, ge=1, description="Annotators with fewer "
                                             "comparable groups keep their kind weight, unflagged.")
     unreliable_tau: float = Field(default=0.0, ge=-1, le=1, description="Chance level of tau: an "

@@ -117,7 +117,7 @@ def fit_parsed(parsed: ParsedInput, config: AggregateConfig) -> Aggregation:
             iterations=config.reliability_iterations, min_groups=config.min_groups_for_reliability,
             unreliable_tau=config.unreliable_tau, z=config.unreliable_z,
             drop=config.drop_unreliable, batch_size=config.batch_size, max_iter=config.max_iter,
-            tie_tol=config.tie_tolerance, design=design)
+            tie_tol=config.tie_tolerance, design=design, weight=config.reliability_weight)
         slot_w = slot_weights(ann, rel.annotator_weight)
         targets = resolve_targets(config, noise_rate(rel))
         fit = with_targets(fit_groups(ranks, slot_w, valid, config), targets)

@@ -6,6 +6,7 @@ ranker turns a flat list of scores back into per-group outcomes."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,17 +52,23 @@ def finite_scores(scores: list[float]) -> list[float]:
     return scores
 
 
-def collect_outcomes(slots: list[Any], values: list[float]) -> list[Outcome]:
-    """Per group, its scores ``values[offset : offset + count]`` for a slot ``(offset, count)``,
+def slot_outcomes(slots: list[Any], scores_of: Callable[[int, int], list[float]]
+                  ) -> list[Outcome]:
+    """Per group, ``scores_of(offset, count)`` for a slot ``(offset, count)`` of a flat batch,
     or the slot itself when it is a :class:`Skip` (or a Skip when a score is not finite)."""
     out: list[Outcome] = []
     for slot in slots:
         if isinstance(slot, Skip):
             out.append(slot)
             continue
-        offset, count = slot
         try:
-            out.append(finite_scores(values[offset : offset + count]))
+            out.append(finite_scores(scores_of(*slot)))
         except RankerInputError as e:
             out.append(Skip(str(e)))
     return out
+
+
+def collect_outcomes(slots: list[Any], values: list[float]) -> list[Outcome]:
+    """Per group, its scores ``values[offset : offset + count]`` for a slot ``(offset, count)``,
+    or the slot itself when it is a :class:`Skip` (or a Skip when a score is not finite)."""
+    return slot_outcomes(slots, lambda offset, count: values[offset : offset + count])

@@ -34,7 +34,7 @@ from grouppref.pipeline.rank.common import (
     Outcome,
     RankerInputError,
     Skip,
-    collect_outcomes,
+    slot_outcomes,
 )
 from grouppref.pipeline.rank.constraints import ConstraintError, parse_constraints, satisfaction
 from grouppref.pipeline.rank.model_rankers import (
@@ -169,15 +169,8 @@ class SimilarityRanker:
             flat.extend(texts)
         emb = self.model.encode(flat, batch_size=self.settings.batch_size, convert_to_tensor=True,
                                 show_progress_bar=False) if flat else torch.zeros((0, 1))
-        out: list[Outcome] = []
-        for slot in slots:
-            if isinstance(slot, Skip):
-                out.append(slot)
-                continue
-            offset, count = slot
-            s = rs.cosine_scores(emb[offset].float(), emb[offset + 1 : offset + count].float())
-            out.append(collect_outcomes([(0, count - 1)], s.tolist())[0])
-        return out
+        return slot_outcomes(slots, lambda offset, count: rs.cosine_scores(
+            emb[offset].float(), emb[offset + 1 : offset + count].float()).tolist())
 
 
 Ranker = RuleRanker | RewardRanker | JudgeRanker | SimilarityRanker | ServerJudgeRanker

@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
+from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.runs.store import RunStore
 from grouppref.schemas.reports import LabelSelection
 
 SHOWN = 20  # selected groups listed per role
+
+
+MIN_AUDIT = AggregateConfig.model_fields["min_groups_for_reliability"].default
 
 
 def selection_path(store: RunStore) -> Path:
@@ -43,8 +48,32 @@ def describe_selection(sel: LabelSelection) -> str:
     audited = (f" {audit} of them are audit groups drawn uniformly from all groups "
                f"(--audit-share {sel.audit_share:g}), on which annotators' reliability is "
                "measured." if audit else "")
+    note = audit_note(sel)
+    short = f" Note: {note}" if note else ""
     return (f"{sent} went to people: the least certain by {sel.uncertainty} ({sel.measure})."
-            f"{last}{audited} Equal values were ordered at random (seed {sel.seed}).")
+            f"{last}{audited} Equal values were ordered at random (seed {sel.seed}).{short}")
+
+
+def audit_note(sel: LabelSelection, min_groups: int = MIN_AUDIT) -> str | None:
+    """What an uncertain selection's audit groups let the aggregate do, when it falls short:
+    no audit groups, or fewer than ``min_groups`` (the aggregate's
+    ``min_groups_for_reliability``) in all; None when there are enough, or for a uniform
+    selection (random, all), which needs none."""
+    if sel.select != "uncertain":
+        return None
+    audit = sum(g.role == "audit" for g in sel.selected)
+    if audit >= min_groups:
+        return None
+    need = math.ceil(min_groups / sel.audit_share) if sel.audit_share else None
+    fix = (f"a budget of {need} or more at --audit-share {sel.audit_share:g} gives "
+           f"{min_groups}" if need else f"the default --audit-share 0.2 gives {min_groups} "
+           f"from a budget of {math.ceil(min_groups / 0.2)}")
+    what = "no audit groups" if not audit else \
+        f"only {audit} audit group{'s' if audit > 1 else ''}"
+    return (f"{what} in a budget of {sel.budget} (--audit-share {sel.audit_share:g}); the "
+            f"aggregate needs {min_groups} per person, so it will judge these annotators on "
+            "all their groups, mostly the hardest ones, which makes good ones look "
+            f"unreliable; {fix} (docs/labeling-push-pull.md)")
 
 
 def selection_table(sel: LabelSelection) -> tuple[list[str], list[list[Any]]]:
