@@ -171,7 +171,8 @@ def _packed_call(model: Any, layout: packing.GroupLayout, **kwargs: Any,
         out, head = _head_rows(model, {packing.MASKS_KWARG: layout.tensors(keys)}, **kwargs)
         return out, head, True
     probe = packing.Probe()
-    with torch.compiler.set_stance("force_eager"):
+    stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
+    with stance("force_eager") if stance is not None else contextlib.nullcontext():
         out, head = _head_rows(model, {packing.MASKS_KWARG: layout, packing.PROBE_KWARG: probe},
                                **kwargs)
     ok = probe.unsupported is None and probe.calls == getattr(inner.config, "num_hidden_layers", None)
