@@ -15,6 +15,9 @@ Engines, each on a fresh model with the same seed, one after the other in this p
 * ``grouppref-unshared``: ``share_prefix=False`` (N rows of prompt + response);
 * ``grouppref-plain-head`` (only when named in ``--engines``): the packed pass with the model's
   own LM head and ``taken_logps`` instead of the fused head (``train/taken.py``), to measure it;
+* ``grouppref-compiled`` (only when named): the packed pass with each decoder layer compiled as
+  ``train --compile`` does (``packing.compile_layers``); its first warm-up steps include the
+  compile (printed), so give it ``--warmup`` >= 3;
 * ``hf``: the peer, a plain ``model(input_ids, labels=...).loss.backward()`` + the same AdamW on the
   same N = B·K rows of prompt + response (labels on the response tokens), what a trainer without
   prefix sharing or grouppref's log-prob code runs.
@@ -51,7 +54,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from benchmarks.train_peak_report import report  # noqa: E402
 from grouppref.train import logps as logps_mod  # noqa: E402
+from grouppref.train import packing  # noqa: E402
 from grouppref.train.batch import GroupBatch  # noqa: E402
 from grouppref.train.logps import group_logps  # noqa: E402
 from grouppref.train.losses import gspo_loss, implicit_rewards  # noqa: E402
@@ -67,7 +72,7 @@ SHAPES = {  # LlamaConfig fields of the public models (weights random here)
                  num_key_value_heads=2, vocab_size=1000, tie_word_embeddings=True),
 }
 ENGINES = ("grouppref", "grouppref-cached", "grouppref-unshared", "hf")
-OPTIONAL_ENGINES = ("grouppref-plain-head",)
+OPTIONAL_ENGINES = ("grouppref-plain-head", "grouppref-compiled")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -165,7 +170,7 @@ def flops(engine: str, cfg, args) -> dict[str, float]:
     def causal(n: int) -> int:
         return n * (n + 1) // 2
 
-    if engine in ("grouppref", "grouppref-cached", "grouppref-plain-head"):  # prompt once, K on top
+    if engine.startswith("grouppref") and engine != "grouppref-unshared":  # prompt once, K on top
         tokens = b * (p + k * (t - 1))
         rows = b * (1 + k * (t - 1))  # each prompt's last position + response positions
         pairs = b * (causal(p) + k * ((t - 1) * p + causal(t - 1)))
@@ -181,7 +186,9 @@ def flops(engine: str, cfg, args) -> dict[str, float]:
             "data_tokens": b * (p + k * t)}
 
 
-def run_engine(engine: str, shape_name: str, args, device, dtype, step, ref) -> dict:
+def build_engine(engine: str, shape_name: str, args, device, dtype, step, ref):
+    """A fresh model, optimizer and batch for ``engine``; returns its step closure, the model's
+    config and the reference log-probs (computed once, by the first engine)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     shape = SHAPES[shape_name]
@@ -198,6 +205,8 @@ def run_engine(engine: str, shape_name: str, args, device, dtype, step, ref) -> 
         logps_mod._FALLBACK[model] = "benchmark: the two-pass KV-cache path"
     if engine == "grouppref-plain-head":
         logps_mod._NO_FUSED_HEAD[model] = "benchmark: the model's own LM head + taken_logps"
+    if engine == "grouppref-compiled":  # as `train --compile`: each decoder layer, inductor
+        packing.compile_layers(model)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     ids, labels = hf_rows(batch)
 
@@ -209,15 +218,36 @@ def run_engine(engine: str, shape_name: str, args, device, dtype, step, ref) -> 
         else:
             step(model, optim, batch, engine != "grouppref-unshared")
 
+    return one, cfg, ref
+
+
+def timed(one, device, times: list, cpu: list) -> None:
+    start, start_cpu = time.perf_counter(), time.process_time()
+    one()
+    sync(device)
+    times.append(time.perf_counter() - start)
+    cpu.append(time.process_time() - start_cpu)
+
+
+def run_engines(engines: list[str], shape_name: str, args, device, dtype, step, ref) -> tuple:
+    """Time ``engines``: each warmed up, then their measured steps in turns (one engine: plain
+    sequence) so that a shared machine's load hits them alike. Returns results by engine, ref."""
+    built, times, cpu = {}, {}, {}
+    for engine in engines:
+        built[engine], cfg, ref = build_engine(engine, shape_name, args, device, dtype, step, ref)
+        times[engine], cpu[engine] = [], []
+        for _ in range(args.warmup):
+            timed(built[engine], device, times[engine], cpu[engine])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times, cpu = [], []
-    for _ in range(args.warmup + args.steps):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        one()
-        sync(device)
-        times.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
+    for _ in range(args.steps):
+        for engine in engines:
+            timed(built[engine], device, times[engine], cpu[engine])
+    return {e: summarise(e, shape_name, cfg, args, device, built[e], times[e], cpu[e])
+            for e in engines}, ref
+
+
+def summarise(engine: str, shape_name: str, cfg, args, device, one, times, cpu) -> dict:
     measured = times[args.warmup:]
     half = len(measured) // 2
     profile = profile_steps(one, args.profile, device) if args.profile else None
@@ -235,7 +265,7 @@ def run_engine(engine: str, shape_name: str, args, device, dtype, step, ref) -> 
         out["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
     if profile is not None:
         out["profile"] = profile
-    return out, ref
+    return out
 
 
 def profile_steps(one, steps: int, device: torch.device, top: int = 14) -> dict:
@@ -280,71 +310,26 @@ def bench_shape(shape_name: str, args, device, dtype, step) -> dict:
     m = args.groups * (args.prompt_len + args.k * args.resp_len)
     peaks, peak, peak_cpu = model_peak(SHAPES[shape_name], m, device, dtype, args.peak_seconds)
     results, failed, ref = {}, {}, None
-    for engine in args.engines:
+    for group in ([args.engines] if args.interleave else [[e] for e in args.engines]):
         try:
-            results[engine], ref = run_engine(engine, shape_name, args, device, dtype, step, ref)
+            done, ref = run_engines(group, shape_name, args, device, dtype, step, ref)
         except Exception as e:  # one failing engine (OOM, API drift) must not lose the rest
-            print(f"{shape_name} {engine} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
-            failed[engine] = f"{type(e).__name__}: {e}"
+            print(f"{shape_name} {group} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+            failed.update({engine: f"{type(e).__name__}: {e}" for engine in group})
             continue
         finally:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        r = results[engine]
-        print(f"{shape_name} {engine}: {r['median_s']:.4f} s/step, "
-              f"{r['achieved_flops'] / 1e9:.1f} GFLOP/s", file=sys.stderr)
+        results.update(done)
+        for engine, r in done.items():
+            print(f"{shape_name} {engine}: {r['median_s']:.4f} s/step, {r['achieved_flops'] / 1e9:.1f}"
+                  f" GFLOP/s; warm-up steps {', '.join(f'{t:.1f}' for t in r['step_times'][:args.warmup])} s",
+                  file=sys.stderr)
     for r in results.values():
         r["fraction_of_peak"] = r["achieved_flops"] / peak
         r["fraction_of_peak_cpu_time"] = r["flops_per_cpu_s"] / peak_cpu
     return {"matmul_peak_flops": peak, "matmul_peak_flops_per_cpu_s": peak_cpu,
             "matmul_flops_by_shape": peaks, "engines": results, "failed": failed}
-
-
-def report(all_results: dict, args) -> None:
-    for shape_name, res in all_results["shapes"].items():
-        peak = res["matmul_peak_flops"]
-        print(f"\n{shape_name}, {args.device} {args.dtype}, B={args.groups} groups of K={args.k}, "
-              f"prompt {args.prompt_len} + responses {args.resp_len} tokens; median of "
-              f"{args.steps} steps after {args.warmup} warm-up; matmul peak "
-              f"{peak / 1e9:.1f} GFLOP/s ({res['matmul_peak_flops_per_cpu_s'] / 1e9:.1f} GFLOP "
-              f"per CPU-s)\n")
-        cpu = args.device == "cpu"
-        print("| engine | s/step | data tokens/s | model tokens/s | GFLOP/step | GFLOP/s "
-              "| of matmul peak |" + (" GFLOP per CPU-s | of peak per CPU-s |" if cpu else "")
-              + " drift |")
-        print("|---|---|---|---|---|---|---|" + ("---|---|" if cpu else "") + "---|")
-        engines = res["engines"]
-        for name, r in engines.items():
-            per_cpu = (f" {r['flops_per_cpu_s'] / 1e9:.1f} | {r['fraction_of_peak_cpu_time']:.0%} |"
-                       if cpu else "")
-            print(f"| {name} | {r['median_s']:.4f} | {r['data_tokens_per_s']:.0f} | "
-                  f"{r['model_tokens_per_s']:.0f} | {r['flops'] / 1e9:.1f} | "
-                  f"{r['achieved_flops'] / 1e9:.1f} | {r['fraction_of_peak']:.0%} |{per_cpu} "
-                  f"{r['drift']:.2f} |")
-        for name, r in engines.items():
-            if "profile" in r:
-                print_profile(name, r["profile"])
-        for name, error in res["failed"].items():
-            print(f"| {name} | failed: {error[:200]} |")
-        g = engines.get("grouppref")
-        for other in ("hf", "grouppref-cached", "grouppref-unshared", "grouppref-plain-head"):
-            if g and other in engines:
-                o = engines[other]
-                cpu_step = {n: e["flops"] / e["flops_per_cpu_s"] for n, e in (("g", g), ("o", o))}
-                print(f"grouppref / {other}: {g['data_tokens_per_s'] / o['data_tokens_per_s']:.2f}x "
-                      f"data tokens/s, {g['achieved_flops'] / o['achieved_flops']:.2f}x achieved "
-                      "FLOP/s" + (f"; {cpu_step['o'] / cpu_step['g']:.2f}x data tokens per CPU-s"
-                                  if cpu else ""))
-
-
-def print_profile(engine: str, prof: dict) -> None:
-    print(f"\n{engine} profile: {prof['steps']} steps, {prof['self_ms_per_step']:.0f} ms self time "
-          f"per step ({prof['clock']})\n")
-    print("| op | share of self time | ms/step | calls/step |")
-    print("|---|---|---|---|")
-    for op in prof["ops"]:
-        print(f"| {op['op']} | {op['share']:.1%} | {op['ms_per_step']:.1f} | "
-              f"{op['calls_per_step']:.0f} |")
 
 
 def main() -> None:
@@ -363,6 +348,9 @@ def main() -> None:
     parser.add_argument("--peak-seconds", type=float, default=1.0, help="time per matmul shape")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="after timing, profile this many more steps per engine (torch.profiler)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="warm every engine up, then run their measured steps in turns (A/B "
+                        "on a shared machine: the load hits all engines alike)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     args.engines = [e for e in args.engines.split(",") if e]

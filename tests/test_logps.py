@@ -28,7 +28,12 @@ def model(tiny_lm_dir):
 
 def _groups() -> list[TokenizedGroup]:
     """Three groups: prompts of 5, 11 and 1 tokens; K = 3, 2, 4; responses of 1 to 9 tokens."""
-    g = torch.Generator().manual_seed(7)
+    return make_groups([("a", 5, [3, 9, 1]), ("b", 11, [4, 2]), ("c", 1, [2, 5, 7, 6])], seed=7)
+
+
+def make_groups(spec: list[tuple[str, int, list[int]]], seed: int) -> list[TokenizedGroup]:
+    """Groups of random token ids: (group id, prompt length, response lengths) each."""
+    g = torch.Generator().manual_seed(seed)
 
     def ids(n: int) -> list[int]:
         return torch.randint(3, 5000, (n,), generator=g).tolist()
@@ -40,7 +45,7 @@ def _groups() -> list[TokenizedGroup]:
                               order=list(range(k)), ref_logps=None, behavior_logps=[None] * k,
                               split=None)
 
-    return [group("a", 5, [3, 9, 1]), group("b", 11, [4, 2]), group("c", 1, [2, 5, 7, 6])]
+    return [group(*row) for row in spec]
 
 
 def _naive(model, groups: list[TokenizedGroup]) -> torch.Tensor:

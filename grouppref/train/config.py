@@ -203,6 +203,11 @@ class TrainConfig(BaseModel):
         default=False, description="Recompute activations in backward to save memory (with "
         "share_prefix: models on sdpa attention only)."
     )
+    compile: bool = Field(
+        default=False, description="torch.compile each decoder layer (inductor; a one-off "
+        "compile on the first steps and one more when batch shapes first change; see "
+        "docs/train.md)."
+    )
     lora: LoraSettings | None = Field(default=None, description="Train LoRA adapters only.")
     share_prefix: bool = Field(
         default=True, description="Compute each group's prompt once for its K candidates."

@@ -50,6 +50,8 @@ Tensor = torch.Tensor
 
 _FALLBACK: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _NO_FUSED_HEAD: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# Models whose first packed pass ran the grouped attention in every layer: the mask keys used.
+_CHECKED: weakref.WeakKeyDictionary[Any, frozenset] = weakref.WeakKeyDictionary()
 
 
 def _positions(mask: Tensor) -> Tensor:
@@ -135,13 +137,13 @@ def _head_bypassed(head: torch.nn.Linear | None) -> Iterator[list[Tensor]]:
         del head.forward
 
 
-def _head_rows(model: Any, layout: packing.GroupLayout | None,
-               **kwargs: Any) -> tuple[Tensor, torch.nn.Linear | None]:
+def _head_rows(model: Any, packed: dict[str, Any], **kwargs: Any,
+               ) -> tuple[Tensor, torch.nn.Linear | None]:
     """A training call's output: the hidden states entering a fusable head (and the head), else
-    the logits. A model that turns out to transform its head's output is rerun, once per model.
+    the logits. ``packed`` holds the packed pass's extra keywords (masks, probe). A model that
+    turns out to transform its head's output is rerun, once per model.
     """
-    if layout is not None:
-        kwargs[packing.LAYOUT_KWARG] = layout
+    kwargs.update(packed)
     head = _fusable_head(model)
     if head is not None:
         try:
@@ -152,9 +154,31 @@ def _head_rows(model: Any, layout: packing.GroupLayout | None,
         except Exception:  # noqa: BLE001 - its code after the head needed real logits
             pass
         _NO_FUSED_HEAD[_inner(model)] = "the model transforms the LM head's output"
-        if layout is not None:
-            layout.calls, layout.unsupported = 0, None
+        if (probe := packed.get(packing.PROBE_KWARG)) is not None:
+            probe.reset()
     return model(**kwargs).logits, None
+
+
+def _packed_call(model: Any, layout: packing.GroupLayout, **kwargs: Any,
+                 ) -> tuple[Tensor, torch.nn.Linear | None, bool]:
+    """The packed forward: ``_head_rows``'s output and whether every layer ran the grouped
+    attention. A model's first packed call runs eagerly with a :class:`packing.Probe` that counts
+    the attention calls and records the mask keys; later calls get those masks, built up front,
+    as tensors only (a compiled decoder layer takes them without a graph break)."""
+    inner = _inner(model)
+    keys = _CHECKED.get(inner)
+    if keys is not None:
+        out, head = _head_rows(model, {packing.MASKS_KWARG: layout.tensors(keys)}, **kwargs)
+        return out, head, True
+    probe = packing.Probe()
+    stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
+    with stance("force_eager") if stance is not None else contextlib.nullcontext():
+        out, head = _head_rows(model, {packing.MASKS_KWARG: layout, packing.PROBE_KWARG: probe},
+                               **kwargs)
+    ok = probe.unsupported is None and probe.calls == getattr(inner.config, "num_hidden_layers", None)
+    if ok:
+        _CHECKED[inner] = frozenset(probe.keys)
+    return out, head, ok
 
 
 def _packed(model: Any, prompt: tuple[Tensor, Tensor], cand: tuple[Tensor, Tensor],
@@ -177,10 +201,8 @@ def _packed(model: Any, prompt: tuple[Tensor, Tensor], cand: tuple[Tensor, Tenso
     ids = torch.cat([prompt_ids, resp_in.reshape(b, k * t)], dim=1)  # (B, L)
     pos = torch.cat([layout.prompt_pos, layout.resp_pos.reshape(b, k * t)], dim=1)
     placeholder = torch.ones(b, 1, 1, 1, dtype=torch.bool, device=ids.device)  # 4D: used as is
-    out, head = _head_rows(model, layout, input_ids=ids, attention_mask=placeholder,
-                           position_ids=pos, use_cache=False, logits_to_keep=1 + k * t)
-    layers = getattr(_inner(model).config, "num_hidden_layers", None)
-    ok = layout.unsupported is None and layout.calls == layers
+    out, head, ok = _packed_call(model, layout, input_ids=ids, attention_mask=placeholder,
+                                 position_ids=pos, use_cache=False, logits_to_keep=1 + k * t)
     logits = out.reshape(b * (1 + k * t), -1)  # row b·(1+K·T) + c: column P-1+c of row b
     first = torch.arange(b, device=ids.device).repeat_interleave(k) * (1 + k * t)  # (B·K,)
     rows = torch.cat([first[:, None], first[:, None] + 1 + (torch.arange(b * k, device=ids.device)
@@ -223,7 +245,7 @@ def _unshared(model: Any, prompt: tuple[Tensor, Tensor], cand: tuple[Tensor, Ten
     ids = torch.cat([prompt_ids[rows], resp], dim=1)[:, :-1]  # (N, P+T-1)
     mask = torch.cat([prompt_mask[rows], resp_mask], dim=1)[:, :-1]
     n, t = resp.shape
-    logits, head = _head_rows(model, None, input_ids=ids, attention_mask=mask,
+    logits, head = _head_rows(model, {}, input_ids=ids, attention_mask=mask,
                               position_ids=_positions(mask), use_cache=False,
                               logits_to_keep=t)  # (N, T, V), or (N, T, d) with a head
     logit_rows = torch.arange(n * t, device=resp.device).view(n, t)

@@ -28,9 +28,14 @@ Padding queries attend to themselves only (no all-masked rows, so no NaN); paddi
 masked for every real query.
 
 The function is registered with transformers' ``AttentionInterface`` under :data:`NAME`; it
-delegates to ``sdpa`` unchanged whenever a call carries no :class:`GroupLayout` (generation,
+delegates to ``sdpa`` unchanged whenever a call carries no packed masks (generation,
 evaluation by other code), and its mask function is ``sdpa``'s, so a model routed through it
 behaves exactly as with ``sdpa`` outside :func:`grouppref.train.logps.group_logps`.
+
+On the packed path the call carries only tensors (the masks, keyed by GQA factor and sliding
+window), so a decoder layer compiled with ``torch.compile`` traces it in one graph; the check that
+every layer ran it (a :class:`Probe` counting calls) rides along only on a model's first packed
+pass, which runs eagerly (:mod:`grouppref.train.logps`).
 """
 
 from __future__ import annotations
@@ -44,7 +49,10 @@ import torch.nn.functional as F
 Tensor = torch.Tensor
 
 NAME = "grouppref_grouped_sdpa"
-LAYOUT_KWARG = "grouppref_layout"
+MASKS_KWARG = "grouppref_masks"
+PROBE_KWARG = "grouppref_probe"
+
+MaskKey = tuple[int, "int | None"]  # (G query heads per key/value head, sliding window)
 
 
 @dataclass
@@ -52,16 +60,17 @@ class GroupLayout:
     """The packed rows of one call and the masks derived from them (built once, used by every layer).
 
     ``prompt_real`` (B, P) and ``resp_real`` (B, K, T) mark real input tokens; ``prompt_pos``
-    (B, P) and ``resp_pos`` (B, K, T) are their position ids.
+    (B, P) and ``resp_pos`` (B, K, T) are their position ids. ``layout[(g, window)]`` builds
+    (once) the masks of the layers with ``g`` query heads per key/value head and that sliding
+    window; :meth:`tensors` gives the masks of known keys as a plain dict (tensors only, what a
+    ``torch.compile``-d layer can take without a graph break).
     """
 
     prompt_real: Tensor
     resp_real: Tensor
     prompt_pos: Tensor
     resp_pos: Tensor
-    calls: int = 0
-    unsupported: str | None = None
-    _masks: dict[tuple[int, int | None], tuple[Tensor, Tensor]] = field(default_factory=dict)
+    _masks: dict[MaskKey, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -69,15 +78,19 @@ class GroupLayout:
         b, k, t = self.resp_real.shape
         return b, k, self.prompt_real.shape[1], t
 
-    def masks(self, g: int, window: int | None) -> tuple[Tensor, Tensor]:
+    def __getitem__(self, key: MaskKey) -> tuple[Tensor, Tensor]:
         """Boolean masks (True = attend) with each query row repeated ``g`` times (GQA folding).
 
         Returns:
             tuple[Tensor, Tensor]: prompts (B, 1, G·P, P) and responses (B·K, 1, G·T, P + T).
         """
-        if (g, window) not in self._masks:
-            self._masks[(g, window)] = self._build(g, window)
-        return self._masks[(g, window)]
+        if key not in self._masks:
+            self._masks[key] = self._build(*key)
+        return self._masks[key]
+
+    def tensors(self, keys: frozenset[MaskKey]) -> dict[MaskKey, tuple[Tensor, Tensor]]:
+        """The masks of ``keys`` (as :meth:`__getitem__`), built now, in a plain dict."""
+        return {key: self[key] for key in keys}
 
     def _build(self, g: int, window: int | None) -> tuple[Tensor, Tensor]:
         b, k, p, t = self.shape
@@ -95,6 +108,20 @@ class GroupLayout:
         own = own | torch.eye(t, dtype=torch.bool, device=dev)
         resp = torch.cat([to_prompt, own], dim=-1).reshape(b * k, 1, t, p + t)
         return prompt[:, None].repeat(1, 1, g, 1), resp.repeat(1, 1, g, 1)
+
+
+@dataclass
+class Probe:
+    """What the attention calls of one checked (eager) pass saw: how many ran the grouped
+    attention, with which mask keys, and the first feature it does not implement."""
+
+    calls: int = 0
+    keys: set[MaskKey] = field(default_factory=set)
+    unsupported: str | None = None
+
+    def reset(self) -> None:
+        self.calls, self.unsupported = 0, None
+        self.keys.clear()
 
 
 def _fold(x: Tensor, kv: int) -> Tensor:
@@ -116,45 +143,60 @@ def _unsupported(module: Any, kwargs: dict[str, Any]) -> str | None:
 def grouped_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
                       attention_mask: Tensor | None, dropout: float = 0.0,
                       scaling: float | None = None, **kwargs: Any) -> tuple[Tensor, None]:
-    """transformers attention function: grouped attention when the call carries a layout.
+    """transformers attention function: grouped attention when the call carries packed masks.
+
+    Tensor-only on the packed path when no :class:`Probe` rides along (so a compiled decoder
+    layer traces it without a graph break): the masks come as ``{(g, window): (prompt, resp)}``
+    under :data:`MASKS_KWARG` (a :class:`GroupLayout` or a plain dict), and B, K, P, T are read
+    from the tensor shapes.
 
     Args:
         module (Any): the attention module (``is_causal``, optional ``sliding_window``).
         query (Tensor): (B, H, L, D). key, value (Tensor): (B, KV, L, D).
-        attention_mask (Tensor | None): ignored with a layout (the layout's masks are used).
+        attention_mask (Tensor | None): ignored with packed masks (those are used instead).
         dropout (float): attention dropout probability.
         scaling (float | None): score scale (default 1/sqrt(D)).
 
     Returns:
         tuple[Tensor, None]: the output (B, L, H, D), like transformers' ``sdpa``.
     """
-    layout: GroupLayout | None = kwargs.pop(LAYOUT_KWARG, None)
-    if layout is None:
+    masks = kwargs.pop(MASKS_KWARG, None)
+    probe: Probe | None = kwargs.pop(PROBE_KWARG, None)
+    if masks is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-    layout.calls += 1
-    layout.unsupported = layout.unsupported or _unsupported(module, kwargs)
-    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
     b, h, _, d = query.shape
     kv = key.shape[1]
-    _, k, p, t = layout.shape
-    prompt_mask, resp_mask = layout.masks(h // kv, window)
+    mask_key = (h // kv, kwargs.get("sliding_window", getattr(module, "sliding_window", None)))
+    if probe is not None:
+        probe.calls += 1
+        probe.keys.add(mask_key)
+        probe.unsupported = probe.unsupported or _unsupported(module, kwargs)
+    prompt_mask, resp_mask = masks[mask_key]
+    p = prompt_mask.shape[-1]
+    k, t = resp_mask.shape[0] // b, resp_mask.shape[-1] - p
     sdpa = dict(dropout_p=dropout, scale=scaling)
-    out = F.scaled_dot_product_attention(_fold(query[:, :, :p], kv), key[:, :, :p],
-                                         value[:, :, :p], attn_mask=prompt_mask, **sdpa)
+    q_prompt, q_resp = query.split([p, k * t], dim=2)  # split, not slices: its backward is one
+    k_prompt, k_resp = key.split([p, k * t], dim=2)  # cat (slicing's zero-fills a full-size
+    v_prompt, v_resp = value.split([p, k * t], dim=2)  # gradient per slice, then adds them)
+    # Contiguous keys/values: sdpa saves its inputs for backward, and a compiled layer's backward
+    # with symbolic sizes asserted the strides of the first shapes on these split views.
+    out = F.scaled_dot_product_attention(_fold(q_prompt, kv), k_prompt.contiguous(),
+                                         v_prompt.contiguous(), attn_mask=prompt_mask, **sdpa)
     out = out.reshape(b, h, p, d)
     if t:
         def per_response(x: Tensor) -> Tensor:  # (B, X, K·T, D) -> (B·K, X, T, D)
-            return x[:, :, p:].reshape(b, x.shape[1], k, t, d).transpose(1, 2).reshape(b * k, -1, t, d)
+            return x.reshape(b, x.shape[1], k, t, d).transpose(1, 2).reshape(b * k, -1, t, d)
 
-        def with_prompt(x: Tensor) -> Tensor:  # (B, KV, L, D) -> (B·K, KV, P + T, D)
-            shared = x[:, None, :, :p].expand(b, k, kv, p, d).reshape(b * k, kv, p, d)
-            return torch.cat([shared, per_response(x)], dim=2)
+        def with_prompt(shared: Tensor, own: Tensor) -> Tensor:  # -> (B·K, KV, P + T, D)
+            shared = shared[:, None].expand(b, k, kv, p, d).reshape(b * k, kv, p, d)
+            return torch.cat([shared, per_response(own)], dim=2)
 
-        resp = F.scaled_dot_product_attention(_fold(per_response(query), kv), with_prompt(key),
-                                              with_prompt(value), attn_mask=resp_mask, **sdpa)
+        resp = F.scaled_dot_product_attention(
+            _fold(per_response(q_resp), kv), with_prompt(k_prompt, k_resp),
+            with_prompt(v_prompt, v_resp), attn_mask=resp_mask, **sdpa)
         resp = resp.reshape(b, k, h, t, d).transpose(1, 2).reshape(b, h, k * t, d)
         out = torch.cat([out, resp], dim=2)
     return out.transpose(1, 2).contiguous(), None
@@ -183,3 +225,24 @@ def install(model: Any) -> bool:
     AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     model.set_attn_implementation(NAME)
     return model.config._attn_implementation == NAME
+
+
+def compile_layers(model: Any, **options: Any) -> int:
+    """``torch.compile`` each decoder layer of ``model`` in place (``module.compile(**options)``).
+
+    Decoder layers are the modules whose class transformers names in ``_no_split_modules``
+    (``LlamaDecoderLayer``, ...). Identical layers share one compiled graph (dynamo inlines
+    ``nn.Module`` calls and lifts their parameters to graph inputs), so compiling 30 layers costs
+    one compile of a layer's forward and one of its backward. The embedding, the final norm, the
+    LM head and the log-prob code stay eager. The packed pass hands each layer tensors only.
+
+    Returns:
+        int: how many layers were compiled (0: no decoder layer found, nothing changed).
+    """
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    for layer in layers:
+        layer.compile(**options)
+    return len(layers)

@@ -110,7 +110,12 @@ def check_checkpointing(model: Any, config: TrainConfig) -> None:
 
 
 def _prepare_policy(model: Any, config: TrainConfig) -> Any:
-    """Gradient checkpointing and LoRA adapters, then train mode."""
+    """Gradient checkpointing, LoRA adapters and ``torch.compile`` of the decoder layers, then
+    train mode.
+
+    Raises:
+        ConfigError: ``compile`` on a model without decoder layers to compile.
+    """
     if config.gradient_checkpointing:
         enable_checkpointing(model)
     if config.lora is not None:
@@ -122,6 +127,10 @@ def _prepare_policy(model: Any, config: TrainConfig) -> Any:
             target_modules=lora.target_modules, task_type="CAUSAL_LM"))
         if config.gradient_checkpointing:
             model.enable_input_require_grads()
+    if config.compile and packing.compile_layers(model) == 0:
+        raise ConfigError(f"--compile found no decoder layer to compile in "
+                          f"{type(model).__name__} (it names none in _no_split_modules); "
+                          "train without --compile")
     return model.train()
 
 
