@@ -26,9 +26,12 @@ FLOPs are analytic and count useful work only: ``6 · non-embedding params`` per
 through the model, ``6 · d · V`` per logit row that reaches the LM head, and ``12 · H · d_head``
 per attended (query, key) pair per layer (causal pairs only; padding and masked entries computed
 by a dense kernel are not counted). Achieved FLOP/s = FLOPs / step time; its ratio to the
-measured matmul peak (best of square and model-shaped ``torch.matmul`` in the model dtype) is the
-fraction of the limit reached. Data tokens/s counts the distinct tokens of the groups consumed
-(B·(P + K·T) per step), the same for every engine: the user-facing throughput.
+measured matmul limit is the fraction of the limit reached, against two measures of the limit
+(``benchmarks/matmul_limit.py``, square and model-shaped ``torch.matmul`` in the model dtype):
+the peak (the fastest short burst) and the sustained rate (median over windows of back-to-back
+products, measured before and after the engines and averaged: like for like with a median
+step). Data tokens/s counts the distinct tokens of the groups consumed (B·(P + K·T) per step),
+the same for every engine: the user-facing throughput.
 
 Usage::
 
@@ -54,6 +57,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from benchmarks.matmul_limit import model_peak, model_sustained  # noqa: E402
 from benchmarks.train_peak_report import report  # noqa: E402
 from grouppref.train import logps as logps_mod  # noqa: E402
 from grouppref.train import packing  # noqa: E402
@@ -79,34 +83,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def matmul_peak(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, int, int]],
-                seconds: float) -> dict[str, float]:
-    """Best FLOP/s of ``torch.matmul`` per (M, K, N) shape, each timed for about ``seconds``."""
-    out = {}
-    for m, k, n in shapes:
-        a = torch.randn(m, k, device=device, dtype=dtype)
-        b = torch.randn(k, n, device=device, dtype=dtype)
-        for _ in range(3):
-            a @ b
-        sync(device)
-        best, best_cpu, spent = float("inf"), float("inf"), 0.0
-        reps = 1
-        while spent < seconds:
-            start, start_cpu = time.perf_counter(), time.process_time()
-            for _ in range(reps):
-                a @ b
-            sync(device)
-            took = time.perf_counter() - start
-            spent += took
-            best = min(best, took / reps)
-            best_cpu = min(best_cpu, (time.process_time() - start_cpu) / reps)
-            reps = min(reps * 2, 64) if took < seconds / 8 else reps
-        out[f"{m}x{k}x{n}"] = 2 * m * k * n / best
-        out[f"{m}x{k}x{n} per CPU-s"] = 2 * m * k * n / max(best_cpu, 1e-9)
-        del a, b
-    return out
 
 
 def make_batch(shape: dict, args, device: torch.device) -> GroupBatch:
@@ -290,25 +266,10 @@ def profile_steps(one, steps: int, device: torch.device, top: int = 14) -> dict:
                      "calls_per_step": c / steps} for k, t, c in events[:top]]}
 
 
-def model_peak(shape: dict, tokens: int, device: torch.device, dtype: torch.dtype,
-               seconds: float) -> tuple[dict[str, float], float, float]:
-    """The matmul peak for a model shape: square and (tokens x d x ffn, ffn x d, d x V) products.
-
-    Returns:
-        tuple: FLOP/s by shape, the best wall-clock FLOP/s, the best FLOP per CPU-second.
-    """
-    d, f, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
-    square = 2048 if device.type == "cpu" else 8192
-    peaks = matmul_peak(device, dtype, [(square, square, square), (tokens, d, f), (tokens, f, d),
-                                        (tokens, d, v)], seconds)
-    peak = max(v for name, v in peaks.items() if not name.endswith("CPU-s"))
-    peak_cpu = max(v for name, v in peaks.items() if name.endswith("CPU-s"))
-    return peaks, peak, peak_cpu
-
-
 def bench_shape(shape_name: str, args, device, dtype, step) -> dict:
     m = args.groups * (args.prompt_len + args.k * args.resp_len)
     peaks, peak, peak_cpu = model_peak(SHAPES[shape_name], m, device, dtype, args.peak_seconds)
+    before = model_sustained(SHAPES[shape_name], m, device, dtype, args.peak_seconds)
     results, failed, ref = {}, {}, None
     for group in ([args.engines] if args.interleave else [[e] for e in args.engines]):
         try:
@@ -325,11 +286,18 @@ def bench_shape(shape_name: str, args, device, dtype, step) -> dict:
             print(f"{shape_name} {engine}: {r['median_s']:.4f} s/step, {r['achieved_flops'] / 1e9:.1f}"
                   f" GFLOP/s; warm-up steps {', '.join(f'{t:.1f}' for t in r['step_times'][:args.warmup])} s",
                   file=sys.stderr)
+    after = model_sustained(SHAPES[shape_name], m, device, dtype, args.peak_seconds)
+    sustained, sustained_cpu = (before[1] + after[1]) / 2, (before[2] + after[2]) / 2
     for r in results.values():
         r["fraction_of_peak"] = r["achieved_flops"] / peak
         r["fraction_of_peak_cpu_time"] = r["flops_per_cpu_s"] / peak_cpu
+        r["fraction_of_sustained"] = r["achieved_flops"] / sustained
+        r["fraction_of_sustained_cpu_time"] = r["flops_per_cpu_s"] / sustained_cpu
     return {"matmul_peak_flops": peak, "matmul_peak_flops_per_cpu_s": peak_cpu,
-            "matmul_flops_by_shape": peaks, "engines": results, "failed": failed}
+            "matmul_flops_by_shape": peaks, "matmul_sustained_flops": sustained,
+            "matmul_sustained_flops_per_cpu_s": sustained_cpu,
+            "matmul_sustained_before": before[0], "matmul_sustained_after": after[0],
+            "engines": results, "failed": failed}
 
 
 def main() -> None:

@@ -7,6 +7,10 @@ OTHERS = ("hf", "grouppref-cached", "grouppref-unshared", "grouppref-plain-head"
           "grouppref-compiled")
 
 
+def _best(by_shape: dict[str, float]) -> str:
+    return f"{max(v for k, v in by_shape.items() if not k.endswith('CPU-s')) / 1e9:.1f}"
+
+
 def report(all_results: dict, args) -> None:
     for shape_name, res in all_results["shapes"].items():
         peak = res["matmul_peak_flops"]
@@ -14,20 +18,24 @@ def report(all_results: dict, args) -> None:
               f"prompt {args.prompt_len} + responses {args.resp_len} tokens; median of "
               f"{args.steps} steps after {args.warmup} warm-up; matmul peak "
               f"{peak / 1e9:.1f} GFLOP/s ({res['matmul_peak_flops_per_cpu_s'] / 1e9:.1f} GFLOP "
-              f"per CPU-s)\n")
+              f"per CPU-s); sustained matmul rate {res['matmul_sustained_flops'] / 1e9:.1f} GFLOP/s "
+              f"({res['matmul_sustained_flops_per_cpu_s'] / 1e9:.1f} GFLOP per CPU-s; before "
+              f"{_best(res['matmul_sustained_before'])} and after {_best(res['matmul_sustained_after'])}"
+              " GFLOP/s)\n")
         cpu = args.device == "cpu"
         print("| engine | s/step | data tokens/s | model tokens/s | GFLOP/step | GFLOP/s "
-              "| of matmul peak |" + (" GFLOP per CPU-s | of peak per CPU-s |" if cpu else "")
+              "| of matmul peak | of sustained rate |"
+              + (" GFLOP per CPU-s | of peak per CPU-s | of sustained per CPU-s |" if cpu else "")
               + " drift |")
-        print("|---|---|---|---|---|---|---|" + ("---|---|" if cpu else "") + "---|")
+        print("|---|---|---|---|---|---|---|---|" + ("---|---|---|" if cpu else "") + "---|")
         engines = res["engines"]
         for name, r in engines.items():
             per_cpu = (f" {r['flops_per_cpu_s'] / 1e9:.1f} | {r['fraction_of_peak_cpu_time']:.0%} |"
-                       if cpu else "")
+                       f" {r['fraction_of_sustained_cpu_time']:.0%} |" if cpu else "")
             print(f"| {name} | {r['median_s']:.4f} | {r['data_tokens_per_s']:.0f} | "
                   f"{r['model_tokens_per_s']:.0f} | {r['flops'] / 1e9:.1f} | "
-                  f"{r['achieved_flops'] / 1e9:.1f} | {r['fraction_of_peak']:.0%} |{per_cpu} "
-                  f"{r['drift']:.2f} |")
+                  f"{r['achieved_flops'] / 1e9:.1f} | {r['fraction_of_peak']:.0%} | "
+                  f"{r['fraction_of_sustained']:.0%} |{per_cpu} {r['drift']:.2f} |")
         for name, r in engines.items():
             if "profile" in r:
                 print_profile(name, r["profile"])

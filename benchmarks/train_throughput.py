@@ -212,7 +212,8 @@ def run_engine(args) -> dict:
 def machine_peak(args) -> tuple[float, float]:
     """fp32 matmul peak (FLOP/s wall, FLOP per CPU-s) with the engines' thread count."""
     import torch
-    from train_peak import SHAPES, model_peak
+    from matmul_limit import model_peak
+    from train_peak import SHAPES
 
     if args.threads:
         torch.set_num_threads(args.threads)
