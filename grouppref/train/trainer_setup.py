@@ -19,7 +19,12 @@ from grouppref.train import checkpoint, packing
 from grouppref.train.config import TrainConfig
 from grouppref.train.data import TokenizedGroup, tokenize_groups
 from grouppref.train.mix import check_sources
-from grouppref.train.prepare import enable_checkpointing, fresh_accelerator, require_trainable
+from grouppref.train.prepare import (
+    add_lora,
+    enable_checkpointing,
+    fresh_accelerator,
+    require_trainable,
+)
 from grouppref.train.reference import ReferenceInfo, ensure_reference, require_reference
 from grouppref.train.trim import trim_for_loss
 
@@ -61,7 +66,7 @@ def prepare_data(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir:
     from accelerate.utils import set_seed
 
     accelerator = fresh_accelerator(config, log_with=list(config.report_to) or None,
-                                    project_config=_project(out_dir))
+                                    project_config=checkpoint.project_config(out_dir))
     set_seed(config.seed)
     ckpt = checkpoint.find(out_dir, resume) if resume else None
     if ckpt is not None:
@@ -77,12 +82,6 @@ def prepare_data(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir:
         plan = plan_refresh(config, groups, tokenizer, accelerator.distributed_type.value)
     return Prepared(accelerator=accelerator, tokenizer=tokenizer, train_set=train_set,
                     held_out=held_out, rejects=rejects, checkpoint=ckpt, plan=plan)
-
-
-def _project(out_dir: Path) -> Any:
-    from accelerate.utils import ProjectConfiguration
-
-    return ProjectConfiguration(project_dir=str(out_dir), logging_dir=str(out_dir / "logs"))
 
 
 def _disable_dropout(model: Any) -> None:
@@ -119,14 +118,7 @@ def _prepare_policy(model: Any, config: TrainConfig) -> Any:
     if config.gradient_checkpointing:
         enable_checkpointing(model)
     if config.lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        lora = config.lora
-        model = get_peft_model(model, LoraConfig(
-            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-            target_modules=lora.target_modules, task_type="CAUSAL_LM"))
-        if config.gradient_checkpointing:
-            model.enable_input_require_grads()
+        model = add_lora(model, config.lora, "CAUSAL_LM", config.gradient_checkpointing)
     if config.compile and packing.compile_layers(model) == 0:
         raise ConfigError(f"--compile found no decoder layer to compile in "
                           f"{type(model).__name__} (it names none in _no_split_modules); "
