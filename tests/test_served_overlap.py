@@ -36,7 +36,8 @@ from tests.fake_openai_server import MODEL as FAKE_MODEL
 from tests.fake_openai_server import SLOW, _answer, fake_openai_server
 
 MODELS = ("fake-a", "fake-b")
-IDLE_S = 1.0  # a held request is answered after this long without a new arrival
+IDLE_S = 2.5  # a held request is answered after this long without a new arrival (a loaded CI
+# machine once stalled the client > 1 s between two requests of one burst)
 GATE_S = 30.0  # the longest a gated request waits for its gate (a guard against a deadlock)
 DUPLICATE = "DUPLICATE"  # a prompt holding this gets one text for its first K answers
 PROBES = ("Say OK.", "Answer with Yes or No.")  # generate's and the judge's probe: not counted
