@@ -41,8 +41,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from grouppref.errors import InputFileError, RowError
+from grouppref.readers.files import folder_files
 from grouppref.readers.pairs import pair_group
-from grouppref.readers.rows import FORMATS, HUB_ID, iter_rows, maybe_json, to_reject
+from grouppref.readers.rows import HUB_ID, SUFFIXES, iter_rows, maybe_json, to_reject
 from grouppref.runs.hashing import fingerprint_file, sha256_text
 from grouppref.schemas import (
     AnnotatedGroup,
@@ -101,7 +102,7 @@ def is_local(text: str) -> bool:
     has other than two path parts, or whose first part is a local folder (``runs/demo``).
     """
     path = Path(text).expanduser()
-    if path.exists() or text.startswith((".", "/", "~")) or text.endswith(FORMATS):
+    if path.exists() or text.startswith((".", "/", "~")) or text.endswith(SUFFIXES):
         return True
     parts = Path(text).parts
     return len(parts) != 2 or Path(parts[0]).is_dir()
@@ -140,14 +141,12 @@ def _open_folder(path: Path, stage: str) -> tuple[list[Row], list[Reject]]:
     export of the same name."""
     import datasets
 
-    try:
-        if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
+    if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
+        try:
             return _rows_of(_dataset_rows(datasets.load_from_disk(str(path)))), []
-        files = datasets.load_dataset_builder(str(path)).config.data_files or {}
-    except _datasets_error() as e:
-        raise InputFileError(f"{path}: not a dataset folder grouppref can read (a save_to_disk "
-                             f"folder, or Parquet/JSON Lines files named by split with an "
-                             f"optional README.md): {e}") from e
+        except _datasets_error() as e:
+            raise InputFileError(f"{path}: cannot load the saved dataset ({e})") from e
+    files = folder_files(path)
     rows: list[Row] = []
     rejects: list[Reject] = []
     for split, names in files.items():

@@ -28,12 +28,15 @@ from pydantic import ValidationError
 
 from grouppref.config import SAVE_AS_UTF8, UTF8_BOM, text_problem
 from grouppref.errors import InputFileError, RowError
+from grouppref.readers.files import COMPRESSIONS, folder_files, format_suffix, open_binary, read_bytes
 from grouppref.runs.hashing import fingerprint_file, sha256_text
 from grouppref.schemas.records import Reject
 
 T = TypeVar("T")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-FORMATS = (".jsonl", ".ndjson", ".json", ".csv", ".parquet")
+FORMATS = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet")
+# every name a data file may end in, compressed or not (a Hub id never does)
+SUFFIXES = FORMATS + tuple(f + c for f in FORMATS if f != ".parquet" for c in COMPRESSIONS)
 BLANK = "blank line (skipped)"
 Row = dict[str, Any] | RowError
 
@@ -81,8 +84,9 @@ class _Decoding:
 
 
 def _open_text(path: Path) -> bytes:
-    """The file's bytes without a UTF-8 BOM, after refusing binary and UTF-16/32 files."""
-    data = path.read_bytes()
+    """The file's bytes (decompressed) without a UTF-8 BOM, after refusing binary and
+    UTF-16/32 files."""
+    data = read_bytes(path)
     problem = text_problem(data[:65536])
     if problem is not None:
         raise InputFileError(f"{path}: cannot read: {problem}; {SAVE_AS_UTF8}")
@@ -123,7 +127,7 @@ def _loads(text: str) -> Any:
 
 def _check_head(path: Path) -> None:
     """Refuse a binary or UTF-16/32 file from its first 64 KiB (one line, exit code 2)."""
-    with path.open("rb") as fh:
+    with open_binary(path) as fh:
         problem = text_problem(fh.read(65536))
     if problem is not None:
         raise InputFileError(f"{path}: cannot read: {problem}; {SAVE_AS_UTF8}")
@@ -133,7 +137,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Row]]:
     """JSONL rows, streamed line by line (``\n`` or ``\r\n``), each line decoded on its own."""
     _check_head(path)
     decoding = _Decoding(path)
-    with path.open("rb") as fh:
+    with open_binary(path) as fh:
         for number, raw in enumerate(fh, start=1):
             raw = raw.removesuffix(b"\n").removesuffix(b"\r")
             if number == 1:
@@ -202,12 +206,12 @@ def _rows_json(path: Path) -> list[Any]:
 CSV_FIELD_LIMIT = 2**31 - 1  # the csv module's default (128 KiB) refuses a long prompt
 
 
-def _iter_csv(path: Path) -> Iterator[tuple[int, Row]]:
+def _iter_csv(path: Path, delimiter: str = ",") -> Iterator[tuple[int, Row]]:
     data = _open_text(path)
     if csv.field_size_limit() < CSV_FIELD_LIMIT:
         csv.field_size_limit(CSV_FIELD_LIMIT)
     try:
-        reader = csv.reader(io.StringIO(_escaped(data), newline=""))
+        reader = csv.reader(io.StringIO(_escaped(data), newline=""), delimiter=delimiter)
         header = next(reader, None)
         if header is None:
             return
@@ -225,7 +229,8 @@ def _iter_csv(path: Path) -> Iterator[tuple[int, Row]]:
             else:
                 yield number, dict(zip(header, cells, strict=True))
     except csv.Error as e:
-        raise InputFileError(f"{path}: cannot read as CSV ({e})") from e
+        kind = "TSV" if delimiter == "\t" else "CSV"
+        raise InputFileError(f"{path}: cannot read as {kind} ({e})") from e
 
 
 def _with_decoding(path: Path, rows: Iterator[tuple[int, Row]]) -> Iterator[tuple[int, Row]]:
@@ -248,17 +253,42 @@ def _rows_dataset(source: str, split: str) -> list[dict[str, Any]]:
     import datasets
 
     try:
-        if Path(source).exists():
-            loaded = datasets.load_from_disk(source)
-        else:
-            loaded = datasets.load_dataset(source, split=split)
+        loaded = datasets.load_dataset(source, split=split)
     except (FileNotFoundError, ValueError, OSError, ConnectionError) as e:
         raise InputFileError(f"{source}: cannot load dataset ({e})") from e
-    if isinstance(loaded, datasets.DatasetDict):
-        if split not in loaded:
-            raise InputFileError(f"{source}: no split {split!r}; it has {list(loaded)}")
-        loaded = loaded[split]
     return list(loaded)
+
+
+def _no_split(source: str, split: str, have: list[str]) -> InputFileError:
+    return InputFileError(f"{source}: no split {split!r}; it has {have} (pick one with --split)")
+
+
+def _iter_folder(path: Path, split: str) -> Iterator[tuple[int, Row]]:
+    """The rows of ``split`` in a ``save_to_disk`` folder, or in a folder of data files (a
+    cloned Hub repository, ``export --parquet DIR``: :func:`folder_files`), numbered across
+    the split's files in order."""
+    if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
+        import datasets
+
+        try:
+            loaded = datasets.load_from_disk(str(path))
+        except (FileNotFoundError, ValueError, OSError) as e:
+            raise InputFileError(f"{path}: cannot load dataset ({e})") from e
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise _no_split(str(path), split, list(loaded))
+            loaded = loaded[split]
+        yield from _numbered(list(loaded), str(path))
+        return
+    files = folder_files(path)
+    if split not in files:
+        raise _no_split(str(path), split, list(files))
+    offset = 0
+    for name in files[split]:
+        number = 0
+        for number, row in iter_rows(name):
+            yield offset + number, row
+        offset += number
 
 
 def _numbered(rows: list[Any], source: str) -> Iterator[tuple[int, Row]]:
@@ -279,31 +309,37 @@ def iter_rows(source: str | Path, split: str = "train") -> Iterator[tuple[int, R
     """
     text = str(source)
     path = Path(text)
+    suffix = format_suffix(path)
     if path.is_dir():
-        yield from _numbered(_rows_dataset(text, split), text)
+        yield from _iter_folder(path, split)
     elif not path.exists():
-        if HUB_ID.match(text) and not text.endswith(FORMATS):
+        if HUB_ID.match(text) and not text.endswith(SUFFIXES):
             yield from _numbered(_rows_dataset(text, split), text)
         else:
             raise InputFileError(f"{path}: file not found")
-    elif path.suffix in (".jsonl", ".ndjson"):
+    elif suffix in (".jsonl", ".ndjson"):
         yield from _iter_jsonl(path)
-    elif path.suffix == ".json":
+    elif suffix == ".json":
         yield from _with_decoding(path, _numbered(_rows_json(path), text))
-    elif path.suffix == ".csv":
-        yield from _with_decoding(path, _iter_csv(path))
-    elif path.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            rows = pq.read_table(path).to_pylist()
-        except (pa.ArrowInvalid, OSError) as e:
-            raise InputFileError(f"{path}: cannot read as Parquet ({e})") from e
-        yield from _numbered(rows, text)
+    elif suffix in (".csv", ".tsv"):
+        yield from _with_decoding(path, _iter_csv(path, "\t" if suffix == ".tsv" else ","))
+    elif suffix == ".parquet" and path.suffix.lower() == ".parquet":
+        yield from _numbered(_rows_parquet(path), text)
     else:
-        raise InputFileError(f"{path}: unknown format {path.suffix!r}; use one of "
-                             f"{', '.join(FORMATS)} or a saved dataset directory")
+        named = suffix + (path.suffix if path.suffix.lower() in COMPRESSIONS else "")
+        raise InputFileError(f"{path}: unknown format {named!r}; use one of "
+                             f"{', '.join(FORMATS)} (the text formats may be compressed: "
+                             f"{', '.join(COMPRESSIONS)}) or a dataset folder")
+
+
+def _rows_parquet(path: Path) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()  # type: ignore[no-any-return]
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputFileError(f"{path}: cannot read as Parquet ({e})") from e
 
 
 def source_fingerprint(source: str) -> str:
