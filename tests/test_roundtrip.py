@@ -22,6 +22,8 @@ from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.stage import run_aggregate
 from grouppref.pipeline.export.config import ExportConfig
 from grouppref.pipeline.export.stage import run_export
+from grouppref.pipeline.imports.config import ImportConfig
+from grouppref.pipeline.imports.stage import read_import
 from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.pipeline.validate.stage import run_validate, split_key, split_of
 from grouppref.readers.pairs import FROM_PAIR
@@ -99,6 +101,31 @@ def test_every_export_reads_back(runs: dict[bool, RunStore], tmp_path: Path, nam
         assert pair_group.consensus == [[chosen.candidate_id], [rejected.candidate_id]]
         assert pair_group.prompt.as_messages() == origin.prompt.as_messages()
         assert (pair_group.prompt.messages is None) == (not chat)  # chat stays chat
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_every_export_imports_back_by_split(runs: dict[bool, RunStore], tmp_path: Path,
+                                            name: str) -> None:
+    """`grouppref import` reads each container `export` writes (a save_to_disk folder, a
+    Parquet folder, a Hub-layout folder), split by split, every row kept. (Groups from the
+    text run: the chat run's factory gives every chat prompt the one id ``chat``, which import
+    rightly rejects as one id for several prompts.)"""
+    store = runs[not name.startswith("groups")]
+    _export(store, name, tmp_path / "out")
+    for split in ("train", "test"):
+        want = [g for g in store.load_records("validate", ValidatedGroup) if g.split == split]
+        got = read_import(ImportConfig(source=str(tmp_path / "out"), split=split))
+        assert got.rejects == [] and got.groups
+        if name.startswith("groups"):
+            assert got.stats["layout"] == "groups" and got.rows == len(want)
+            assert {g.group_id: ([c.text for c in g.candidates], len(g.rankings))
+                    for g in got.groups} == {
+                g.group_id: ([c.text for c in g.candidates], len(g.rankings)) for g in want}
+        else:  # one row per pair; the pairs of a prompt merge into its group again
+            assert got.stats["layout"] == "pairs"
+            assert got.rows == sum(len(g.pairs) for g in want)
+            assert sorted(sorted(c.text for c in g.candidates) for g in got.groups) == \
+                sorted(sorted(c.text for c in g.candidates) for g in want)
 
 
 def test_a_parquet_file_of_one_split_reads_as_that_split(runs: dict[bool, RunStore],

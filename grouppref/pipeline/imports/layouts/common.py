@@ -181,6 +181,18 @@ class Context:
                                            f"{column}[{i}]"))
         return out
 
+    def absent(self, names: list[str], found: set[str], keys: set[str], number: int,
+               where: str, option: str, rejects: list[Reject]) -> None:
+        """A part-reject for the score fields that no response of the row holds at all (a
+        misspelt ``option``, or data without them), which would otherwise leave the row
+        without their rankings and say nothing."""
+        missing = [n for n in names if n not in found]
+        if missing and keys:
+            rejects.append(self.reject(
+                f"no response has {', '.join(map(repr, missing))} (their fields: {sorted(keys)}; "
+                f"see {option}): no ranking by {'it' if len(missing) == 1 else 'them'} here",
+                number, where))
+
     def add_response(self, group: RawGroup, value: Any, number: int, where: str) -> int:
         """Append the response in ``value`` (see :meth:`response`) to ``group``; its index."""
         text, model = self.response(value, number, where)

@@ -46,6 +46,9 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
                           f"{where}.{ctx.config.rank_key}", rejects)
         if rank is not None:  # rank 1 is best: the score is its negative
             group.vote(ctx.annotator, number).scores[index] = -rank
+    keys = {k for _, answer in answers for k in answer}
+    ctx.absent([ctx.config.rank_key], keys, keys, number, ctx.mapping.responses or "answers",
+               "--rank-key", rejects)
 
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:

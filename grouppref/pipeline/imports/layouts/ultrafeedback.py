@@ -48,6 +48,8 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
          rejects: list[Reject]) -> None:
     completions = ctx.objects(row, number, "completion", rejects)
     group = grouper.group(ctx.prompt(row, number, extra=("source",)), number)
+    found: set[str] = set()
+    keys: set[str] = set()
     for where, completion in completions:
         index = ctx.add_response(group, completion, number, where)
         if not isinstance(completion.get("annotations") or {}, dict):
@@ -56,9 +58,14 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
                 f"got {type(completion['annotations']).__name__}; this completion's aspects "
                 "are left out", number, f"{where}.annotations"))
             completion = {k: v for k, v in completion.items() if k != "annotations"}
+        annotations = completion.get("annotations") or {}
+        keys |= set(completion) | set(annotations)
         for name in ctx.scores:
+            found.update([name] if name in completion or name in annotations else [])
             value, at = _rating(completion, name)
             ctx.add_score(group, name, index, value, number, f"{where}.{at}", rejects)
+    ctx.absent(ctx.scores, found, keys, number, ctx.mapping.responses or "completions",
+               "--score", rejects)
 
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:

@@ -1,0 +1,146 @@
+"""A team's own data as it arrives: compressed JSON Lines and CSV, TSV, a folder in the Hub's
+layout (a cloned dataset repository), misspelt score options. The files are in
+``tests/data/newuser/``, hand-written in the published schemas (TRL pairs, nvidia/HelpSteer2);
+the compressed and Parquet forms are made from them with the standard tools' libraries."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import importlib.util
+import json
+import lzma
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+import pytest
+
+from grouppref.errors import InputFileError
+from grouppref.pipeline.imports.config import ImportConfig
+from grouppref.pipeline.imports.layouts.common import Imported
+from grouppref.pipeline.imports.stage import read_import
+from grouppref.readers.rows import iter_rows
+
+DATA = Path(__file__).parent / "data" / "newuser"
+PAIRS = DATA / "trl_pairs.jsonl"
+COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
+    ".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}
+
+
+def summary(imported: Imported) -> tuple[list[str], list[list[str]], int]:
+    """What an import made, independent of the file it came from: prompts, candidate texts,
+    number of rankings."""
+    groups = sorted(imported.groups, key=lambda g: g.prompt.text or "")
+    return ([g.prompt.text or "" for g in groups],
+            [sorted(c.text for c in g.candidates) for g in groups],
+            sum(len(g.rankings) for g in groups))
+
+
+@pytest.mark.parametrize("suffix", list(COMPRESSORS))
+@pytest.mark.parametrize("name", ["trl_pairs.jsonl", "helpsteer2.tsv"])
+def test_a_compressed_file_reads_as_the_plain_one(tmp_path: Path, name: str, suffix: str) -> None:
+    packed = tmp_path / (name + suffix)
+    packed.write_bytes(COMPRESSORS[suffix]((DATA / name).read_bytes()))
+    plain, got = (read_import(ImportConfig(source=str(p))) for p in (DATA / name, packed))
+    assert summary(got) == summary(plain)
+    assert got.stats["layout"] == plain.stats["layout"]
+    assert got.rows == plain.rows == 5 and got.rejects == plain.rejects == []
+
+
+def test_a_zstandard_file_reads_or_names_the_package(tmp_path: Path) -> None:
+    packed = tmp_path / "pairs.jsonl.zst"
+    if importlib.util.find_spec("zstandard") is None:
+        packed.write_bytes(b"\x28\xb5\x2f\xfd")  # the zstd magic number: never opened
+        with pytest.raises(InputFileError, match="pip install zstandard"):
+            read_import(ImportConfig(source=str(packed)))
+        return
+    import zstandard
+
+    packed.write_bytes(zstandard.ZstdCompressor().compress(PAIRS.read_bytes()))
+    assert summary(read_import(ImportConfig(source=str(packed)))) == \
+        summary(read_import(ImportConfig(source=str(PAIRS))))
+
+
+def test_a_broken_compressed_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    cut = tmp_path / "pairs.jsonl.gz"
+    cut.write_bytes(gzip.compress(PAIRS.read_bytes())[:40])  # a download cut short
+    result = subprocess.run([sys.executable, "-m", "grouppref", "import", str(cut), "--out",
+                             str(tmp_path / "run")], capture_output=True, text=True, check=False)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert "cannot decompress it as .gz" in result.stderr and result.stdout == ""
+
+
+def test_helpsteer2_as_tsv(tmp_path: Path) -> None:
+    imported = read_import(ImportConfig(source=str(DATA / "helpsteer2.tsv")))
+    assert imported.stats["layout"] == "helpsteer2" and imported.rejects == []
+    by_prompt = {g.prompt.text: g for g in imported.groups}
+    assert set(by_prompt) == {"c#", "Écris « bonjour »."}
+    french = by_prompt["Écris « bonjour »."]
+    helpfulness = next(r for r in french.rankings if r.annotator.id == "helpfulness")
+    assert len(helpfulness.tiers) == 1 and len(helpfulness.tiers[0]) == 2  # 4 = 4: a tie
+    assert "C# is a language; it compiles to bytecode for the .NET runtime." in \
+        {c.text for c in by_prompt["c#"].candidates}  # the quoted cell, unquoted
+
+
+def _as_parquet(folder: Path) -> None:
+    """Each JSON Lines data file of ``folder`` replaced by a Parquet file of the same rows."""
+    for name in folder.glob("data/*.jsonl"):
+        pq.write_table(pa_json.read_json(name), name.with_suffix(".parquet"))
+        name.unlink()
+
+
+@pytest.mark.parametrize("files", ["jsonl", "parquet"])
+def test_a_folder_in_the_hub_layout_reads_by_split(tmp_path: Path, files: str) -> None:
+    folder = tmp_path / "prefs"
+    shutil.copytree(DATA / "hub", folder)
+    if files == "parquet":
+        _as_parquet(folder)
+    train = read_import(ImportConfig(source=str(folder)))
+    assert train.stats["layout"] == "pairs" and train.rows == 3 and train.rejects == []
+    assert sorted(g.prompt.text for g in train.groups) == ["Name a colour.", "What is 2+2?"]
+    test = read_import(ImportConfig(source=str(folder), split="test"))
+    assert [g.prompt.text for g in test.groups] == ["Name a fruit."]
+    with pytest.raises(InputFileError, match=r"no split 'validation'; it has \['train', 'test'\]"):
+        read_import(ImportConfig(source=str(folder), split="validation"))
+
+
+def test_rows_of_a_split_in_several_files_are_numbered_across_them(tmp_path: Path) -> None:
+    folder = tmp_path / "prefs"
+    (folder / "data").mkdir(parents=True)
+    lines = PAIRS.read_text(encoding="utf-8").splitlines(keepends=True)
+    (folder / "data" / "train-00000-of-00002.jsonl").write_text("".join(lines[:2]), "utf-8")
+    (folder / "data" / "train-00001-of-00002.jsonl").write_text("".join(lines[2:]), "utf-8")
+    numbered = list(iter_rows(folder))
+    assert [n for n, _ in numbered] == [1, 2, 3, 4, 5]
+    assert [row["prompt"] for _, row in numbered] == \
+        [json.loads(line)["prompt"] for line in lines]
+
+
+def test_a_folder_of_no_data_files_names_what_it_reads(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputFileError, match="not a dataset folder grouppref can read.*"
+                       "data/train-00000-of-00001.parquet"):
+        read_import(ImportConfig(source=str(tmp_path / "empty")))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("nothing here\n", encoding="utf-8")
+    with pytest.raises(InputFileError, match=r"unknown format '\.txt'; use one of .*\.tsv"):
+        read_import(ImportConfig(source=str(tmp_path / "notes")))
+
+
+@pytest.mark.parametrize(("example", "option", "value", "named"), [
+    ("ultrafeedback.jsonl", "scores", ["overall"], "'overall'"),
+    ("nectar.jsonl", "rank_key", "ranking", "'ranking'")])
+def test_a_misspelt_score_field_is_a_reject_not_silence(example: str, option: str,
+                                                        value: object, named: str) -> None:
+    source = Path(__file__).parents[1] / "examples" / "data" / "import" / example
+    imported = read_import(ImportConfig(source=str(source), **{option: value}))
+    assert all(not g.rankings for g in imported.groups) and imported.groups
+    reasons = {r.reason for r in imported.rejects}
+    assert len(imported.rejects) == imported.rows  # one per row, naming the option
+    assert all(f"no response has {named}" in r and "see --" in r for r in reasons)
