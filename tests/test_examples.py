@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import shlex
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -198,3 +201,29 @@ def test_human_example_waits_then_pulls_the_submitted_rankings(
     assert store.manifest("aggregate").config["input_stage"] == "label"
     validated = store.load_records("validate", ValidatedGroup)
     assert len(validated) == 3 and all(g.agreement.num_annotators >= 2 for g in validated)
+
+
+def test_docs_import_md_own_files_block_runs_as_written(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/import.md's block of a team's own files (compressed JSON Lines, TSV, a Hub-layout
+    folder by split) runs line by line, from a folder that sees the repository's examples/
+    and tests/ (the shell line with bash, the grouppref lines through the CLI), and prints the
+    lines the page shows."""
+    from grouppref.cli import app
+
+    doc = (ROOT / "docs" / "import.md").read_text(encoding="utf-8")
+    command, shown = re.search(r"```bash\n(gzip -c [^`]*?)```\s*```text\n(.*?)```", doc,
+                               flags=re.S).groups()
+    for name in ("examples", "tests"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    printed = ""
+    for line in command.strip().splitlines():
+        if not line.startswith("grouppref "):
+            subprocess.run(["bash", "-c", line], check=True)
+            continue
+        result = CliRunner().invoke(app, shlex.split(line, comments=True)[1:])
+        assert result.exit_code == 0, (line, result.output)
+        printed += result.output
+    for line in shown.strip().splitlines():
+        assert line in printed, (line, printed)

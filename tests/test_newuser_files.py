@@ -144,3 +144,45 @@ def test_a_misspelt_score_field_is_a_reject_not_silence(example: str, option: st
     reasons = {r.reason for r in imported.rejects}
     assert len(imported.rejects) == imported.rows  # one per row, naming the option
     assert all(f"no response has {named}" in r and "see --" in r for r in reasons)
+
+
+def test_json_lines_named_json_and_a_json_list_named_jsonl(tmp_path: Path) -> None:
+    """As ``datasets`` reads them: the file's content decides, not only its suffix."""
+    rows = [json.loads(line) for line in PAIRS.read_text(encoding="utf-8").splitlines()]
+    lines_as_json = tmp_path / "pairs.json"
+    lines_as_json.write_bytes(PAIRS.read_bytes())
+    list_as_jsonl = tmp_path / "pairs.jsonl.gz"
+    list_as_jsonl.write_bytes(gzip.compress(json.dumps(rows, indent=2).encode()))
+    want = summary(read_import(ImportConfig(source=str(PAIRS))))
+    for path in (lines_as_json, list_as_jsonl):
+        got = read_import(ImportConfig(source=str(path)))
+        assert summary(got) == want and got.rows == 5 and got.rejects == []
+    lists = tmp_path / "lists.jsonl"  # a list per line is still a reject per line
+    lists.write_text("[1, 2]\n[3]\n", encoding="utf-8")
+    assert [(n, type(row).__name__) for n, row in iter_rows(lists)] == [(1, "RowError"),
+                                                                        (2, "RowError")]
+
+
+def test_pandas_column_wise_json_names_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "df.json"  # DataFrame.to_json() with its default orient="columns"
+    path.write_text(json.dumps({"prompt": {"0": "Hi?"}, "chosen": {"0": "Hi!"},
+                                "rejected": {"0": "No."}}), encoding="utf-8")
+    with pytest.raises(InputFileError, match=r"orient='records', lines=True"):
+        read_import(ImportConfig(source=str(path)))
+
+
+def test_null_cells_and_same_text_pairs_say_what_they_are(tmp_path: Path) -> None:
+    path = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": "P", "chosen": None, "rejected": "r"},
+            {"prompt": None, "chosen": "c", "rejected": "r"},
+            {"prompt": "Say hi.", "chosen": "Hi!", "rejected": "hi! "},  # one text, folded
+            {"prompt": "P2", "chosen": "c", "rejected": "r"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    got = read_import(ImportConfig(source=str(path)))
+    assert len(got.groups) == 1 and got.units == 4  # 1 out + 3 rejected
+    reasons = {(r.row, r.scope): r.reason for r in got.rejects}
+    assert reasons[(1, "row")] == "'chosen' is empty (null)"
+    assert reasons[(2, "row")].startswith("the prompt ('prompt') is empty and chosen / "
+                                          "rejected are not chat messages")
+    assert [k for k in reasons if k[0] == 3] == [(3, "part"), (3, "row")]  # once each
+    assert "one and the same text" in reasons[(3, "part")]

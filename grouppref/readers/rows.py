@@ -185,18 +185,27 @@ def _bad_bytes(value: Any) -> str | None:
     return None
 
 
+class _JsonLines(Exception):
+    """A ``.json`` file that holds JSON Lines (one object, then more): read it as such."""
+
+
 def _rows_json(path: Path) -> list[Any]:
     data = _open_text(path)
     try:
         value = _loads(_escaped(data))
     except json.JSONDecodeError as e:
+        if e.msg == "Extra data" and data.lstrip().startswith(b"{"):
+            raise _JsonLines from e
         raise InputFileError(f"{path}: not valid JSON ({e.msg.removesuffix(' at')}"
                              f"{_where(e, line=True)})") from e
     if isinstance(value, dict):
         lists = [v for v in value.values() if isinstance(v, list)]
         if len(lists) != 1:
+            columns = value and all(isinstance(v, dict) for v in value.values())
+            hint = (" (this is pandas' column-wise JSON: write it with "
+                    "`df.to_json(PATH, orient='records', lines=True)`)" if columns else "")
             raise InputFileError(f"{path}: expected a JSON list of rows (or an object holding "
-                                 "exactly one list)")
+                                 f"exactly one list){hint}")
         value = lists[0]
     if not isinstance(value, list):
         raise InputFileError(f"{path}: expected a JSON list of rows")
@@ -317,10 +326,8 @@ def iter_rows(source: str | Path, split: str = "train") -> Iterator[tuple[int, R
             yield from _numbered(_rows_dataset(text, split), text)
         else:
             raise InputFileError(f"{path}: file not found")
-    elif suffix in (".jsonl", ".ndjson"):
-        yield from _iter_jsonl(path)
-    elif suffix == ".json":
-        yield from _with_decoding(path, _numbered(_rows_json(path), text))
+    elif suffix in (".jsonl", ".ndjson", ".json"):
+        yield from _iter_json(path, json_lines=suffix != ".json")
     elif suffix in (".csv", ".tsv"):
         yield from _with_decoding(path, _iter_csv(path, "\t" if suffix == ".tsv" else ","))
     elif suffix == ".parquet" and path.suffix.lower() == ".parquet":
@@ -330,6 +337,32 @@ def iter_rows(source: str | Path, split: str = "train") -> Iterator[tuple[int, R
         raise InputFileError(f"{path}: unknown format {named!r}; use one of "
                              f"{', '.join(FORMATS)} (the text formats may be compressed: "
                              f"{', '.join(COMPRESSIONS)}) or a dataset folder")
+
+
+def _iter_json(path: Path, json_lines: bool) -> Iterator[tuple[int, Row]]:
+    """JSON Lines or one JSON list, whichever the file holds, as ``datasets`` reads them: a
+    ``.json`` file of JSON Lines, or a ``.jsonl`` file holding one JSON list of rows (its
+    first character a ``[``), is read for what it is."""
+    if json_lines:
+        with open_binary(path) as fh:
+            head = fh.read(4096).removeprefix(UTF8_BOM).lstrip()
+        if head.startswith(b"["):
+            try:  # one list of rows, else line by line as named
+                rows: list[Any] | None = _rows_json(path)
+            except (InputFileError, _JsonLines):
+                rows = None
+            if rows is not None:
+                yield from _with_decoding(path, _numbered(rows, str(path)))
+                return
+    else:
+        try:
+            rows = _rows_json(path)
+        except _JsonLines:
+            pass
+        else:
+            yield from _with_decoding(path, _numbered(rows, str(path)))
+            return
+    yield from _iter_jsonl(path)
 
 
 def _rows_parquet(path: Path) -> list[dict[str, Any]]:

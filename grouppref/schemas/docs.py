@@ -17,7 +17,11 @@ sampling parameters) are stored in Arrow as canonical JSON strings so that the r
 model -> Arrow row -> model is exact. `grouppref schema NAME` prints the JSON Schema.
 
 **Input files** (prompts, `generate --import`, `grouppref import`, `train` on a file): JSONL,
-JSON, CSV and Parquet files, saved datasets and Hub ids. Text files must be UTF-8; a UTF-8
+JSON, CSV, TSV and Parquet files, the text ones also compressed (`.gz`, `.bz2`, `.xz`; `.zst`
+with the `zstandard` package), saved datasets (`save_to_disk`), folders of data files in the
+Hub's layout (`data/train-00000-of-00001.parquet`, `test.jsonl`, ...; `--split` picks one)
+and Hub ids. As in `datasets`, the content decides between JSON Lines and one JSON list
+(`.json` holding JSON Lines is read line by line). Text files must be UTF-8; a UTF-8
 byte-order mark is dropped (so a BOM-prefixed CSV header is recognised), and so is one at the
 start of a YAML/TOML/JSON config. A file that is not UTF-8 text at all (binary, UTF-16/32,
 or one no line of which decodes) stops with one line naming the first bad byte and exit code

@@ -65,7 +65,9 @@ def _merge_responses(raw: RawGroup, ctx: Context, gid: str, rejects: list[Reject
                                       group_id=gid))
         elif norm in seen:
             first = kept[seen[norm]]
-            if not (raw.repeats_expected and first.row != resp.row):
+            # pairs share responses by design; a pair whose two sides are one text is
+            # reported once, as its dropped ranking (its vote is not kept)
+            if not raw.repeats_expected:
                 rejects.append(ctx.reject(f"same response as {first.where} (row {first.row}): "
                                           "merged into one candidate, its votes kept", resp.row,
                                           resp.where, group_id=gid))

@@ -91,7 +91,9 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
     cols = (ctx.config.chosen, ctx.config.rejected)
     for column in cols:
         if row.get(column) is None:
-            raise ctx.fail(f"no {column!r}: the row's columns are {sorted(row)}", number, column)
+            raise ctx.fail(f"{column!r} is empty (null)" if column in row else
+                           f"no {column!r}: the row's columns are {sorted(row)} (see --{column})",
+                           number, column)
     chosen, rejected = maybe_json(row[cols[0]]), maybe_json(row[cols[1]])
     if _has_prompt(row, ctx):
         prompt = ctx.prompt(row, number)
@@ -100,8 +102,11 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
     else:
         turns_c, turns_r = as_turns(chosen), as_turns(rejected)
         if turns_c is None or turns_r is None:
-            raise ctx.fail(f"no prompt column ({ctx.mapping.text!r} / {ctx.mapping.messages!r}) "
-                           f"and {cols[0]} / {cols[1]} are not chat messages: give the prompt "
+            names = [c for c in (ctx.mapping.text, ctx.mapping.messages) if c]
+            given = [c for c in names if c in row]
+            what = (f"the prompt ({given[0]!r}) is empty" if given else
+                    f"no prompt column ({' / '.join(map(repr, names))})")
+            raise ctx.fail(f"{what} and {cols[0]} / {cols[1]} are not chat messages: give the prompt "
                            "column (--text-column), or use --layout hh for 'Human: / "
                            "Assistant:' transcripts", number, ctx.mapping.text)
         try:
