@@ -186,3 +186,23 @@ def test_null_cells_and_same_text_pairs_say_what_they_are(tmp_path: Path) -> Non
                                           "rejected are not chat messages")
     assert [k for k in reasons if k[0] == 3] == [(3, "part"), (3, "row")]  # once each
     assert "one and the same text" in reasons[(3, "part")]
+
+
+def test_ultrafeedback_binarized_rows_validate_and_train_as_pairs(tmp_path: Path) -> None:
+    """HuggingFaceH4/ultrafeedback_binarized keeps the prompt's turn in chosen/rejected: the
+    readers of validate --source and train take the reply after it (was: every row rejected)."""
+    from grouppref.readers.published import read_validated
+
+    source = Path(__file__).parents[1] / "examples" / "data" / "import" / "pairs.jsonl"
+    read = read_validated(source)
+    assert read.format == "trl-pairs" and read.rejects == [] and len(read.groups) == 3
+    assert [[c.text for c in g.candidates] for g in read.groups] == [
+        ["13", "15"], ["11", "15"], ["No, it is usually blue.", "Yes."]]
+    row = json.loads(source.read_text(encoding="utf-8").splitlines()[0])
+    row["chosen"][0]["content"] = "Another question."  # not the prompt's turn
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    bad = read_validated(path)
+    assert bad.groups == [] and [r.row for r in bad.rejects] == [1]
+    assert bad.rejects[0].reason.startswith(
+        "chosen holds 2 chat turns; expected one assistant turn, after the prompt's turns")

@@ -37,17 +37,27 @@ def _pair_prompt(value: Any) -> Prompt:
     return probe.model_copy(update={"prompt_id": "p-" + make_group_id(probe)[2:]})
 
 
-def _pair_answer(value: Any, column: str) -> str:
+def _pair_answer(value: Any, column: str, prompt: Prompt) -> str:
+    """The answer in ``value``: a string, one assistant turn, or the whole conversation that
+    repeats the prompt's turns before one assistant turn (HuggingFaceH4/ultrafeedback_binarized,
+    TRL's conversational form with the prompt kept in ``chosen``/``rejected``)."""
     value = maybe_json(value)
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict) \
-            and value[0].get("role") == "assistant" and isinstance(value[0].get("content"), str):
-        return value[0]["content"]
-    if isinstance(value, list):
-        raise ValueError(f"{column} holds {len(value)} chat turns; expected one assistant turn "
-                         "(whole transcripts: `grouppref import --layout hh`)")
-    raise ValueError(f"{column} must be a string or one assistant turn, got {type(value).__name__}")
+    if isinstance(value, list) and all(isinstance(t, dict) for t in value):
+        turns = [{"role": t.get("role"), "content": t.get("content")} for t in value]
+        asked = [m.model_dump() for m in prompt.as_messages()]
+        if len(turns) > len(asked) and turns[:len(asked)] == asked:
+            turns = turns[len(asked):]
+        if len(turns) == 1 and turns[0]["role"] == "assistant" \
+                and isinstance(turns[0]["content"], str):
+            return turns[0]["content"]
+        raise ValueError(f"{column} holds {len(value)} chat turns; expected one assistant turn, "
+                         "after the prompt's turns when it repeats them (conversations that "
+                         "differ from the prompt column: `grouppref import` reads them, the "
+                         "shared turns as the prompt; 'Human:/Assistant:' transcripts: "
+                         "`grouppref import --layout hh`)")
+    raise ValueError(f"{column} must be a string or chat turns, got {type(value).__name__}")
 
 
 def _unit(value: Any, name: str) -> float:
@@ -72,8 +82,8 @@ def pair_group(data: dict[str, Any], split: Literal["train", "test"]) -> Validat
         ValueError, ValidationError: the row cannot make a valid group (the reason says why).
     """
     prompt = _pair_prompt(data.get("prompt"))
-    chosen, rejected = _pair_answer(data.get("chosen"), "chosen"), \
-        _pair_answer(data.get("rejected"), "rejected")
+    chosen, rejected = _pair_answer(data.get("chosen"), "chosen", prompt), \
+        _pair_answer(data.get("rejected"), "rejected", prompt)
     gid = "g-" + sha256_text(canonical_json([prompt.content_key(), chosen, rejected]))[:16]
     ids = [data.get("chosen_id"), data.get("rejected_id")]
     if not all(isinstance(i, str) and i for i in ids) or ids[0] == ids[1]:
