@@ -206,3 +206,25 @@ def test_ultrafeedback_binarized_rows_validate_and_train_as_pairs(tmp_path: Path
     assert bad.groups == [] and [r.row for r in bad.rejects] == [1]
     assert bad.rejects[0].reason.startswith(
         "chosen holds 2 chat turns; expected one assistant turn, after the prompt's turns")
+
+
+def test_implicit_prompt_pairs_validate_and_train(tmp_path: Path) -> None:
+    """TRL's implicit prompt (no prompt column; trl-lib's conversational datasets): the shared
+    turns are the prompt. Anthropic transcripts (strings) are a reject naming `--layout hh`."""
+    from grouppref.readers.published import read_validated
+
+    system = {"role": "system", "content": "Be brief."}
+    ask = {"role": "user", "content": "What is 2+2?"}
+    rows = [{"chosen": [system, ask, {"role": "assistant", "content": "4"}],
+             "rejected": [system, ask, {"role": "assistant", "content": "5"}]},
+            {"chosen": "\n\nHuman: Hi\n\nAssistant: Hello!",
+             "rejected": "\n\nHuman: Hi\n\nAssistant: Go away."}]
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    read = read_validated(path)
+    assert read.format == "trl-pairs" and len(read.groups) == 1
+    (group,) = read.groups
+    assert [m.content for m in group.prompt.as_messages()] == ["Be brief.", "What is 2+2?"]
+    assert [c.text for c in group.candidates] == ["4", "5"]
+    assert [r.row for r in read.rejects] == [2]
+    assert "`grouppref import --layout hh`" in read.rejects[0].reason

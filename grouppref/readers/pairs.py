@@ -1,5 +1,8 @@
 """TRL preference rows (``prompt``/``chosen``/``rejected``, optionally ``p``, ``weight``,
-``group_id``, ``chosen_id``, ``rejected_id``) read as groups of K=2 (:func:`pair_group`)."""
+``group_id``, ``chosen_id``, ``rejected_id``) read as groups of K=2 (:func:`pair_group`).
+TRL's forms: standard (strings), conversational (chat turns; ``chosen``/``rejected`` one
+assistant turn or the whole conversation repeating the prompt's turns) and implicit prompt
+(no ``prompt`` column: the turns both conversations share are the prompt)."""
 
 from __future__ import annotations
 
@@ -60,6 +63,32 @@ def _pair_answer(value: Any, column: str, prompt: Prompt) -> str:
     raise ValueError(f"{column} must be a string or chat turns, got {type(value).__name__}")
 
 
+def _turns(value: Any) -> list[dict[str, Any]] | None:
+    value = maybe_json(value)
+    if isinstance(value, list) and value and all(isinstance(t, dict) for t in value):
+        return [{"role": t.get("role"), "content": t.get("content")} for t in value]
+    return None
+
+
+def _implicit(data: dict[str, Any]) -> tuple[Prompt, str, str]:
+    """TRL's implicit prompt: no prompt column, ``chosen``/``rejected`` whole conversations
+    whose shared turns are the prompt and whose last turns the answers."""
+    chosen, rejected = _turns(data.get("chosen")), _turns(data.get("rejected"))
+    if chosen is None or rejected is None:
+        raise ValueError("no prompt column, and chosen/rejected are not chat turns: give a "
+                         "'prompt' column ('Human:/Assistant:' transcripts: `grouppref import "
+                         "--layout hh`)")
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
+        shared += 1
+    if shared == 0:
+        raise ValueError("no prompt column, and chosen/rejected share no first turn to take "
+                         "as the prompt")
+    prompt = _pair_prompt(chosen[:shared])
+    return (prompt, _pair_answer(chosen[shared:], "chosen", prompt),
+            _pair_answer(rejected[shared:], "rejected", prompt))
+
+
 def _unit(value: Any, name: str) -> float:
     """``p`` / ``weight`` of a pair row: 1 when absent."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -81,9 +110,12 @@ def pair_group(data: dict[str, Any], split: Literal["train", "test"]) -> Validat
     Raises:
         ValueError, ValidationError: the row cannot make a valid group (the reason says why).
     """
-    prompt = _pair_prompt(data.get("prompt"))
-    chosen, rejected = _pair_answer(data.get("chosen"), "chosen", prompt), \
-        _pair_answer(data.get("rejected"), "rejected", prompt)
+    if data.get("prompt") is None:
+        prompt, chosen, rejected = _implicit(data)
+    else:
+        prompt = _pair_prompt(data.get("prompt"))
+        chosen, rejected = _pair_answer(data.get("chosen"), "chosen", prompt), \
+            _pair_answer(data.get("rejected"), "rejected", prompt)
     gid = "g-" + sha256_text(canonical_json([prompt.content_key(), chosen, rejected]))[:16]
     ids = [data.get("chosen_id"), data.get("rejected_id")]
     if not all(isinstance(i, str) and i for i in ids) or ids[0] == ids[1]:

@@ -19,8 +19,9 @@ Containers (:func:`open_published`), decided from what is on disk, never by aski
 Formats (:func:`detect_format`, from the columns):
 
 * ``groups``: ``ValidatedGroup`` rows (``export --format groups``);
-* ``trl-pairs``: TRL's preference rows ``prompt``/``chosen``/``rejected`` (strings, or chat turns
-  with one assistant turn per answer), optionally ``p``, ``weight``, ``group_id``,
+* ``trl-pairs``: TRL's preference rows ``prompt``/``chosen``/``rejected`` (strings, or chat turns:
+  one assistant turn per answer, or the conversation repeating the prompt's turns; without
+  ``prompt``, TRL's implicit prompt), optionally ``p``, ``weight``, ``group_id``,
   ``chosen_id``, ``rejected_id`` (``export --format trl-pairs``). Each row is read as a group of
   K=2 (:func:`grouppref.readers.pairs.pair_group`) whose one pair is chosen > rejected with
   the row's ``p`` and ``weight`` (1 and 1 when absent), flagged ``from_pair``;
@@ -220,15 +221,14 @@ def detect_format(columns: Iterable[str], source: str) -> Format:
     cols = set(columns)
     if {"candidates", "consensus", "pairs"} <= cols:
         return "groups"
-    if {"prompt", "chosen", "rejected"} <= cols:
+    if {"chosen", "rejected"} <= cols:  # without a prompt: TRL's implicit prompt
         return "trl-pairs"
     if {"candidates", "rankings"} <= cols:
         return "annotated"
-    hint = (" (chosen/rejected without a prompt column are whole transcripts: import them "
-            "with `grouppref import --layout hh`)" if {"chosen", "rejected"} <= cols else "")
     raise InputFileError(
         f"{source}: neither grouppref groups (group_id, candidates, consensus, pairs) nor TRL "
-        f"pairs (prompt, chosen, rejected); its columns are {sorted(cols)}{hint}")
+        f"pairs ([prompt,] chosen, rejected); its columns are {sorted(cols)} (other layouts: "
+        f"`grouppref import` reads them, docs/import.md)")
 
 
 def open_published(source: str | Path, stage: str = "read") -> Published:
