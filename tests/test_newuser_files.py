@@ -228,3 +228,26 @@ def test_implicit_prompt_pairs_validate_and_train(tmp_path: Path) -> None:
     assert [c.text for c in group.candidates] == ["4", "5"]
     assert [r.row for r in read.rejects] == [2]
     assert "`grouppref import --layout hh`" in read.rejects[0].reason
+
+
+def test_a_team_csv_from_excel_with_its_own_column_names(tmp_path: Path) -> None:
+    """BOM + CRLF, quoted cells, RTL text, K of 3, 2 and 1, ties, 'NA' for not rated; the
+    mapping options name the columns. 'NA' is a part-reject naming --missing, until given."""
+    config = {"source": str(DATA / "team_scores.csv"), "layout": "scores",
+              "scores": ["rater_1", "rater_2"], "group_by": "qid",
+              "mapping": {"text": "question", "response": "answer"}}
+    got = read_import(ImportConfig(**config))
+    assert got.rows == 6 and len(got.groups) == 2 and got.units == 3  # q3: one answer
+    assert {g.prompt.text for g in got.groups} == {"Name a colour.",
+                                                   'Translate "hello" to Hebrew.'}
+    na = [r for r in got.rejects if "'NA'" in r.reason]
+    assert [r.row for r in na] == [2, 5]
+    assert all("--missing 'NA'" in r.reason for r in na)
+    quiet = read_import(ImportConfig(**config, missing=["NA", ""]))
+    assert not [r for r in quiet.rejects if "'NA'" in r.reason]
+    assert summary(quiet) == summary(got)  # the same rankings: NA was left out either way
+    colour = next(g for g in quiet.groups if g.prompt.text == "Name a colour.")
+    text = {c.candidate_id: c.text for c in colour.candidates}
+    tiers = {r.annotator.id: [sorted(text[c] for c in t) for t in r.tiers]
+             for r in colour.rankings}
+    assert tiers == {"rater_1": [["Blue", "Red"], ["Seven"]], "rater_2": [["Blue"], ["Red"]]}

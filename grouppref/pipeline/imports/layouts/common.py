@@ -110,8 +110,10 @@ class Context:
         try:
             x = float(value)
         except (TypeError, ValueError):
+            hint = (f" (if it means 'not rated': --missing {value.strip()!r})"
+                    if isinstance(value, str) and value.strip() else "")
             rejects.append(self.reject(f"score {value!r} is not a number; that candidate is left "
-                                       "out of this ranking", number, where))
+                                       f"out of this ranking{hint}", number, where))
             return None
         return x if math.isfinite(x) else None
 
