@@ -251,3 +251,20 @@ def test_a_team_csv_from_excel_with_its_own_column_names(tmp_path: Path) -> None
     tiers = {r.annotator.id: [sorted(text[c] for c in t) for t in r.tiers]
              for r in colour.rankings}
     assert tiers == {"rater_1": [["Blue", "Red"], ["Seven"]], "rater_2": [["Blue"], ["Red"]]}
+
+
+def test_default_aspects_a_team_has_fewer_of_are_no_reject(tmp_path: Path) -> None:
+    """Rows rated on helpfulness only: no noise about the other default aspects; a row with
+    no rating of any aspect says so."""
+    def completion(text: str, annotations: dict) -> dict:
+        return {"model": "m", "response": text, "annotations": annotations}
+    rows = [{"instruction": "Q1?", "completions": [
+                completion("a", {"helpfulness": {"Rating": "4"}}),
+                completion("b", {"helpfulness": {"Rating": "2"}})]},
+            {"instruction": "Q2?", "completions": [completion("c", {}), completion("d", {})]}]
+    path = tmp_path / "uf.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    got = read_import(ImportConfig(source=str(path), layout="ultrafeedback"))
+    assert [len(g.rankings) for g in got.groups] == [1, 0]
+    assert [(r.row, r.reason.split(" (")[0]) for r in got.rejects] == [
+        (2, "no response has 'helpfulness', 'honesty', 'instruction_following', 'truthfulness'")]

@@ -64,8 +64,10 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
             found.update([name] if name in completion or name in annotations else [])
             value, at = _rating(completion, name)
             ctx.add_score(group, name, index, value, number, f"{where}.{at}", rejects)
-    ctx.absent(ctx.scores, found, keys, number, ctx.mapping.responses or "completions",
-               "--score", rejects)
+    # the four default aspects may be fewer in a team's data: only none of them is a reject
+    asked = ctx.scores if ctx.config.scores or not found else []
+    ctx.absent(asked, found, keys, number, ctx.mapping.responses or "completions", "--score",
+               rejects)
 
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
