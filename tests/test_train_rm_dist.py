@@ -6,7 +6,7 @@
   logged train and held-out metrics and the saved reward model agree within fp32 noise; only
   the main process writes (one metrics line per step, one tensorboard event file, one stage
   manifest); a 2-process ``--resume-from`` the step-2 checkpoint ends where the uninterrupted
-  run did.
+  run did. ``train`` in a run under torchrun finishes and writes once too.
 * FSDP2 (accelerate's FSDP plugin needs a GPU): run as a script under torchrun, this module
   shards the reward model with ``fully_shard`` (each decoder layer, then the root, which holds
   the new score head) and trains it with the trainer's own pieces (``reward_scores``,
@@ -97,6 +97,29 @@ def test_ddp_two_processes_equal_one_and_resume(tiny_lm_dir: Path, tmp_path: Pat
     assert [(x["step"], x["split"]) for x in _lines(resumed)] == [(3, "train"), (3, "eval")]
     assert _numbers(_lines(resumed)[0]) == pytest.approx(_numbers(b[4]), rel=1e-5, abs=1e-6)
     _assert_same_weights(_reward_model(resumed), trained, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_train_in_a_run_on_two_processes_writes_once(tiny_lm_dir: Path, tmp_path: Path) -> None:
+    """``train`` shares the loop, the checkpoints, the trackers and the stage's ending with
+    ``train-rm``: in a run, under torchrun, it finishes (the trackers' closing once destroyed
+    the process group before the stage's last barrier) and only the main process writes."""
+    from tests.test_trainer import _write_validate, synthetic_groups
+    from tests.torchrun import torchrun
+
+    store = _write_validate(tmp_path / "run", synthetic_groups(8, 4, seed=3))
+    torchrun(REPO / "grouppref" / "__main__.py", [
+        "train", str(store.root), "--model", str(tiny_lm_dir), "--batch-size", "2",
+        "--no-chat-template", *ARGS])
+    manifest = store.require("train")
+    assert manifest.status == "complete" and manifest.stats["steps"] == 3
+    model = Path(manifest.outputs["model"])
+    assert [(x["step"], x["split"]) for x in _lines(model)] == [
+        (0, "eval"), (1, "train"), (2, "train"), (2, "eval"), (3, "train"), (3, "eval")]
+    events = list((model / "logs").rglob("events.out.tfevents.*"))
+    assert events and len({f.name.split(".")[-2] for f in events}) == 1
+    (ckpt,) = (model / "checkpoints").iterdir()
+    assert len(list(ckpt.glob("random_states_*.pkl"))) == 2
 
 
 # -- FSDP2 -------------------------------------------------------------------------------------
