@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -131,6 +130,7 @@ def fsdp_train(model_dir: str, out_dir: str, rank: int = 0, world: int = 1) -> l
     from grouppref.train.rm_config import RewardModelConfig
     from grouppref.train.rm_data import encode_groups
     from grouppref.train.rm_trainer import load_reward_model, reward_loss, reward_scores
+    from tests.fsdp_train import full_state, shard
     from tests.test_trainer import synthetic_groups
 
     model, tokenizer = load_reward_model(model_dir, seed=0)
@@ -139,14 +139,7 @@ def fsdp_train(model_dir: str, out_dir: str, rank: int = 0, world: int = 1) -> l
     local = GLOBAL // world
     batches = [collate_groups(encoded[s * GLOBAL + rank * local: s * GLOBAL + (rank + 1) * local],
                               model.config.pad_token_id) for s in range(STEPS)]
-    if world > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh("cpu", (world,))
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)  # the root: embeddings, final norm and the score head
+    shard(model, world)  # each decoder layer, then the root, which holds the score head
     model.train()
     optim = torch.optim.SGD(model.parameters(), lr=0.5)  # SGD: see tests/fsdp_train.py
     losses = []
@@ -159,12 +152,7 @@ def fsdp_train(model_dir: str, out_dir: str, rank: int = 0, world: int = 1) -> l
         if world > 1:
             torch.distributed.all_reduce(total)
         losses.append(total.item() / world)
-    state = model.state_dict()
-    if world > 1:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                     cpu_offload=True))
+    state = full_state(model, world)
     if rank == 0:
         full, tok = load_reward_model(model_dir, seed=0)
         full.load_state_dict(state)
@@ -188,17 +176,8 @@ def test_fsdp_two_processes_equal_one(tiny_lm_dir: Path, tmp_path: Path) -> None
     assert not torch.equal(a["model.norm.weight"], initial["model.norm.weight"])
 
 
-def _fsdp_main() -> None:
-    model_dir, out_dir = sys.argv[1], sys.argv[2]
-    torch.distributed.init_process_group("gloo")
-    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    losses = fsdp_train(model_dir, out_dir, rank, world)
-    if rank == 0:
-        Path(out_dir, "losses.json").write_text(json.dumps(losses))
-    torch.distributed.destroy_process_group()
-
-
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    _fsdp_main()
+    from tests.fsdp_train import launch
+
+    launch(fsdp_train)
