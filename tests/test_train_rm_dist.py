@@ -6,7 +6,8 @@
   logged train and held-out metrics and the saved reward model agree within fp32 noise; only
   the main process writes (one metrics line per step, one tensorboard event file, one stage
   manifest); a 2-process ``--resume-from`` the step-2 checkpoint ends where the uninterrupted
-  run did. ``train`` in a run under torchrun finishes and writes once too.
+  run did, and one process may not resume it (another global batch). ``train`` in a run
+  under torchrun finishes and writes once too.
 * FSDP2 (accelerate's FSDP plugin needs a GPU): run as a script under torchrun, this module
   shards the reward model with ``fully_shard`` (each decoder layer, then the root, which holds
   the new score head) and trains it with the trainer's own pieces (``reward_scores``,
@@ -90,6 +91,10 @@ def test_ddp_two_processes_equal_one_and_resume(tiny_lm_dir: Path, tmp_path: Pat
     assert sorted(p.name for p in ckpt.glob("random_states_*.pkl")) == [
         "random_states_0.pkl", "random_states_1.pkl"]  # each process's RNG, for the resume
 
+    alone = CliRunner().invoke(app, ["train-rm", str(runs["ddp"].root), "--batch-size", "2",
+                                     *common, "--out", str(tmp_path / "x"), "--resume-from",
+                                     str(ckpt)])
+    assert alone.exit_code != 0 and "processes: 2 -> 1" in str(alone.exception)
     resumed = tmp_path / "resumed"
     torchrun(main, ["train-rm", str(runs["ddp"].root), "--batch-size", "2", *common,
                     "--out", str(resumed), "--resume-from", str(ckpt)])
