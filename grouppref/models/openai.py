@@ -29,11 +29,16 @@ Failures:
 
 - 429, 5xx (but 501), a timeout or a dropped connection: retried up to ``max_retries`` times
   after ``uniform(0, min(cap, base * 2**attempt))`` seconds ("full jitter"), or after the
-  server's ``Retry-After`` when it sends one; then :class:`ServerError` (the stage stops; its
-  finished shards are kept and a re-run resumes).
-- 400 / 413 / 422, and an HTTP 500 whose body is a request validation error
+  server's ``Retry-After`` (seconds or an HTTP date) when it sends one; then
+  :class:`ServerError` (the stage stops; its finished shards are kept and a re-run resumes).
+  When the connection is what failed, the message names the uncommon fields
+  (:func:`~grouppref.models.openai_api.carried_fields`: ``grammar``, ``logit_bias``, ...) that
+  the last requests carried: a bad ``grammar`` kills a llama.cpp server.
+- 400 / 413 / 422, an HTTP 500 whose body is a request validation error
   (llama-cpp-python's server answers those with 500:
-  :func:`~grouppref.models.openai_api.validation_problems`): that request is refused for
+  :func:`~grouppref.models.openai_api.validation_problems`), and the same HTTP 500 body twice
+  for one request (a deterministic error, e.g. a ``logit_bias`` key that is not a token id;
+  a 500 with another or no body is retried as a passing fault): that request is refused for
   good; ``post`` returns the :class:`RequestRefused` in its place (naming the refused fields)
   and the caller rejects the row.
 - 401 / 403 / 404 and anything else: :class:`ServerError` at once.
@@ -48,7 +53,7 @@ import asyncio
 import json
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -57,8 +62,10 @@ from grouppref.models.aio import Background, gather
 from grouppref.models.openai_api import (
     RequestRefused,
     ServerError,
+    carried_fields,
     error_message,
     refused_fields,
+    retry_after_seconds,
     usage_tokens,
 )
 from grouppref.models.server_settings import ServerSettings, read_api_key, server_label
@@ -83,12 +90,15 @@ def backoff_delay(attempt: int, retry_after: float | None, rng: random.Random,
     return rng.uniform(0.0, min(cap, base * 2.0 ** attempt))
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None  # an HTTP date: use our own backoff
+@dataclass(frozen=True)
+class _Failure:
+    """One try that failed in a way worth a retry: ``cause`` (a status, ``timeout`` or
+    ``connection``), the one-line ``detail``, the server's ``Retry-After`` and the raw body."""
+
+    cause: str
+    detail: str
+    retry_after: float | None = None
+    body: str = ""
 
 
 @dataclass
@@ -117,6 +127,8 @@ class _Client:
         self.url, self.settings, self.label = url, settings, server_label(url)
         self._api_key, self._rng, self._backoff = api_key, rng, backoff
         self.counts: dict[str, _Counts] = {}
+        # the uncommon request fields (server_params, structured output) of the last requests
+        self.carried: deque[tuple[str, ...]] = deque(maxlen=max(8, 2 * settings.concurrency))
         self.http: httpx.AsyncClient | None = None
         self.gate: asyncio.Semaphore | None = None
 
@@ -155,33 +167,56 @@ class _Client:
         """One request with retries; the answer's JSON.
 
         Raises:
-            RequestRefused: HTTP 400/413/422.
+            RequestRefused: HTTP 400/413/422, or the same HTTP 500 body twice for this request
+                (a deterministic error, e.g. a ``logit_bias`` key the server cannot read).
             ServerUnreachable: no connection (at once when ``retry_connect`` is off).
             ServerError: anything else that is not retried, or retries used up.
         """
         counts = self.counts.setdefault(model, _Counts())
         what = f"{method} {path} (model {model!r})"
+        previous: _Failure | None = None
         for attempt in range(self.settings.max_retries + 1):
-            outcome = await self._attempt(method, path, body, counts, what)
-            if isinstance(outcome, dict):
-                return outcome
-            cause, detail, retry_after = outcome
-            counts.failures[cause] += 1
-            if cause == "connection" and not retry_connect:
-                raise ServerUnreachable(f"cannot reach the server at {self.url} ({detail}): is "
-                                        "it running, and is the base URL right?")
+            failure = await self._attempt(method, path, body, counts, what)
+            if isinstance(failure, dict):
+                return failure
+            counts.failures[failure.cause] += 1
+            if failure.cause == "connection" and not retry_connect:
+                raise ServerUnreachable(f"cannot reach the server at {self.url} "
+                                        f"({failure.detail}): is it running, and is the base URL "
+                                        "right?")
+            if failure.cause == "500" and failure.body and previous == failure:
+                counts.refused += 1
+                raise RequestRefused(f"{self.label} refused {what}: {failure.detail} (the same "
+                                     "HTTP 500 answer twice: an error in the request, not a "
+                                     "passing fault)")
+            previous = failure
             if attempt < self.settings.max_retries:
                 counts.retried += 1
-                await asyncio.sleep(backoff_delay(attempt, retry_after, self._rng, *self._backoff))
-        error = ServerUnreachable if cause == "connection" else ServerError
-        raise error(f"{what} at {self.label} failed {self.settings.max_retries + 1} times "
-                    f"(last: {detail}); finished shards are kept: run the same command again "
-                    "to resume")
+                await asyncio.sleep(backoff_delay(attempt, failure.retry_after, self._rng,
+                                                  *self._backoff))
+        if failure.cause == "connection":
+            raise ServerUnreachable(f"{what} at {self.label} failed {attempt + 1} times (last: "
+                                    f"{failure.detail}){self._crash_hint()}; finished shards are "
+                                    "kept: run the same command again to resume")
+        raise ServerError(f"{what} at {self.label} failed {attempt + 1} times (last: "
+                          f"{failure.detail}); finished shards are kept: run the same command "
+                          "again to resume")
+
+    def _crash_hint(self) -> str:
+        """Which uncommon fields the last requests carried, when any: a bad value in one of
+        them (a ``grammar`` that does not parse) kills a llama.cpp server, and the client only
+        sees the connection go."""
+        fields = list(dict.fromkeys(f for carried in self.carried for f in carried))
+        if not fields:
+            return ""
+        return (f"; the server stopped answering after requests that carried "
+                f"{', '.join(fields)}: a bad value there can crash a llama.cpp server (see its "
+                "log), check server_params")
 
     async def _attempt(self, method: str, path: str, body: dict[str, Any] | None,
                        counts: _Counts, what: str
-                       ) -> dict[str, Any] | tuple[str, str, float | None]:
-        """One try: the answer, or ``(cause, detail, retry_after)`` of a failure worth a retry."""
+                       ) -> dict[str, Any] | _Failure:
+        """One try: the answer, or the :class:`_Failure` of a failure worth a retry."""
         import httpx
 
         if self.http is None or self.gate is None:
@@ -189,12 +224,14 @@ class _Client:
         async with self.gate:
             t0 = time.perf_counter()
             counts.requests += 1
+            if body is not None:
+                self.carried.append(carried_fields(body))
             try:
                 response = await self.http.request(method, path.lstrip("/"), json=body)
             except httpx.TimeoutException:
-                return "timeout", f"no answer within {self.settings.request_timeout:g} s", None
+                return _Failure("timeout", f"no answer within {self.settings.request_timeout:g} s")
             except httpx.TransportError as e:
-                return "connection", f"{type(e).__name__}: {e}".rstrip(": "), None
+                return _Failure("connection", f"{type(e).__name__}: {e}".rstrip(": "))
             finally:
                 counts.seconds += time.perf_counter() - t0
         status = response.status_code
@@ -207,7 +244,9 @@ class _Client:
             raise RequestRefused(f"{self.label} refused {what}: "
                                  f"{error_message(status, response.text)}", fields or ())
         if status in (408, 425, 429) or (500 <= status < 600 and status != 501):
-            return str(status), error_message(status, response.text), _retry_after(response)
+            return _Failure(str(status), error_message(status, response.text),
+                            retry_after_seconds(response.headers.get("retry-after")),
+                            response.text)
         counts.failures[str(status)] += 1
         raise self._fatal(status, response.text, what)
 
@@ -216,7 +255,8 @@ class _Client:
             answer = response.json()
         except ValueError as e:
             raise ServerError(f"{what} at {self.label}: the answer is not JSON "
-                              f"({response.text[:120]!r})") from e
+                              f"({' '.join(response.text[:120].split())!r}); is the base URL "
+                              "an OpenAI-compatible API (it usually ends in /v1)?") from e
         if not isinstance(answer, dict):
             raise ServerError(f"{what} at {self.label}: the answer is not a JSON object")
         counts.succeeded += 1
@@ -359,7 +399,10 @@ class ServerPool:
         if not isinstance(answer, RequestRefused):
             return answer
         named = [f"{f} comes from {origins[f]}" for f in answer.fields if origins and f in origins]
-        hint = "; ".join(named) if named else "check the settings and server_params"
+        params = [f for f in carried_fields(body) if (origins or {}).get(f) == "server_params"]
+        hint = ("; ".join(named) if named else f"it carried {', '.join(params)} from "
+                "server_params: check their values" if params
+                else "check the settings and server_params")
         raise ServerError(f"model {body.get('model')!r} at {server_label(url)} refuses "
                           f"grouppref's requests ({answer}); {hint}")
 
