@@ -4,7 +4,10 @@ made to fail once on demand), HTML where JSON was expected, and ``Retry-After`` 
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from tests.fake_http import JsonHandler, chat_completion, serve
 from tests.llama_server import MODEL_ALIAS, posted_bodies, running_llama_server
 from tests.test_judge_server_check import GROUPS, _judge
 
+REPO = Path(__file__).resolve().parents[1]
 BODY = {"model": MODEL_ALIAS, "messages": [{"role": "user", "content": "Say yes."}],
         "max_tokens": 2}
 # grammars llama.cpp's parser takes (json.gbnf's string rule, repetitions, classes, comments)
@@ -52,6 +56,21 @@ def test_grammar_check_follows_llama_cpp_parser(llama_server: str) -> None:
     with pytest.raises(ValueError, match=r"server_params grammar: undefined rule 'foo'.*crashes"):
         ServerSettings(server_params={"grammar": "root ::= foo"})
     ServerSettings(server_params={"grammar": {"type": "json", "value": {}}})  # TGI's form
+
+
+def test_a_bad_grammar_on_the_command_line_is_one_line_before_any_request(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_id": "a", "prompt": "Say yes."}\n')
+    env = {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PATH": os.environ.get("PATH", "")}
+    cli = subprocess.run([sys.executable, "-m", "grouppref", "generate", "--prompts", str(prompts),
+                          "--out", str(tmp_path / "run"), "--model",
+                          "openai:m@http://127.0.0.1:9/v1", "--server-param",
+                          'grammar=root ::= ("yes" | "no"'], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert cli.returncode == 2 and cli.stderr.strip() == (
+        "error: generate: --server-param: server_params grammar: expecting ')' at line 1 "
+        "(llama.cpp's GBNF; a grammar its parser refuses crashes llama-cpp-python's server)")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
