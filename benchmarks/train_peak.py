@@ -18,6 +18,11 @@ Engines, each on a fresh model with the same seed, one after the other in this p
 * ``grouppref-compiled`` (only when named): the packed pass with each decoder layer compiled as
   ``train --compile`` does (``packing.compile_layers``); its first warm-up steps include the
   compile (printed), so give it ``--warmup`` >= 3;
+* ``matmul-limit`` (only when named): not a model: back-to-back square ``torch.matmul``
+  products (2048³ on CPU, 8192³ on GPU) doing the FLOPs of one packed step, a step of pure
+  matmul. With ``--interleave`` it runs in turns with the engines, so its rate is the limit
+  measured in the same rounds and on the same time scale as the steps (the peak below is a
+  burst of milliseconds taken before them); each engine's ratio to it is printed per round;
 * ``hf``: the peer, a plain ``model(input_ids, labels=...).loss.backward()`` + the same AdamW on the
   same N = B·K rows of prompt + response (labels on the response tokens), what a trainer without
   prefix sharing or grouppref's log-prob code runs.
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -76,7 +82,7 @@ SHAPES = {  # LlamaConfig fields of the public models (weights random here)
                  num_key_value_heads=2, vocab_size=1000, tie_word_embeddings=True),
 }
 ENGINES = ("grouppref", "grouppref-cached", "grouppref-unshared", "hf")
-OPTIONAL_ENGINES = ("grouppref-plain-head", "grouppref-compiled")
+OPTIONAL_ENGINES = ("grouppref-plain-head", "grouppref-compiled", "matmul-limit")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -146,6 +152,10 @@ def flops(engine: str, cfg, args) -> dict[str, float]:
     def causal(n: int) -> int:
         return n * (n + 1) // 2
 
+    if engine == "matmul-limit":  # not a model: back-to-back square products (build_engine)
+        square, count = limit_products(cfg, args)
+        return {"flops": float(2 * square**3 * count), "model_tokens": 0, "logit_rows": 0,
+                "data_tokens": 0}
     if engine.startswith("grouppref") and engine != "grouppref-unshared":  # prompt once, K on top
         tokens = b * (p + k * (t - 1))
         rows = b * (1 + k * (t - 1))  # each prompt's last position + response positions
@@ -162,6 +172,27 @@ def flops(engine: str, cfg, args) -> dict[str, float]:
             "data_tokens": b * (p + k * t)}
 
 
+def limit_products(cfg, args) -> tuple[int, int]:
+    """The ``matmul-limit`` engine's work: (S, n), n back-to-back S x S x S products (S = 2048 on
+    CPU, 8192 on GPU) doing at least the FLOPs of one packed grouppref step."""
+    square = 2048 if args.device == "cpu" else 8192
+    return square, max(1, math.ceil(flops("grouppref", cfg, args)["flops"] / (2 * square**3)))
+
+
+def matmul_limit_engine(cfg, args, device, dtype):
+    """A step of pure matmul as long as a training step: interleaved with the engines, its rate
+    is the limit measured in the same rounds, on the step's time scale."""
+    square, count = limit_products(cfg, args)
+    a = torch.randn(square, square, device=device, dtype=dtype)
+    b = torch.randn(square, square, device=device, dtype=dtype)
+
+    def one() -> None:
+        for _ in range(count):
+            a @ b
+
+    return one
+
+
 def build_engine(engine: str, shape_name: str, args, device, dtype, step, ref):
     """A fresh model, optimizer and batch for ``engine``; returns its step closure, the model's
     config and the reference log-probs (computed once, by the first engine)."""
@@ -169,6 +200,8 @@ def build_engine(engine: str, shape_name: str, args, device, dtype, step, ref):
 
     shape = SHAPES[shape_name]
     cfg = LlamaConfig(**shape, max_position_embeddings=4096, attn_implementation="sdpa")
+    if engine == "matmul-limit":
+        return matmul_limit_engine(cfg, args, device, dtype), cfg, ref
     torch.manual_seed(0)
     with device:
         model = LlamaForCausalLM(cfg).to(dtype).train()
@@ -293,11 +326,27 @@ def bench_shape(shape_name: str, args, device, dtype, step) -> dict:
         r["fraction_of_peak_cpu_time"] = r["flops_per_cpu_s"] / peak_cpu
         r["fraction_of_sustained"] = r["achieved_flops"] / sustained
         r["fraction_of_sustained_cpu_time"] = r["flops_per_cpu_s"] / sustained_cpu
+    if (limit := results.get("matmul-limit")) and args.interleave:
+        add_limit_fractions(results, limit, args.warmup)
     return {"matmul_peak_flops": peak, "matmul_peak_flops_per_cpu_s": peak_cpu,
             "matmul_flops_by_shape": peaks, "matmul_sustained_flops": sustained,
             "matmul_sustained_flops_per_cpu_s": sustained_cpu,
             "matmul_sustained_before": before[0], "matmul_sustained_after": after[0],
             "engines": results, "failed": failed}
+
+
+def add_limit_fractions(results: dict, limit: dict, warmup: int) -> None:
+    """Each engine's FLOP/s over the ``matmul-limit`` engine's, median over the rounds of an
+    interleaved run (each round: one step of every engine, back to back) and its range."""
+    limit_rates = [limit["flops"] / t for t in limit["step_times"][warmup:]]
+    for name, r in results.items():
+        if name == "matmul-limit":
+            continue
+        rounds = [r["flops"] / t / rate
+                  for t, rate in zip(r["step_times"][warmup:], limit_rates, strict=True)]
+        r["fraction_of_limit"] = r["achieved_flops"] / limit["achieved_flops"]
+        r["fraction_of_limit_by_round"] = rounds
+        r["fraction_of_limit_round_median"] = statistics.median(rounds)
 
 
 def main() -> None:

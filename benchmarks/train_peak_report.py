@@ -41,6 +41,7 @@ def report(all_results: dict, args) -> None:
                 print_profile(name, r["profile"])
         for name, error in res["failed"].items():
             print(f"| {name} | failed: {error[:200]} |")
+        print_limit_fractions(engines)
         g = engines.get("grouppref")
         for other in OTHERS:
             if g and other in engines:
@@ -60,3 +61,20 @@ def print_profile(engine: str, prof: dict) -> None:
     for op in prof["ops"]:
         print(f"| {op['op']} | {op['share']:.1%} | {op['ms_per_step']:.1f} | "
               f"{op['calls_per_step']:.0f} |")
+
+
+def print_limit_fractions(engines: dict) -> None:
+    """Each engine against the ``matmul-limit`` engine run in the same rounds (``--interleave``)."""
+    limit = engines.get("matmul-limit")
+    if not limit or not any("fraction_of_limit" in r for r in engines.values()):
+        return
+    print(f"\nmatmul-limit: back-to-back square products, {limit['achieved_flops'] / 1e9:.1f} "
+          "GFLOP/s (median step), in turns with the engines\n")
+    print("| engine | of the matmul-limit rate (medians) | per round: median | min | max |")
+    print("|---|---|---|---|---|")
+    for name, r in engines.items():
+        if "fraction_of_limit" in r:
+            rounds = r["fraction_of_limit_by_round"]
+            print(f"| {name} | {r['fraction_of_limit']:.0%} | "
+                  f"{r['fraction_of_limit_round_median']:.0%} | {min(rounds):.0%} | "
+                  f"{max(rounds):.0%} |")

@@ -112,6 +112,8 @@ def _key_path(loc: tuple[Any, ...], data: Any) -> list[str]:
     for i, part in enumerate(loc):
         if isinstance(node, dict) and part not in node and 0 < i < len(loc) - 1:
             continue  # a union tag, not a key (a missing key is always the last part)
+        if i > 0 and isinstance(part, str) and not isinstance(node, dict | list):
+            continue  # the member of a union of scalars a value failed (``workers.int``)
         path.append(str(part))
         node = node.get(part) if isinstance(node, dict) else (
             node[part] if isinstance(node, list) and isinstance(part, int)

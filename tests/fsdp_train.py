@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -55,14 +56,7 @@ def train(model_dir: str, out_dir: str, rank: int = 0, world: int = 1) -> list[f
     local = GLOBAL // world
     batches = [collate_groups(data[s * GLOBAL + rank * local: s * GLOBAL + (rank + 1) * local], 0)
                for s in range(STEPS)]
-    if world > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh("cpu", (world,))
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+    shard(model, world)
     model.train()
     # SGD, not AdamW: Adam's first steps move every weight by ~lr·sign(grad), so float noise in a
     # near-zero gradient would flip a weight by 2·lr; SGD keeps the comparison about gradients.
@@ -84,29 +78,50 @@ def train(model_dir: str, out_dir: str, rank: int = 0, world: int = 1) -> list[f
 def _save(model, model_dir: str, out_dir: str, rank: int, world: int) -> None:
     from transformers import LlamaForCausalLM
 
-    state = model.state_dict()
-    if world > 1:  # gather the shards into one full state dict on every rank
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                     cpu_offload=True))
+    state = full_state(model, world)
     if rank == 0:
         full = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         full.load_state_dict(state)
         full.save_pretrained(out_dir)
 
 
-def main() -> None:
+def shard(model, world: int) -> None:
+    """FSDP2 over ``world`` CPU processes (nothing alone): each decoder layer, then the root
+    (embeddings, final norm and the head: the LM head or a reward model's score head)."""
+    if world == 1:
+        return
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def full_state(model, world: int) -> dict[str, torch.Tensor]:
+    """The model's full state dict on every rank (the shards gathered under FSDP)."""
+    if world == 1:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
+
+
+def launch(run: Callable[[str, str, int, int], list[float]]) -> None:
+    """The torchrun entry point of a harness: ``run(MODEL_DIR, OUT_DIR, rank, world)`` in a gloo
+    process group (argv: ``MODEL_DIR OUT_DIR``); rank 0 writes its losses to OUT/losses.json."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model_dir, out_dir = sys.argv[1], sys.argv[2]
     torch.distributed.init_process_group("gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    losses = train(model_dir, out_dir, rank, world)
+    losses = run(model_dir, out_dir, rank, world)
     if rank == 0:
         Path(out_dir, "losses.json").write_text(json.dumps(losses))
     torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    main()
+    launch(train)

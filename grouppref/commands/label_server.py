@@ -81,7 +81,7 @@ def _serve(config: ServerConfig, extras: dict[str, Any], force: bool) -> None:
 
 
 serve = config_command(
-    ServerConfig, _serve, name="serve", force_help=None, exclude={"venv_dir"},
+    ServerConfig, _serve, name="serve", force_help=None,
     doc="Start a local Argilla (no Docker, no Elasticsearch); Ctrl-C stops everything. The "
     f"database URL may also come from ${DATABASE_ENV} (keeps its password out of your shell "
     "history).",

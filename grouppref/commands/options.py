@@ -3,7 +3,8 @@ defaults, choices and help.
 
 :func:`config_command` turns a settings model into a typer command: every scalar field
 becomes ``--field-name`` (``bool``: ``--x/--no-x``; ``Literal``: a choice; ``list[str]``:
-repeatable), nested models named in ``flatten`` contribute their fields too, and fields that
+repeatable; a union such as ``list[str] | Literal["all-linear"]``: repeatable, one literal
+value standing for itself), nested models named in ``flatten`` contribute their fields too, and fields that
 need a syntax of their own (a list of rankers, ``KIND=WEIGHT`` maps) get a :class:`Custom`
 parser. Every command also takes ``--config FILE`` (a YAML/TOML/JSON file of the same
 settings, or of a whole run config holding this stage's section) and ``--set KEY.PATH=VALUE``,
@@ -72,6 +73,15 @@ class Extra:
     default: Any = inspect.Parameter.empty
 
 
+@dataclass(frozen=True)
+class CommandSettings:
+    """What a generated command exposes (read by tests/test_cli_flags.py): its settings model
+    and, per dotted field, the option (or positional argument) that sets it."""
+
+    model: type[BaseModel]
+    flags: dict[str, str]
+
+
 @dataclass
 class _Option:
     dotted: str
@@ -120,35 +130,92 @@ def _default_text(info: Any) -> str:
     return f" [default: {shown}]"
 
 
+_SCALARS = {str: "TEXT", int: "INTEGER", float: "FLOAT", Path: "PATH"}
+Parse = Callable[[Any], Any] | None
+
+
+def _choices(item: Any) -> tuple[Any, ...] | None:
+    return typing.get_args(item) if typing.get_origin(item) is Literal else None
+
+
+def _list_item(annotation: Any) -> Any | None:
+    """The item type of ``list[X]`` / ``set[X]`` / ``tuple[X, ...]``; None for anything else
+    (fixed-length tuples need a Custom parser)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin not in (list, tuple, set) or origin is None or not args:
+        return None
+    if origin is tuple and len(set(args) - {Ellipsis}) != 1:
+        return None
+    return _unwrap(args[0])[0]
+
+
+def _option_param(param: str, annotation: Any, option: Any) -> inspect.Parameter:
+    return inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[annotation, option])
+
+
+def _union_option(flag: str, param: str, description: str, args: tuple[Any, ...]
+                  ) -> tuple[inspect.Parameter, Parse] | None:
+    """A union of scalars (str, int, float, Path, ``Literal``) and at most one list of them,
+    e.g. ``list[str] | Literal["all-linear"]``: one option, repeatable when a list is allowed;
+    one value that is one of the literal choices is that choice, else the values are the list
+    (``--lora-target q_proj --lora-target v_proj``, ``--lora-target all-linear``). The model
+    converts the strings (pydantic's lax mode: "3" is an int where an int is allowed)."""
+    lists = [item for a in args if (item := _list_item(a)) is not None]
+    scalars = [a for a in args if typing.get_origin(a) not in (list, tuple, set)]
+    if len(lists) + len(scalars) != len(args) or len(lists) > 1:
+        return None
+    names: list[str] = []
+    for item in [*scalars, *lists]:
+        choices = _choices(item)
+        if choices is None and item not in _SCALARS:
+            return None  # bools, dicts, models: --config / --set only (or a Custom parser)
+        for name in [str(c) for c in choices] if choices else [_SCALARS[item]]:
+            if name not in names:
+                names.append(name)
+    literal = {str(c) for a in scalars if (cs := _choices(a)) for c in cs}
+    if lists:  # before the "[default: X]" that ends the description
+        head, sep, default = description.partition(" [default:")
+        description = f"{head} Repeat for several.{sep}{default}"
+    option = typer.Option(flag, help=description, show_default=False, metavar="|".join(names))
+    if not lists:
+        return _option_param(param, str | None, option), None
+
+    def parse(values: list[str]) -> Any:
+        return values[0] if len(values) == 1 and values[0] in literal else list(values)
+
+    return _option_param(param, list[str] | None, option), parse
+
+
 def _scalar_option(flag: str, param: str, description: str, annotation: Any
-                   ) -> inspect.Parameter | None:
-    """The typer parameter of one scalar (or list-of-scalar) field; None if it has none."""
+                   ) -> tuple[inspect.Parameter, Parse] | None:
+    """The typer parameter of one scalar, list-of-scalar or union-of-scalar field and the parser
+    of what it gets (None: the value as given); None if the field has no option."""
     inner, _ = _unwrap(annotation)
-    origin = typing.get_origin(inner)
-    multiple = origin in (list, tuple, set) and origin is not None
-    item = typing.get_args(inner)[0] if multiple and typing.get_args(inner) else inner
-    if multiple and origin is tuple and len(set(typing.get_args(inner)) - {Ellipsis}) != 1:
-        return None  # fixed-length tuples need a Custom parser
-    item, _ = _unwrap(item)
+    if typing.get_origin(inner) in (typing.Union, types.UnionType):
+        return _union_option(flag, param, description,
+                             tuple(a for a in typing.get_args(inner) if a is not type(None)))
+    item = _list_item(inner)
+    multiple = item is not None
+    if not multiple:
+        if typing.get_origin(inner) in (list, tuple, set):
+            return None  # fixed-length tuples need a Custom parser
+        item = inner
     kwargs: dict[str, Any] = {"help": description, "show_default": False}
-    if typing.get_origin(item) is Literal:
+    if _choices(item) is not None:
         # shown as the metavar, checked by the model: a bad choice is a ConfigError like
         # every other bad value (one line, exit 2, the allowed values named)
         kwargs["metavar"] = "[" + "|".join(str(c) for c in typing.get_args(item)) + "]"
         py: Any = str
-    elif item in (str, int, float, Path):
+    elif item in _SCALARS:
         py = item
     elif item is bool and not multiple:
-        flags = [f"{flag}/--no-{flag.removeprefix('--')}"]
-        option = typer.Option(*flags, **kwargs)
-        return inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                 annotation=Annotated[bool | None, option])
+        option = typer.Option(f"{flag}/--no-{flag.removeprefix('--')}", **kwargs)
+        return _option_param(param, bool | None, option), None
     else:
-        return None  # dicts, models, unions: --config / --set only (or a Custom parser)
-    option = typer.Option(flag, **kwargs)
-    annotation_out = list[py] | None if multiple else py | None
-    return inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, default=None,
-                             annotation=Annotated[annotation_out, option])
+        return None  # dicts, models: --config / --set only (or a Custom parser)
+    return _option_param(param, list[py] | None if multiple else py | None,
+                         typer.Option(flag, **kwargs)), None
 
 
 def _plain(value: Any) -> Any:
@@ -189,10 +256,10 @@ def _walk(model: type[BaseModel], built: _Built, *, prefix: str, template: str,
         flag = rename.get(dotted) or "--" + template.format(name).replace("_", "-")
         description = (info.description or name.replace("_", " ")) + _default_text(info)
         param = _param_name(dotted)
-        built_param = _scalar_option(flag, param, description, info.annotation)
-        if built_param is not None:
-            built.params.append(built_param)
-            built.options[param] = _Option(dotted, param, flag=flag)
+        built_option = _scalar_option(flag, param, description, info.annotation)
+        if built_option is not None:
+            built.params.append(built_option[0])
+            built.options[param] = _Option(dotted, param, built_option[1], flag)
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -301,6 +368,8 @@ def config_command(
         run(config, extra_values, force)
 
     command.__signature__ = inspect.Signature(built.params)  # type: ignore[attr-defined]
+    command.settings = CommandSettings(  # type: ignore[attr-defined]
+        model, {o.dotted: o.flag or o.dotted.upper() for o in built.options.values()})
     command.__doc__ = doc
     command.__name__ = command.__qualname__ = name.replace("-", "_")
     return command

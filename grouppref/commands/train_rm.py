@@ -76,7 +76,7 @@ train_rm = config_command(
             show_default=False)], None),
         Extra("allow_stale", AllowStale, False),
     ],
-    flatten={"lora": "lora-{}"},
+    flatten={"lora": "lora-{}"}, rename={"lora.target_modules": "--lora-target"},
     force_help="Train again even when RUN/train_rm is cached.")
 
 

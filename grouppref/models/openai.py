@@ -29,11 +29,16 @@ Failures:
 
 - 429, 5xx (but 501), a timeout or a dropped connection: retried up to ``max_retries`` times
   after ``uniform(0, min(cap, base * 2**attempt))`` seconds ("full jitter"), or after the
-  server's ``Retry-After`` when it sends one; then :class:`ServerError` (the stage stops; its
-  finished shards are kept and a re-run resumes).
-- 400 / 413 / 422, and an HTTP 500 whose body is a request validation error
+  server's ``Retry-After`` (seconds or an HTTP date) when it sends one; then
+  :class:`ServerError` (the stage stops; its finished shards are kept and a re-run resumes).
+  When the connection is what failed, the message names the uncommon fields
+  (:func:`~grouppref.models.openai_api.carried_fields`: ``grammar``, ``logit_bias``, ...) that
+  the last requests carried: a bad ``grammar`` kills a llama.cpp server.
+- 400 / 413 / 422, an HTTP 500 whose body is a request validation error
   (llama-cpp-python's server answers those with 500:
-  :func:`~grouppref.models.openai_api.validation_problems`): that request is refused for
+  :func:`~grouppref.models.openai_api.validation_problems`), and the same HTTP 500 body twice
+  for one request (a deterministic error, e.g. a ``logit_bias`` key that is not a token id;
+  a 500 with another or no body is retried as a passing fault): that request is refused for
   good; ``post`` returns the :class:`RequestRefused` in its place (naming the refused fields)
   and the caller rejects the row.
 - 401 / 403 / 404 and anything else: :class:`ServerError` at once.
@@ -47,184 +52,24 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from grouppref.models.aio import Background, gather
-from grouppref.models.openai_api import (
-    RequestRefused,
-    ServerError,
-    error_message,
-    refused_fields,
-    usage_tokens,
+from grouppref.models.openai_api import RequestRefused, ServerError, carried_fields
+from grouppref.models.openai_client import (
+    BACKOFF_BASE_S,
+    BACKOFF_CAP_S,
+    Client,
+    ServerUnreachable,
+    backoff_delay,
 )
 from grouppref.models.server_settings import ServerSettings, read_api_key, server_label
 from grouppref.schemas.reports import ServerUsage
 
-if TYPE_CHECKING:
-    import httpx
-
-REFUSED = frozenset({400, 413, 422})
-BACKOFF_BASE_S, BACKOFF_CAP_S, RETRY_AFTER_CAP_S = 0.5, 30.0, 120.0
-
 __all__ = ["Background", "RequestRefused", "ServerError", "ServerPool", "ServerUnreachable",
            "backoff_delay", "gather", "merge_usage"]
-
-
-def backoff_delay(attempt: int, retry_after: float | None, rng: random.Random,
-                  base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
-    """Seconds to wait before retry ``attempt`` (0-based): the server's ``Retry-After`` when
-    given (at most 120 s), else full jitter ``uniform(0, min(cap, base * 2**attempt))``."""
-    if retry_after is not None:
-        return min(max(retry_after, 0.0), RETRY_AFTER_CAP_S)
-    return rng.uniform(0.0, min(cap, base * 2.0 ** attempt))
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None  # an HTTP date: use our own backoff
-
-
-@dataclass
-class _Counts:
-    """Usage of one model on one server (see :class:`ServerUsage`)."""
-
-    requests: int = 0
-    succeeded: int = 0
-    retried: int = 0
-    refused: int = 0
-    failures: Counter[str] = field(default_factory=Counter)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    seconds: float = 0.0
-
-
-class ServerUnreachable(ServerError):
-    """No connection to the server (refused, reset, DNS)."""
-
-
-class _Client:
-    """One server: its ``httpx.AsyncClient``, a semaphore of ``concurrency`` and the counts."""
-
-    def __init__(self, url: str, settings: ServerSettings, api_key: str | None,
-                 rng: random.Random, backoff: tuple[float, float]) -> None:
-        self.url, self.settings, self.label = url, settings, server_label(url)
-        self._api_key, self._rng, self._backoff = api_key, rng, backoff
-        self.counts: dict[str, _Counts] = {}
-        self.http: httpx.AsyncClient | None = None
-        self.gate: asyncio.Semaphore | None = None
-
-    def __repr__(self) -> str:  # never the key
-        return f"_Client({self.label!r}, concurrency={self.settings.concurrency})"
-
-    async def open(self) -> None:
-        import httpx
-
-        n = self.settings.concurrency
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        timeout = httpx.Timeout(self.settings.request_timeout,
-                                connect=min(30.0, self.settings.request_timeout))
-        self.http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout,
-                                      limits=httpx.Limits(max_connections=n,
-                                                          max_keepalive_connections=n))
-        self.gate = asyncio.Semaphore(n)
-
-    async def close(self) -> None:
-        if self.http is not None:
-            await self.http.aclose()
-
-    def _fatal(self, status: int, text: str, what: str) -> ServerError:
-        message = error_message(status, text)
-        if status in (401, 403):
-            hint = (f"check the key in ${self.settings.api_key_env}" if self.settings.api_key_env
-                    else "this server needs an API key: pass --api-key-env VAR")
-            return ServerError(f"{self.label} refused the request ({message}); {hint}")
-        if status == 404:
-            return ServerError(f"{what} at {self.label}: not found ({message}); is the base URL "
-                               "right (it usually ends in /v1) and does the server offer it?")
-        return ServerError(f"{what} at {self.label} failed: {message}")
-
-    async def send(self, method: str, path: str, body: dict[str, Any] | None, model: str,
-                   retry_connect: bool = True) -> dict[str, Any]:
-        """One request with retries; the answer's JSON.
-
-        Raises:
-            RequestRefused: HTTP 400/413/422.
-            ServerUnreachable: no connection (at once when ``retry_connect`` is off).
-            ServerError: anything else that is not retried, or retries used up.
-        """
-        counts = self.counts.setdefault(model, _Counts())
-        what = f"{method} {path} (model {model!r})"
-        for attempt in range(self.settings.max_retries + 1):
-            outcome = await self._attempt(method, path, body, counts, what)
-            if isinstance(outcome, dict):
-                return outcome
-            cause, detail, retry_after = outcome
-            counts.failures[cause] += 1
-            if cause == "connection" and not retry_connect:
-                raise ServerUnreachable(f"cannot reach the server at {self.url} ({detail}): is "
-                                        "it running, and is the base URL right?")
-            if attempt < self.settings.max_retries:
-                counts.retried += 1
-                await asyncio.sleep(backoff_delay(attempt, retry_after, self._rng, *self._backoff))
-        error = ServerUnreachable if cause == "connection" else ServerError
-        raise error(f"{what} at {self.label} failed {self.settings.max_retries + 1} times "
-                    f"(last: {detail}); finished shards are kept: run the same command again "
-                    "to resume")
-
-    async def _attempt(self, method: str, path: str, body: dict[str, Any] | None,
-                       counts: _Counts, what: str
-                       ) -> dict[str, Any] | tuple[str, str, float | None]:
-        """One try: the answer, or ``(cause, detail, retry_after)`` of a failure worth a retry."""
-        import httpx
-
-        if self.http is None or self.gate is None:
-            raise RuntimeError("open() the client first")
-        async with self.gate:
-            t0 = time.perf_counter()
-            counts.requests += 1
-            try:
-                response = await self.http.request(method, path.lstrip("/"), json=body)
-            except httpx.TimeoutException:
-                return "timeout", f"no answer within {self.settings.request_timeout:g} s", None
-            except httpx.TransportError as e:
-                return "connection", f"{type(e).__name__}: {e}".rstrip(": "), None
-            finally:
-                counts.seconds += time.perf_counter() - t0
-        status = response.status_code
-        if status == 200:
-            return self._answer(response, counts, what)
-        fields = refused_fields(status, response.text)
-        if status in REFUSED or fields is not None:  # (llama-cpp-python: validation as 500)
-            counts.refused += 1
-            counts.failures[str(status)] += 1
-            raise RequestRefused(f"{self.label} refused {what}: "
-                                 f"{error_message(status, response.text)}", fields or ())
-        if status in (408, 425, 429) or (500 <= status < 600 and status != 501):
-            return str(status), error_message(status, response.text), _retry_after(response)
-        counts.failures[str(status)] += 1
-        raise self._fatal(status, response.text, what)
-
-    def _answer(self, response: httpx.Response, counts: _Counts, what: str) -> dict[str, Any]:
-        try:
-            answer = response.json()
-        except ValueError as e:
-            raise ServerError(f"{what} at {self.label}: the answer is not JSON "
-                              f"({response.text[:120]!r})") from e
-        if not isinstance(answer, dict):
-            raise ServerError(f"{what} at {self.label}: the answer is not a JSON object")
-        counts.succeeded += 1
-        prompt_tokens, completion_tokens = usage_tokens(answer)
-        counts.prompt_tokens += prompt_tokens
-        counts.completion_tokens += completion_tokens
-        return answer
-
 
 class ServerPool:
     """The servers a stage talks to (see the module docstring).
@@ -243,7 +88,7 @@ class ServerPool:
                  seed: int = 0) -> None:
         self._settings = dict(servers)
         self._backoff, self._rng = backoff, random.Random(seed)
-        self._clients: dict[str, _Client] = {}
+        self._clients: dict[str, Client] = {}
         self._runner: asyncio.Runner | None = None
         self._listed: dict[str, dict[str, Any]] = {}  # url -> its GET /models answer
         # answers sent ahead by first_request, by (url, path, body), until the work asks
@@ -251,7 +96,7 @@ class ServerPool:
 
     def __enter__(self) -> ServerPool:
         keys = {url: read_api_key(s.api_key_env) for url, s in self._settings.items()}
-        self._clients = {url: _Client(url, s, keys[url], self._rng, self._backoff)
+        self._clients = {url: Client(url, s, keys[url], self._rng, self._backoff)
                          for url, s in self._settings.items()}
         self._runner = asyncio.Runner()
         self._runner.__enter__()
@@ -359,7 +204,10 @@ class ServerPool:
         if not isinstance(answer, RequestRefused):
             return answer
         named = [f"{f} comes from {origins[f]}" for f in answer.fields if origins and f in origins]
-        hint = "; ".join(named) if named else "check the settings and server_params"
+        params = [f for f in carried_fields(body) if (origins or {}).get(f) == "server_params"]
+        hint = ("; ".join(named) if named else f"it carried {', '.join(params)} from "
+                "server_params: check their values" if params
+                else "check the settings and server_params")
         raise ServerError(f"model {body.get('model')!r} at {server_label(url)} refuses "
                           f"grouppref's requests ({answer}); {hint}")
 

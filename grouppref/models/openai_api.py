@@ -107,6 +107,44 @@ def param_origins(mode: str, kind: str | None, server_params: dict[str, Any],
     return {**(own or {}), **neutral, **dict.fromkeys(server_params, "server_params")}
 
 
+# the request fields every grouppref request may carry (and the neutral sampler values): any
+# other field (server_params such as grammar, json_schema, logit_bias; response_format) is
+# "carried", and named when a server stops answering right after requests with it
+ORDINARY_FIELDS = frozenset({
+    "model", "messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "n", "stop",
+    "logprobs", "top_logprobs", "stream", "echo",
+    *(k for values in NEUTRAL_SAMPLING.values() for k in values)})
+
+
+def carried_fields(body: dict[str, Any]) -> tuple[str, ...]:
+    """The fields of a request body beyond :data:`ORDINARY_FIELDS`, in body order."""
+    return tuple(k for k in body if k not in ORDINARY_FIELDS)
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delay-seconds or an HTTP date (RFC 9110
+    10.2.3); None when absent or unreadable.
+
+    Example:
+        >>> retry_after_seconds("2"), retry_after_seconds("Thu, 01 Jan 1970 00:00:00 GMT")
+        (2.0, 0.0)
+    """
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    import email.utils
+    import time
+
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
 def endpoint(prompt: Prompt, chat: bool) -> str:
     """``/chat/completions`` for chat prompts (and text prompts when ``chat``), else
     ``/completions``."""
@@ -331,5 +369,10 @@ def error_message(status: int, text: str) -> str:
             message = str(data["detail"])
         elif data.get("message"):
             message = str(data["message"])
+    if message is text and _HTML.match(text):  # a proxy's or web server's error page
+        message = re.sub(r"<(script|style)\b.*?</\1>|<[^>]*>", " ", text, flags=re.S | re.I)
     message = " ".join(message.split())
     return f"HTTP {status}: {message[:300]}" if message else f"HTTP {status}"
+
+
+_HTML = re.compile(r"\s*<(!doctype\s+html|html|head|body|h1|title)\b", re.I)

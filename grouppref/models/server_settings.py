@@ -115,6 +115,14 @@ class ServerSettings(BaseModel):
         if reserved:
             raise ValueError(f"server_params may not set {reserved}: grouppref sets them itself "
                              "(use the matching setting, e.g. max_new_tokens, seed)")
+        if isinstance(grammar := params.get("grammar"), str):  # llama.cpp's GBNF
+            from grouppref.models.gbnf import GrammarError, check_grammar
+
+            try:
+                check_grammar(grammar)
+            except GrammarError as e:
+                raise ValueError(f"server_params grammar: {e} (llama.cpp's GBNF; a grammar its "
+                                 "parser refuses crashes llama-cpp-python's server)") from e
         return params
 
 

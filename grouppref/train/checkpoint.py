@@ -152,7 +152,8 @@ def save(accelerator: Any, out_dir: Path, state: TrainState, config: BaseModel) 
     path = root / f"step-{state.step:08d}"
     accelerator.save_state(str(path))
     if accelerator.is_main_process:
-        payload = {**asdict(state), "config": _resume_key(config)}
+        payload = {**asdict(state), "config": {**_resume_key(config),
+                                               "processes": accelerator.num_processes}}
         (path / STATE_FILE).write_text(json.dumps(payload, indent=2) + "\n")
         complete = sorted(p.parent for p in root.glob(f"step-*/{STATE_FILE}"))
         for old in complete[:-config.save_total_limit]:
@@ -187,12 +188,17 @@ def check_compatible(path: Path, config: BaseModel) -> None:
     """
     saved = json.loads((path / STATE_FILE).read_text())
     now = _resume_key(config)
+    if "processes" in saved["config"]:  # the global batch and each process's RNG state
+        from grouppref.train.distributed import process_state
+
+        now["processes"] = process_state().num_processes
     changed = sorted(k for k in set(now) | set(saved["config"])
                      if now.get(k) != saved["config"].get(k))
     if changed:
         detail = ", ".join(f"{k}: {saved['config'].get(k)!r} -> {now.get(k)!r}" for k in changed)
         raise ConfigError(f"--resume from {path}: settings differ from the checkpoint ({detail}); "
-                          f"only {sorted(_RESUMABLE)} may change on resume")
+                          f"only {sorted(_RESUMABLE)} may change on resume (and not the "
+                          "number of processes)")
 
 
 def load(accelerator: Any, path: Path, config: BaseModel, scheduler: Any = None) -> TrainState:

@@ -130,3 +130,12 @@ def save_model(run: LoopRun, tokenizer: Any, out_dir: Path) -> Any:
         tokenizer.save_pretrained(out_dir)
     acc.wait_for_everyone()
     return model
+
+
+def end_trackers(run: LoopRun) -> None:
+    """Close the ``report_to`` trackers (main process only): ``Accelerator.end_training``
+    without its ``destroy_process_group``. A launch's processes still meet after training (a
+    run's stage waits for every process before the main one returns its manifest; a second
+    training may follow in the same launch), which needs the process group."""
+    for tracker in run.accelerator.trackers:
+        tracker.finish()

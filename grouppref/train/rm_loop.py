@@ -27,7 +27,8 @@ from grouppref.schemas import ValidatedGroup
 from grouppref.train import checkpoint
 from grouppref.train.config import check_precision, check_trackers
 from grouppref.train.data import TokenizedGroup, collate_groups
-from grouppref.train.driver import Hooks, drive, optimizer_step, save_model
+from grouppref.train.driver import Hooks, drive, end_trackers, optimizer_step, save_model
+from grouppref.train.eval import reduce_sums
 from grouppref.train.model_card import public_name
 from grouppref.train.prepare import LoopRun, autocast_dtype, fresh_accelerator
 from grouppref.train.rm_config import RewardModelConfig
@@ -160,7 +161,7 @@ def train_reward_model(config: RewardModelConfig, groups: Sequence[ValidatedGrou
     seconds = time.perf_counter() - t0
     eval_end = run.log_eval()
     save_model(run, tokenizer, out)
-    run.accelerator.end_training()
+    end_trackers(run)
     train_set, held_out = run.train_set, run.held_out
     eval_start = {k: v for k, v in run.log.first("eval").items()
                   if k not in ("step", "epoch", "split")}
@@ -171,7 +172,7 @@ def train_reward_model(config: RewardModelConfig, groups: Sequence[ValidatedGrou
              "groups": {"train": len(train_set), "held_out": len(held_out),
                         "rejected": sum(r.scope == "row" for r in rejects),
                         "dropped_candidates": sum(r.scope == "part" for r in rejects)},
-             "pairs_per_s": run.pairs / max(seconds, 1e-9), "seconds": seconds,
+             "pairs_per_s": reduce_sums([run.pairs])[0] / max(seconds, 1e-9), "seconds": seconds,
              "base_model": public_name(config.model) if config.model else "embedded SmolLM2",
              "lora": config.lora is not None, "resumed_from_step": resumed_from}
     used = [g.group_id for g in train_set + held_out]

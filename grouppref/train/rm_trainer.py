@@ -27,7 +27,7 @@ from grouppref.models.loading import load_tokenizer, resolve_model
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.train.batch import GroupBatch
 from grouppref.train.data import TokenizedGroup, collate_groups
-from grouppref.train.eval import MetricSums, pair_margin
+from grouppref.train.eval import MetricSums, _own_share, pair_margin
 from grouppref.train.losses import gspo_loss, hard_pair_targets, pair_accuracy, plackett_luce_loss
 from grouppref.train.prepare import add_lora, enable_checkpointing, require_trainable
 from grouppref.train.rm_config import RewardModelConfig
@@ -146,20 +146,22 @@ def weighted_pairs(batch: GroupBatch) -> int:
 @torch.no_grad()
 def evaluate_rm(model: Any, groups: Sequence[TokenizedGroup], config: RewardModelConfig,
                 pad_token_id: int, autocast: torch.dtype | None = None) -> dict[str, float]:
-    """Loss, pair accuracy and score spread of ``model`` on ``groups`` (means over groups;
-    every process scores all of them)."""
+    """Loss, pair accuracy and score spread of ``model`` on ``groups`` (means over groups).
+    Under a launch every process scores its strided share, padded to the same number of
+    batches (a sharded model needs every rank in every forward), and the sums are reduced."""
     if not groups:
         return {}
+    own, real = _own_share(groups, config.eval_batch_size)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     sums = MetricSums()
-    for start in range(0, len(groups), config.eval_batch_size):
-        batch = collate_groups(list(groups[start:start + config.eval_batch_size]),
-                               pad_token_id).to(device)
+    for start in range(0, len(own), config.eval_batch_size):
+        batch = collate_groups(own[start:start + config.eval_batch_size], pad_token_id).to(device)
+        keep = torch.arange(start, start + len(batch.group_ids), device=device) < real
         with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
             s = reward_scores(model, batch)
-        sums.add({"loss": reward_loss(s, batch, config), **batch_metrics(s, batch)})
+        sums.add({"loss": reward_loss(s, batch, config), **batch_metrics(s, batch)}, keep)
     model.train(was_training)
     out = sums.means(list(TRAIN_METRICS))
     out["groups"] = float(len(groups))

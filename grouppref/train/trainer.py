@@ -31,7 +31,7 @@ from grouppref.schemas.reports import TrainStats
 from grouppref.train import checkpoint
 from grouppref.train.config import TrainConfig, check_precision, check_trackers
 from grouppref.train.data import GroupBatch, collate_groups
-from grouppref.train.driver import Hooks, drive, optimizer_step, save_model
+from grouppref.train.driver import Hooks, drive, end_trackers, optimizer_step, save_model
 from grouppref.train.eval import evaluate, reward_metrics
 from grouppref.train.loop import Objective, step_loss
 from grouppref.train.mix import MixSampler, mix_loader
@@ -194,7 +194,7 @@ def _finish(run: _Run, prep: Prepared, t0: float) -> TrainResult:
     if run.accelerator.is_main_process:
         published = public_stats(stats)  # no local path in the folder one publishes
         (run.out_dir / "metrics.json").write_text(published.model_dump_json(indent=2) + "\n")
-    run.accelerator.end_training()
+    end_trackers(run)
     return TrainResult(model=model, tokenizer=prep.tokenizer, stats=stats, out_dir=run.out_dir,
                        rejects=prep.rejects,
                        used=[g.group_id for g in prep.train_set + prep.held_out])

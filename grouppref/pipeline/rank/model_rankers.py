@@ -10,6 +10,7 @@ resumed stage loads nothing), after ``check()`` has read the config alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from grouppref.pipeline.rank.common import (
     RankerInputError,
     Skip,
     collect_outcomes,
+    slot_outcomes,
 )
 from grouppref.pipeline.rank.settings import JudgeRankerSettings, RewardRankerSettings
 from grouppref.schemas import CandidateGroup
@@ -253,14 +255,12 @@ class JudgeRanker(_TransformersRanker):
         values = self.log_odds(flat)
         if self.settings.mode == "pointwise":
             return collect_outcomes(slots, values)
-        out: list[Outcome] = []
-        for g, slot in zip(groups, slots, strict=True):
-            if isinstance(slot, Skip):
-                out.append(slot)
-                continue
-            k = g.k
+
+        def pair_scores(offset: int, count: int) -> list[float]:
+            k = (1 + math.isqrt(1 + 4 * count)) // 2  # count = K(K-1) verdicts, row-major i != j
             d = torch.zeros((k, k), dtype=torch.float64)
-            d[~torch.eye(k, dtype=torch.bool)] = torch.tensor(
-                values[slot[0] : slot[0] + slot[1]], dtype=torch.float64)  # row-major i != j
-            out.append(collect_outcomes([(0, k)], rs.pairwise_scores(d).tolist())[0])
-        return out
+            d[~torch.eye(k, dtype=torch.bool)] = torch.tensor(values[offset : offset + count],
+                                                              dtype=torch.float64)
+            return rs.pairwise_scores(d).tolist()
+
+        return slot_outcomes(slots, pair_scores)
