@@ -10,7 +10,8 @@ line (counted, with the reason "blank line"). A UTF-8 byte-order mark is dropped
 format, so a BOM-prefixed CSV header is recognised.
 
 Row numbers: the line number in JSONL (blank lines count), the data row in CSV (the header is
-row 0, blank lines count), the list index + 1 in JSON, the row index + 1 in Parquet and datasets.
+row 0, blank lines count), the list index + 1 in JSON, the row index + 1 in Parquet and datasets;
+in a folder of data files, counted across the split's files in order.
 """
 
 from __future__ import annotations
