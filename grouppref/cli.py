@@ -65,14 +65,23 @@ def _quiet_libraries() -> None:
 
 def main() -> None:
     """Entry point: run the app; a ``GroupPrefError`` prints one red line and exits with 2."""
+    from grouppref.runs.stage_run import record_stops
+
     _quiet_libraries()
     try:
         app()
+    except KeyboardInterrupt:
+        record_stops("interrupted")
+        raise
     except GroupPrefError as e:
+        record_stops(f"error: {e}")
         # escape: a message naming "rankings[helpfulness]" must not lose it as rich markup
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False,
                                    soft_wrap=True)
         sys.exit(2)
+    except Exception as e:  # a bug: the traceback follows; the manifest says the stage stopped
+        record_stops(f"{type(e).__name__}: {e}")
+        raise
 
 
 if __name__ == "__main__":

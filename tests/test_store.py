@@ -138,3 +138,30 @@ def test_a_stale_running_stage_with_other_config_starts_afresh(tmp_path: Path) -
     stage.write_shard(shard, list(shard.items), [Reject(stage="s", reason="r", scope="part")])
     again = store.open_stage("s", {"a": 2}, input_fingerprint="fp", record_type=CandidateGroup)
     assert len(list(again.pending_shards(groups, shard_size=2))) == 2
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "grouppref", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+
+
+def test_a_stage_stopped_by_an_error_says_why_and_resumes(tmp_path: Path) -> None:
+    """A stage that fails after it opened is not left looking "running": its manifest and
+    ``inspect`` say why it stopped; a good run afterwards completes and clears it."""
+    (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip at all")
+    failed = _cli("import", "bad.jsonl.gz", "--out", "rr", cwd=tmp_path)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    manifest = json.loads((tmp_path / "rr" / "import" / "manifest.json").read_text())
+    assert manifest["status"] == "running"
+    assert manifest["stopped"].startswith("error: bad.jsonl.gz: cannot decompress it as .gz")
+    shown = _cli("inspect", "rr", cwd=tmp_path)
+    assert shown.returncode == 0 and "stopped (error: bad.jsonl.gz" in " ".join(shown.stdout.split())
+
+    rows = [{"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"bad {i}"} for i in range(3)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = _cli("import", "pairs.jsonl", "--out", "rr", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "rr" / "import" / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["stopped"] is None
+    assert manifest["counts"]["inputs"] == 3

@@ -74,6 +74,8 @@ def _status(store: RunStore, m: Any, record: Any) -> tuple[str, str | None]:
     stale = stale_causes(store, m.stage) if m.status == "complete" else []
     if stale:
         return f"stale (input changed: {', '.join(stale)})", "yellow"
+    if m.status == "running" and m.stopped:
+        return f"stopped ({m.stopped}); run it again to resume", "red"
     return m.status, None
 
 

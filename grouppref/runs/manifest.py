@@ -62,6 +62,9 @@ class Manifest(BaseModel):
     seconds: float | None = None
     versions: dict[str, str] = Field(default_factory=dict)
     stats: dict[str, Any] = Field(default_factory=dict)
+    stopped: str | None = Field(default=None, description="Why a ``running`` stage stopped "
+                                "before it finished (the error, or 'interrupted'); run it again "
+                                "with the same settings to resume its finished shards.")
 
 
 def package_versions() -> dict[str, str]:

@@ -29,6 +29,8 @@ R = TypeVar("R", bound=BaseModel)
 
 DATA = "data"
 SHARDS = "shards"
+STOP_REASON_CHARS = 300
+_UNFINISHED: dict[int, StageRun[Any]] = {}  # stages this process opened and has not finished
 
 
 class StageFolders(Protocol):
@@ -68,6 +70,8 @@ class StageRun(Generic[R]):
         self.dir = store.stage_dir(manifest.stage)
         self._t0 = time.perf_counter()
         self._seconds_before = 0.0 if cached else (manifest.seconds or 0.0)
+        if not cached:
+            _UNFINISHED[id(self)] = self
 
     @property
     def name(self) -> str:
@@ -188,6 +192,7 @@ class StageRun(Generic[R]):
         self.manifest.output_fingerprint = self.store.output_fingerprint(self.manifest)
         self.store.write_manifest(self.manifest)
         shutil.rmtree(shard_dir, ignore_errors=True)
+        _UNFINISHED.pop(id(self), None)
         return self
 
     # -- results ----------------------------------------------------------------------------
@@ -202,3 +207,23 @@ class StageRun(Generic[R]):
 
     def rejects(self) -> list[Reject]:
         return read_rejects(self.dir / REJECTS)
+
+
+def record_stops(reason: str) -> list[str]:
+    """Write ``reason`` into the manifest of every stage this process opened and did not finish
+    (it stopped on an error or an interruption), so ``inspect`` says why it is not complete
+    instead of "running". The stage stays resumable. Returns the stages marked."""
+    marked = []
+    for stage in list(_UNFINISHED.values()):
+        if stage.manifest.status != "running":
+            continue
+        stage.manifest = stage.manifest.model_copy(
+            update={"stopped": reason[:STOP_REASON_CHARS], "finished_at": now()})
+        try:
+            stage.store.write_manifest(stage.manifest)
+        except OSError:  # the run folder is gone or read-only: nothing to record into
+            continue
+        marked.append(stage.name)
+    _UNFINISHED.clear()
+    return marked
+
