@@ -164,6 +164,9 @@ def load_policy(config: TrainConfig, prep: Prepared, cache_dir: Path) -> Any:
     if config.disable_dropout:
         _disable_dropout(policy)
     check_checkpointing(policy, config)
+    if config.compile and config.share_prefix:  # a first packed pass decides the fallback
+        _first_packed_pass(policy, prep)
+        check_compile(policy, config)
     reuse = config.ref_model is None and config.ref_dtype == "float32"
     filled, prep.reference = ensure_reference(
         prep.train_set + prep.held_out, model_name=config.reference_name(), cache_dir=cache_dir,
@@ -173,15 +176,12 @@ def load_policy(config: TrainConfig, prep: Prepared, cache_dir: Path) -> Any:
     require_reference(filled)
     n = len(prep.train_set)
     prep.train_set, prep.held_out = filled[:n], filled[n:]
-    if config.compile and config.share_prefix:  # a first packed pass decides the fallback
-        _first_packed_pass(policy, prep)
-        check_compile(policy, config)
     return _prepare_policy(policy, config)
 
 
 def _first_packed_pass(model: Any, prep: Prepared) -> None:
-    """One eager, gradient-free shared pass over the first training group (the reference pass
-    may have been read from its cache)."""
+    """One eager, gradient-free shared pass over the first training group, before the
+    reference pass (which may be long, or read from its cache)."""
     from grouppref.train.data import collate_groups
     from grouppref.train.logps import group_logps
 
