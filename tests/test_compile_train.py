@@ -38,7 +38,9 @@ def test_compiled_training_resumes_exactly_and_saves_plain_weights(tiny_lm_dir: 
     base = dict(model=str(tiny_lm_dir), lr=1e-3, lr_scheduler="constant", batch_size=4,
                 logging_steps=1, data=PLAIN)
     eager = train(TrainConfig(**base, max_steps=3), groups, tmp_path / "eager")
+    torch._dynamo.reset()
     straight = train(TrainConfig(**base, max_steps=3, compile=True), groups, tmp_path / "a")
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # the steps ran compiled
     assert all(m._compiled_call_impl is not None for m in straight.model.model.layers)
     weights = _final_params(straight.model)
     assert not torch.allclose(weights, _final_params(LlamaForCausalLM.from_pretrained(tiny_lm_dir)))
@@ -70,6 +72,8 @@ DDP_SCRIPT = textwrap.dedent("""
     result = train(config, synthetic_groups(8, 0, seed=7), out)
     params = torch.cat([p.detach().flatten() for p in result.model.parameters()])
     torch.save(params, os.path.join(out, f"replica-{os.environ['RANK']}.pt"))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    open(os.path.join(out, f"graphs-{os.environ['RANK']}.txt"), "w").write(str(graphs))
 """)
 
 
@@ -86,6 +90,8 @@ def test_compiled_ddp_replicas_agree_and_equal_eager_ddp(tiny_lm_dir: Path, tmp_
         return torch.load(out / "replica-0.pt"), torch.load(out / "replica-1.pt")
 
     c0, c1 = replicas(compile=True)
+    for rank in (0, 1):  # the steps ran compiled on both ranks
+        assert int((tmp_path / "compiled" / "out" / f"graphs-{rank}.txt").read_text()) >= 2
     assert torch.equal(c0, c1)  # gradients all-reduced through the compiled layers
     assert not torch.allclose(c0, _final_params(LlamaForCausalLM.from_pretrained(tiny_lm_dir)))
     assert torch.allclose(c0, replicas(compile=False)[0], atol=1e-5)
