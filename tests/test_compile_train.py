@@ -91,7 +91,7 @@ def test_compiled_ddp_replicas_agree_and_equal_eager_ddp(tiny_lm_dir: Path, tmp_
 
     c0, c1 = replicas(compile=True)
     for rank in (0, 1):  # the steps ran compiled on both ranks
-        assert int((tmp_path / "compiled" / "out" / f"graphs-{rank}.txt").read_text()) >= 2
+        assert int((tmp_path / "compiled" / "out" / f"graphs-{rank}.txt").read_text()) >= 1
     assert torch.equal(c0, c1)  # gradients all-reduced through the compiled layers
     assert not torch.allclose(c0, _final_params(LlamaForCausalLM.from_pretrained(tiny_lm_dir)))
     assert torch.allclose(c0, replicas(compile=False)[0], atol=1e-5)
