@@ -141,3 +141,32 @@ def test_refresh_generation_runs_compiled_layers_eagerly(tiny_lm_dir, fresh_dyna
     assert not fresh_dynamo["stats"]  # dynamo captured no frame
     assert torch._dynamo.eval_frame._stance.stance == "default"
     assert model.training and all(m._compiled_call_impl is not None for m in model.model.layers)
+
+
+def test_cli_compile_on_an_eager_attention_model_stops_before_the_reference_pass(
+        tiny_lm_dir, tmp_path):
+    """Through ``train`` on a run: a model whose config asks for eager attention, ``--compile``
+    (share_prefix on) stops with the one-line error naming the fix before any reference
+    log-prob is computed."""
+    import json
+    import shutil
+
+    import typer
+    from typer.testing import CliRunner
+
+    from grouppref.commands import train as train_commands
+    from grouppref.errors import ConfigError
+    from tests.test_trainer import _write_validate, synthetic_groups
+
+    model = shutil.copytree(tiny_lm_dir, tmp_path / "eager-model")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "attn_implementation": "eager"}))
+    store = _write_validate(tmp_path / "run", synthetic_groups(4, 0))
+    app = typer.Typer()
+    train_commands.register(app)
+    args = ["train", str(store.root), "--model", str(model), "--compile", "--max-steps", "1",
+            "--batch-size", "4", "--no-chat-template"]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, ConfigError)
+    assert "('eager') takes the KV-cache fallback; set --no-share-prefix" in str(result.exception)
+    assert not list(tmp_path.rglob("ref_logps*"))
