@@ -205,8 +205,8 @@ class TrainConfig(BaseModel):
     )
     compile: bool = Field(
         default=False, description="torch.compile each decoder layer (inductor; a one-off "
-        "compile on the first steps and one more when batch shapes first change; see "
-        "docs/train.md)."
+        "compile on the first steps and one more when batch shapes first change; not with "
+        "FSDP, nor with share_prefix on a model not on sdpa; see docs/train.md)."
     )
     lora: LoraSettings | None = Field(default=None, description="Train LoRA adapters only.")
     share_prefix: bool = Field(

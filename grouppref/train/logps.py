@@ -65,6 +65,15 @@ def _inner(model: Any) -> Any:
     return base.get_base_model() if hasattr(base, "get_base_model") else base
 
 
+def takes_fallback(model: Any) -> bool:
+    """Whether the shared pass of ``model`` runs the KV-cache fallback: it is on neither
+    ``sdpa`` nor the packed attention, or its first packed pass found the packed attention not
+    applicable."""
+    inner = _inner(model)
+    attention = getattr(getattr(inner, "config", None), "_attn_implementation", None)
+    return inner in _FALLBACK or attention not in ("sdpa", packing.NAME)
+
+
 def _cache_kwarg(model: Any) -> str:
     """``cache`` (transformers >= 5.24) or the older ``past_key_values``.
 

@@ -236,6 +236,12 @@ def compile_layers(model: Any, **options: Any) -> int:
     one compile of a layer's forward and one of its backward. The embedding, the final norm, the
     LM head and the log-prob code stay eager. The packed pass hands each layer tensors only.
 
+    Under peft the layers are found in the wrapped model (the adapters are inside them and are
+    compiled with them). A layer that keeps a dropout (LoRA's ``lora_dropout``: the model's own
+    dropout is set to 0 by ``disable_dropout``) compiles with inductor's ``fallback_random``, so
+    its masks come from torch's generator exactly as in eager mode: the same seed gives the same
+    masks compiled or not, and a resumed run draws what an uninterrupted one would.
+
     Returns:
         int: how many layers were compiled (0: no decoder layer found, nothing changed).
     """
@@ -244,5 +250,13 @@ def compile_layers(model: Any, **options: Any) -> int:
         names.update(getattr(module, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in names]
     for layer in layers:
-        layer.compile(**options)
+        layer.compile(**_layer_options(layer, options))
     return len(layers)
+
+
+def _layer_options(layer: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` plus inductor's ``fallback_random`` when ``layer`` holds a live dropout."""
+    if not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in layer.modules()):
+        return options
+    inductor = {**options.get("options", {}), "fallback_random": True}
+    return {**options, "options": inductor}

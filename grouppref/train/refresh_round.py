@@ -217,7 +217,11 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
 @contextlib.contextmanager
 def sampling_mode(model: Any, tokenizer: Any) -> Iterator[list[int]]:
     """The policy ready for the seeded sampler (eval mode, a neutral generation config on it
-    and, under peft, on its base model); everything restored afterwards. Yields the EOS ids."""
+    and, under peft, on its base model, decoder layers compiled by ``train --compile`` run
+    eagerly: generation's KV cache and changing lengths would recompile them at every round);
+    everything restored afterwards. Yields the EOS ids."""
+    import torch
+
     targets = [model] + ([model.get_base_model()] if hasattr(model, "get_base_model") else [])
     saved = [t.generation_config for t in targets]
     eos_ids = _eos_ids(targets[-1], tokenizer)
@@ -227,7 +231,8 @@ def sampling_mode(model: Any, tokenizer: Any) -> Iterator[list[int]]:
                                                         tokenizer.bos_token_id)
     model.eval()
     try:
-        yield eos_ids
+        with torch.compiler.set_stance("force_eager"):
+            yield eos_ids
     finally:
         for t, config in zip(targets, saved, strict=True):
             t.generation_config = config

@@ -75,6 +75,7 @@ def prepare_data(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir:
     train_set, held_out, rejects = split_groups(groups, tokenizer, config)
     if config.mix is not None:  # every source the schedule draws from has groups
         check_sources(config.mix, [config.mix.source_of(g.kinds) for g in train_set])
+    check_compile_distributed(config, accelerator.distributed_type.value)
     plan = None
     if config.refresh is not None:
         from grouppref.train.refresh_round import plan_refresh
@@ -108,6 +109,35 @@ def check_checkpointing(model: Any, config: TrainConfig) -> None:
                           "or turn gradient checkpointing off")
 
 
+def check_compile_distributed(config: TrainConfig, distributed_type: str) -> None:
+    """``compile`` is tested on one process and under DDP (docs/train.md, "Compile"); FSDP
+    shards the parameters the compiled layers read, which no test runs.
+
+    Raises:
+        ConfigError: ``compile`` under FSDP.
+    """
+    if config.compile and distributed_type == "FSDP":
+        raise ConfigError("--compile is not supported with FSDP (untested: the compiled layers "
+                          "would read sharded parameters); train without --compile, or with DDP")
+
+
+def check_compile(model: Any, config: TrainConfig) -> None:
+    """``compile`` with ``share_prefix`` needs the packed pass: the KV-cache fallback (models
+    not on ``sdpa``, or where the packed attention does not apply) hands each layer a growing
+    cache, which no test runs compiled. Call it after the model's first packed pass.
+
+    Raises:
+        ConfigError: ``compile`` and ``share_prefix`` on a model that takes the fallback.
+    """
+    from grouppref.train.logps import takes_fallback
+
+    if config.compile and config.share_prefix and takes_fallback(model):
+        attention = getattr(model.config, "_attn_implementation", None)
+        raise ConfigError(f"--compile with share_prefix needs the packed pass (a model on sdpa "
+                          f"attention), and this one ({attention!r}) takes the KV-cache "
+                          "fallback; set --no-share-prefix or train without --compile")
+
+
 def _prepare_policy(model: Any, config: TrainConfig) -> Any:
     """Gradient checkpointing, LoRA adapters and ``torch.compile`` of the decoder layers, then
     train mode.
@@ -134,6 +164,9 @@ def load_policy(config: TrainConfig, prep: Prepared, cache_dir: Path) -> Any:
     if config.disable_dropout:
         _disable_dropout(policy)
     check_checkpointing(policy, config)
+    if config.compile and config.share_prefix:  # a first packed pass decides the fallback
+        _first_packed_pass(policy, prep)
+        check_compile(policy, config)
     reuse = config.ref_model is None and config.ref_dtype == "float32"
     filled, prep.reference = ensure_reference(
         prep.train_set + prep.held_out, model_name=config.reference_name(), cache_dir=cache_dir,
@@ -144,3 +177,14 @@ def load_policy(config: TrainConfig, prep: Prepared, cache_dir: Path) -> Any:
     n = len(prep.train_set)
     prep.train_set, prep.held_out = filled[:n], filled[n:]
     return _prepare_policy(policy, config)
+
+
+def _first_packed_pass(model: Any, prep: Prepared) -> None:
+    """One eager, gradient-free shared pass over the first training group, before the
+    reference pass (which may be long, or read from its cache)."""
+    from grouppref.train.data import collate_groups
+    from grouppref.train.logps import group_logps
+
+    batch = collate_groups(prep.train_set[:1], prep.tokenizer.pad_token_id)
+    with torch.no_grad():
+        group_logps(model, batch.to(prep.accelerator.device))

@@ -1,0 +1,98 @@
+"""``train --compile`` through the real trainer: the trained weights equal an eager run's, a
+checkpointed and resumed compiled run ends where an uninterrupted one does, checkpoints and the
+saved model carry plain parameter names (no ``_orig_mod.``) and load in plain transformers; under
+DDP (2 CPU processes) the compiled replicas agree and equal the eager DDP run."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from grouppref.train.config import TrainConfig
+from grouppref.train.trainer import train
+from tests.test_ddp import torchrun_cpu
+from tests.test_trainer import PLAIN, _final_params, synthetic_groups
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
+
+def _keys(folder: Path) -> set[str]:
+    from safetensors import safe_open
+
+    (weights,) = folder.glob("*.safetensors")
+    with safe_open(weights, "pt") as f:
+        return set(f.keys())
+
+
+# Cold inductor compiles (forward, backward, the new shapes of later batches): minutes on 2
+# loaded cores; the three compiled runs share them.
+@pytest.mark.slow
+def test_compiled_training_resumes_exactly_and_saves_plain_weights(tiny_lm_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    from transformers import LlamaForCausalLM
+
+    groups = synthetic_groups(12, 0, seed=1)  # 3 micro-batches of 4: 3 steps
+    base = dict(model=str(tiny_lm_dir), lr=1e-3, lr_scheduler="constant", batch_size=4,
+                logging_steps=1, data=PLAIN)
+    eager = train(TrainConfig(**base, max_steps=3), groups, tmp_path / "eager")
+    torch._dynamo.reset()
+    straight = train(TrainConfig(**base, max_steps=3, compile=True), groups, tmp_path / "a")
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # the steps ran compiled
+    assert all(m._compiled_call_impl is not None for m in straight.model.model.layers)
+    weights = _final_params(straight.model)
+    assert not torch.allclose(weights, _final_params(LlamaForCausalLM.from_pretrained(tiny_lm_dir)))
+    assert torch.allclose(weights, _final_params(eager.model), atol=1e-5)
+    train(TrainConfig(**base, max_steps=2, save_steps=2, compile=True), groups, tmp_path / "b")
+    resumed = train(TrainConfig(**base, max_steps=3, compile=True), groups, tmp_path / "b",
+                    resume=True)
+    assert resumed.stats.steps == 3
+    assert torch.allclose(_final_params(resumed.model), weights, atol=1e-6)
+    plain = set(LlamaForCausalLM.from_pretrained(tiny_lm_dir).state_dict())
+    tied = {"lm_head.weight"}  # tied to the embedding: saved once
+    (step_2,) = (tmp_path / "b" / "checkpoints").glob("step-*2")
+    assert _keys(step_2) | tied == plain
+    assert _keys(tmp_path / "b") | tied == plain
+    saved = LlamaForCausalLM.from_pretrained(tmp_path / "b")
+    assert torch.equal(_final_params(saved), _final_params(resumed.model))
+
+
+DDP_SCRIPT = textwrap.dedent("""
+    import os, sys, torch
+    from grouppref.train.config import DataConfig, TrainConfig
+    from grouppref.train.trainer import train
+    from tests.test_trainer import synthetic_groups
+
+    model, out = sys.argv[1], sys.argv[2]
+    config = TrainConfig(model=model, beta=0.5, lr=5e-3, lr_scheduler="constant", batch_size=2,
+                         max_steps=2, logging_steps=1, compile=COMPILE,
+                         data=DataConfig(chat_template=False))
+    result = train(config, synthetic_groups(8, 0, seed=7), out)
+    params = torch.cat([p.detach().flatten() for p in result.model.parameters()])
+    torch.save(params, os.path.join(out, f"replica-{os.environ['RANK']}.pt"))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    open(os.path.join(out, f"graphs-{os.environ['RANK']}.txt"), "w").write(str(graphs))
+""")
+
+
+# Two processes compiling cold at once, and an eager DDP run of the same steps: minutes.
+@pytest.mark.slow
+def test_compiled_ddp_replicas_agree_and_equal_eager_ddp(tiny_lm_dir: Path, tmp_path: Path) -> None:
+    from transformers import LlamaForCausalLM
+
+    def replicas(compile: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        source = DDP_SCRIPT.replace("COMPILE", str(compile))
+        folder = tmp_path / ("compiled" if compile else "eager")
+        folder.mkdir()
+        out = torchrun_cpu(folder, source, tiny_lm_dir)
+        return torch.load(out / "replica-0.pt"), torch.load(out / "replica-1.pt")
+
+    c0, c1 = replicas(compile=True)
+    for rank in (0, 1):  # the steps ran compiled on both ranks
+        assert int((tmp_path / "compiled" / "out" / f"graphs-{rank}.txt").read_text()) >= 1
+    assert torch.equal(c0, c1)  # gradients all-reduced through the compiled layers
+    assert not torch.allclose(c0, _final_params(LlamaForCausalLM.from_pretrained(tiny_lm_dir)))
+    assert torch.allclose(c0, replicas(compile=False)[0], atol=1e-5)
+
