@@ -188,7 +188,6 @@ def test_old_aggregate_report_and_bad_metrics_lines_render_with_notices(
     assert "Aggregate settings: not in this report (written by an older version)" in page
 
 
-@pytest.mark.slow
 def test_reward_model_section_reads_the_rm_trainers_lines(trained_run: RunStore,
                                                           tiny_lm_dir: Path,
                                                           tmp_path: Path) -> None:
