@@ -73,6 +73,23 @@ SHOWN_NOTICES = 5
 CURVES = ("loss", "pair_accuracy", "margin")  # the training curves plotted, by step
 
 
+def curves(train: list[MetricsLine], held: list[MetricsLine], alt: str) -> str:
+    """An inline plot of each metric of :data:`CURVES` by step: train windows (lines) and
+    held-out evaluations (dashed); empty when no line has any of them."""
+    keys = [k for k in CURVES if any(getattr(r, k) is not None for r in train + held)]
+    if not keys:
+        return ""
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.3 * len(keys), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        for rows, style, label in ((train, "o-", "train"), (held, "s--", "held out")):
+            points = [(r.step, getattr(r, key)) for r in rows if getattr(r, key) is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), style, label=label)
+        ax.set(title=key.replace("_", " "), xlabel="step")
+        ax.legend()
+    return img(figure_png(fig), alt)
+
+
 def read_metrics(paths: list[Path]) -> MetricsRead:
     """Every line of the ``metrics.jsonl`` files ``paths`` (missing files: nothing), each
     validated as a :class:`~grouppref.schemas.reports.MetricsLine`; a line that is not a JSON

@@ -30,8 +30,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from grouppref.errors import StageError
 from grouppref.pipeline.report.config import STAGE, ReportConfig
 from grouppref.pipeline.report.parts import (
-    CURVES,
     MetricsRead,
+    curves,
     figure_png,
     fmt,
     h2,
@@ -234,20 +234,11 @@ def section_training(view: RunView) -> str:
     held = log.of("eval")
     if not train:
         return missing("Training", "training", "No training in this run.") + log.note("training")
-    keys = [k for k in CURVES if any(getattr(r, k) is not None for r in train)]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.3 * len(keys), 3.2), squeeze=False)
-    for ax, key in zip(axes[0], keys, strict=True):
-        ax.plot([r.step for r in train], [getattr(r, key) for r in train], "o-", label="train")
-        points = [(r.step, getattr(r, key)) for r in held if getattr(r, key) is not None]
-        if points:
-            ax.plot(*zip(*points, strict=True), "s--", label="held out")
-        ax.set(title=key.replace("_", " "), xlabel="step")
-        ax.legend()
     last = train[-1]
     speed = (f"<p class='muted'>last logged step {last.step}: "
              f"{fmt(last.groups_per_s)} groups/s, {fmt(last.tokens_per_s)} "
              f"tokens/s, KL to reference {fmt(last.kl)}</p>")
-    return (h2("Training", "training") + img(figure_png(fig), "training curves") + speed
+    return (h2("Training", "training") + curves(train, held, "training curves") + speed
             + log.note("training"))
 
 
