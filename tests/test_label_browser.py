@@ -16,7 +16,6 @@ the server stored, read back through ``pull``.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,11 @@ from grouppref.labeling.client import connect, resolve_credentials
 from grouppref.labeling.config import PullConfig, PushConfig
 from grouppref.labeling.pull import pull_run
 from grouppref.labeling.push import push_run
+from tests.browser import chromium_page
 from tests.test_label_push_pull import as_chat, make_groups, write_stage
 
 pytestmark = [pytest.mark.argilla, pytest.mark.browser]
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SLOT = ".draggable__slot"
 CHAT = [("system", "You are a painter."), ("user", "Which colour is the sky?"),
         ("assistant", "Blue, mostly."), ("user", "And at sunset?")]
@@ -99,8 +97,6 @@ def rank_in_page(page: Any, group: Any, turns: list[tuple[str, str]], shot: str,
 def test_annotator_ranks_in_the_browser_and_pull_returns_that_order(
         argilla_server: Any, chromium_executable: str, artifacts_dir: Path,
         tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
     three, two = make_groups(2, tag="browser", sizes=(3, 2))
     three = as_chat(three, CHAT)
     store = write_stage(tmp_path / "run", [three, two])
@@ -111,25 +107,18 @@ def test_annotator_ranks_in_the_browser_and_pull_returns_that_order(
     username, password, _key = argilla_server.create_user("browser-ann")
 
     chosen: dict[str, list[str]] = {}
-    with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
-        ctx = p.chromium.launch_persistent_context(
-            profile, executable_path=chromium_executable, args=FLAGS, headless=True,
-            viewport={"width": 1400, "height": 1100})
-        try:
-            page = ctx.new_page()
-            page.goto(f"{argilla_server.url}/sign-in", timeout=60_000)
-            page.get_by_label("Username").fill(username)
-            page.get_by_label("Password").fill(password)
-            page.get_by_role("button", name="Sign in").click()
-            page.wait_for_url("**/", timeout=60_000)
-            for group, turns, shot in ((three, CHAT, "chat-k3"),
-                                       (two, [("user", two.prompt.text)], "k2")):
-                page.goto(f"{argilla_server.url}/dataset/{report.by_k(group.k).dataset_id}"
-                          "/annotation-mode", timeout=60_000)
-                page.locator(SLOT).first.wait_for(timeout=60_000)
-                chosen[group.group_id] = rank_in_page(page, group, turns, shot, artifacts_dir)
-        finally:
-            ctx.close()
+    with chromium_page(chromium_executable, 1400, 1100) as page:
+        page.goto(f"{argilla_server.url}/sign-in", timeout=60_000)
+        page.get_by_label("Username").fill(username)
+        page.get_by_label("Password").fill(password)
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url("**/", timeout=60_000)
+        for group, turns, shot in ((three, CHAT, "chat-k3"),
+                                   (two, [("user", two.prompt.text)], "k2")):
+            page.goto(f"{argilla_server.url}/dataset/{report.by_k(group.k).dataset_id}"
+                      "/annotation-mode", timeout=60_000)
+            page.locator(SLOT).first.wait_for(timeout=60_000)
+            chosen[group.group_id] = rank_in_page(page, group, turns, shot, artifacts_dir)
 
     with connect(creds) as client:
         pulled = pull_run(store, PullConfig(dataset="browser", workspace=creds.workspace),

@@ -228,6 +228,17 @@ def test_stage_judges_a_selected_human_on_its_audit_groups(tmp_path: Path) -> No
     assert random_push.model_dump() == old.model_dump()  # a uniform push: judged on all
 
 
+def test_report_names_the_audit_share_the_rankings_carry(tmp_path: Path) -> None:
+    store = write_stage(tmp_path / "run", machines_wrong_where_the_human_is_sent(
+        {"hard": "uncertain", "easy": "audit"}), "label")
+    run_aggregate(store, AggregateConfig(reliability_weight="log_odds"))
+    settings = read_report(store).settings
+    assert settings is not None and settings.reliability_weight == "log_odds"
+    assert (settings.audit_groups, settings.targeted_groups) == (6, 10)
+    assert settings.audit_share == pytest.approx(6 / 16)
+    assert "audit share 0.38 (6 audit of 16 selected groups)" in settings.describe()
+
+
 # -- choosing audit groups --------------------------------------------------------------------
 def test_audit_share_draws_uniformly_and_fills_with_the_most_uncertain() -> None:
     groups = panel()  # groups 6, 7, 8 disagree (8 the most); 0-5 are unanimous

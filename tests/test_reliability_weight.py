@@ -96,9 +96,14 @@ def test_aggregate_cli_weighs_a_mixed_crowd(tmp_path: Path, weight: str) -> None
     store = write_stage(tmp_path / "run", crowd(), "simulate")
     done = subprocess.run(
         [sys.executable, "-m", "grouppref", "aggregate", str(store.root), "--reliability-weight",
-         weight], capture_output=True, text=True, cwd=ROOT, timeout=300)
+         weight, "--min-kendall-w", "0.3"], capture_output=True, text=True, cwd=ROOT,
+        timeout=300)
     assert done.returncode == 0, done.stderr
     report = json.loads((store.root / "aggregate" / "report.json").read_text(encoding="utf-8"))
+    settings = report["settings"]  # the report names what shaped its numbers
+    assert settings["reliability_weight"] == weight and settings["model"] == "bradley_terry"
+    assert settings["noise_filters"]["low_agreement"] == {"action": "flag", "threshold": 0.3}
+    assert f"reliability weight {weight} (3 rounds" in " ".join(done.stdout.split())
     w = {a["id"]: a["annotator_weight"] for a in report["annotators"]}
     manifest = json.loads((store.root / "aggregate" / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["config"]["reliability_weight"] == weight
@@ -125,3 +130,17 @@ def test_evidence_script_runs_replots_and_scale_leaves_the_order(tmp_path: Path)
     assert "| mixed5 |" in table and "log_odds − tau_scaled" in table
     again = rw.main(["--replot", "--out", str(tmp_path)])  # the tables from the JSON alone
     assert again == json.loads((tmp_path / "reliability_weight.json").read_text())["rows"]
+
+
+def test_training_evidence_script_runs_every_arm_on_shared_data(tmp_path: Path) -> None:
+    from benchmarks.evidence import reliability_training as rt
+
+    rows = rt.main(["--quick", "--seeds", "0", "--out", str(tmp_path)])
+    assert {(r["arm"], r["step"]) for r in rows} == {(a, s) for a in rt.ARMS for s in (4, 8)}
+    at = {r["arm"]: r for r in rows if r["step"] == 8}
+    assert at["uniform"]["weights"]["random"] == 1.0  # the positive control keeps the clicker
+    assert at["tau"]["weights"]["random"] == 0.0 == at["log_odds"]["weights"]["random"]
+    assert at["log_odds"]["weights"]["a05"] > 1.0 >= at["tau"]["weights"]["a05"]
+    assert at["tau_scaled"]["consensus_accuracy"] == at["tau"]["consensus_accuracy"]
+    table = (tmp_path / "reliability_training_quick_table.md").read_text(encoding="utf-8")
+    assert "log_odds − tau" in table and "| uniform |" in table

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import json
 import re
-import tempfile
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,13 @@ from typer.testing import CliRunner
 from grouppref.commands import run as run_commands
 from grouppref.pipeline.aggregate.stage import read_report as read_aggregate_report
 from grouppref.pipeline.report.config import ReportConfig
+from grouppref.pipeline.report.parts import read_metrics
+from grouppref.pipeline.report.reward_model import section_reward_model
 from grouppref.pipeline.report.stage import reject_kind, render_report, run_report
 from grouppref.runner import load_run_config, run_pipeline
 from grouppref.runs.store import RunStore
-from tests.test_label_browser import FLAGS
+from grouppref.schemas.reports import AggregateReport, AggregateSummary
+from tests.browser import chromium_page
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "import.yaml"
@@ -92,33 +95,24 @@ def test_reject_kinds_count_equal_causes_together() -> None:
 @pytest.mark.browser
 def test_report_renders_in_chromium_without_errors_or_requests(
         trained_run: RunStore, chromium_executable: str, artifacts_dir: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
     path = Path(run_report(trained_run).outputs["html"]).resolve()
     url = path.as_uri()
     requests: list[str] = []
     problems: list[str] = []
-    with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
-        ctx = p.chromium.launch_persistent_context(
-            profile, executable_path=chromium_executable, args=FLAGS, headless=True,
-            viewport={"width": 1280, "height": 900})
-        try:
-            page = ctx.new_page()
-            page.on("request", lambda r: requests.append(r.url))
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-                    if m.type in ("error", "warning") else None)
-            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-            page.goto(url, wait_until="load")
-            for anchor, title in SECTIONS.items():
-                assert page.locator(f"h2#{anchor}").inner_text() == title
-            images: list[dict[str, Any]] = page.evaluate(
-                "Array.from(document.images).map(i => ({ok: i.complete, w: i.naturalWidth}))")
-            assert len(images) == 3 and all(i["ok"] and i["w"] > 300 for i in images)
-            rows = page.locator("#stages + table tbody tr").count()
-            assert rows == len(trained_run.manifests()) - 1  # every stage but the report
-            page.screenshot(path=str(artifacts_dir / "report.png"), full_page=True)
-        finally:
-            ctx.close()
+    with chromium_page(chromium_executable, 1280, 900) as page:
+        page.on("request", lambda r: requests.append(r.url))
+        page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+                if m.type in ("error", "warning") else None)
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        page.goto(url, wait_until="load")
+        for anchor, title in SECTIONS.items():
+            assert page.locator(f"h2#{anchor}").inner_text() == title
+        images: list[dict[str, Any]] = page.evaluate(
+            "Array.from(document.images).map(i => ({ok: i.complete, w: i.naturalWidth}))")
+        assert len(images) == 3 and all(i["ok"] and i["w"] > 300 for i in images)
+        rows = page.locator("#stages + table tbody tr").count()
+        assert rows == len(trained_run.manifests()) - 1  # every stage but the report
+        page.screenshot(path=str(artifacts_dir / "report.png"), full_page=True)
     assert problems == []
     assert requests == [url]  # the page itself and nothing else
 
@@ -140,3 +134,73 @@ def test_docs_list_every_setting() -> None:
     doc = (ROOT / "docs" / "report.md").read_text()
     for name in ReportConfig.model_fields:
         assert f"| `{name}` |" in doc, name
+
+
+def test_report_names_the_aggregate_settings(trained_run: RunStore) -> None:
+    settings = read_aggregate_report(trained_run).settings
+    assert settings is not None and settings.model == "bradley_terry"
+    assert settings.reliability_weight == "tau" and settings.pair_targets == "auto"
+    assert settings.noise_filters["low_agreement"].threshold == 0.5
+    assert settings.audit_share is None and settings.audit_groups == 0  # nothing selected
+    manifest = AggregateSummary.model_validate(trained_run.require("aggregate").stats)
+    assert manifest.settings == settings  # the manifest's stats name them too
+    page = render_report(trained_run, ReportConfig())
+    assert f"<b>Aggregate settings.</b> {html.escape(settings.describe())}" in page
+    for said in ("Bradley-Terry fit (prior 0.1)", "reliability weight tau (3 rounds",
+                 "pair targets auto (hard above 25% estimated noise)",
+                 "low_agreement flag at 0.5", "coin_flip flag at 0.1",
+                 "audit share: no groups selected by uncertainty"):
+        assert said in page, said
+
+
+def _copy(run: RunStore, tmp_path: Path) -> RunStore:
+    shutil.copytree(run.root, tmp_path / "run")
+    return RunStore(tmp_path / "run")
+
+
+def test_old_aggregate_report_and_bad_metrics_lines_render_with_notices(
+        trained_run: RunStore, tmp_path: Path) -> None:
+    store = _copy(trained_run, tmp_path)
+    path = store.stage_dir("aggregate") / "report.json"
+    raw = json.loads(path.read_text())
+    del raw["settings"], raw["summary"]["settings"]  # as written before settings were recorded
+    path.write_text(json.dumps(raw))
+    assert AggregateReport.model_validate(raw).settings is None
+    log = next(store.stage_dir("train").rglob("metrics.jsonl"))  # the real trainer's lines
+    good = read_metrics([log])
+    assert good.notices == [] and [r.step for r in good.of("train")] == [1, 2]
+    assert all(r.loss is not None and r.groups_per_s is not None and r.lr is not None
+               for r in good.of("train"))
+    assert good.of("eval") and all(r.pair_accuracy is not None for r in good.of("eval"))
+    with log.open("a", encoding="utf-8") as fh:
+        fh.write("{not json\n[1, 2]\n" + json.dumps({"split": "train", "loss": 1.0}) + "\n"
+                 + json.dumps({"step": 3, "split": "train", "loss": "high"}) + "\n\n"
+                 + json.dumps({"step": 3, "split": "train", "loss": 0.5, "new_metric": 2}) + "\n")
+    read = read_metrics([log])
+    assert read.lines[:-1] == good.lines and read.lines[-1].model_extra == {"new_metric": 2}
+    n = len(log.read_text().splitlines())
+    assert [x.split(": ")[:2] for x in read.notices] == [
+        [f"metrics.jsonl line {n - 5}", "line"], [f"metrics.jsonl line {n - 4}", "line"],
+        [f"metrics.jsonl line {n - 3}", "step"], [f"metrics.jsonl line {n - 2}", "loss"]]
+    page = render_report(store, ReportConfig())
+    assert "4 line(s) of the training metrics log left out: metrics.jsonl line" in page
+    assert "Field required" in page and "<h2 id='training'>Training</h2><img" in page
+    assert "Aggregate settings: not in this report (written by an older version)" in page
+
+
+def test_reward_model_section_reads_the_rm_trainers_lines(trained_run: RunStore,
+                                                          tiny_lm_dir: Path,
+                                                          tmp_path: Path) -> None:
+    from grouppref.cli import app
+
+    store = _copy(trained_run, tmp_path)
+    done = CliRunner().invoke(app, ["train-rm", str(store.root), "--model", str(tiny_lm_dir),
+                                    "--max-steps", "4", "--batch-size", "4",
+                                    "--logging-steps", "2"])
+    assert done.exit_code == 0, done.output
+    manifest = store.require("train_rm")
+    log = read_metrics([Path(manifest.outputs["model"]) / "metrics.jsonl"])
+    assert log.notices == [] and [r.step for r in log.of("train")] == [2, 4]
+    assert all(r.loss is not None and r.pair_accuracy is not None for r in log.of("train"))
+    section = section_reward_model(manifest)
+    assert section.count("<img src=\"data:image/png;base64,") == 1 and "left out" not in section

@@ -92,6 +92,8 @@ def print_aggregate_report(report: AggregateReport) -> None:
     out.print(f"pair targets: {rec.pair_targets} (soft: the BT fit's p and confidence; hard: "
               "the consensus order, p = 1)")
     out.print(f"recommendation: [{colour}]{rec.loss}[/] ({rec.reason}); {rec.note}")
+    if report.settings is not None:
+        out.print(f"settings: {esc(report.settings.describe())}")
 
 
 def _panel(items: list[str]) -> list[dict[str, Any]]:

@@ -102,6 +102,70 @@ class Recommendation(_Report):
     note: str
 
 
+class NoiseFilter(_Report):
+    """One noise rule's setting: its action and the threshold it tests."""
+
+    action: str = Field(description="off, flag or drop (no_rankings: reject or flag).")
+    threshold: float | None = Field(default=None, description="What the rule tests against: "
+                                    "min_rankings, min_kendall_w or coin_flip_margin (none: "
+                                    "the rule has no threshold).")
+
+
+class AggregateSettings(_Report):
+    """The settings that shaped an aggregate's numbers, named in its report (the manifest's
+    config has them all; these are the ones a reader of the numbers needs)."""
+
+    model: Literal["bradley_terry"] = Field(default="bradley_terry", description="The per-"
+                                            "group fit: Bradley-Terry MAP on the half-win "
+                                            "votes of the tiers (no Plackett-Luce fit: it has "
+                                            "no standard treatment of ties; docs/aggregate.md).")
+    prior_strength: float = Field(description="L2 prior alpha on the strengths.")
+    reliability_weight: Literal["tau", "log_odds"] = Field(description="How an annotator's "
+                                                           "reliability became its weight.")
+    reliability_iterations: int = Field(description="Rounds of consensus -> reliability -> "
+                                        "weights (0: kind weights only).")
+    reliability_groups: Literal["auto", "all"] = Field(description="auto: annotators of "
+                                                       "targeted groups judged on their audit "
+                                                       "groups; all: on every group.")
+    kind_weights: dict[str, float] = Field(description="Weight of each annotator kind.")
+    drop_unreliable: bool
+    unreliable_z: float = Field(description="Standard errors an annotator's tau must clear "
+                                "above unreliable_tau not to be unreliable.")
+    pair_targets: Literal["auto", "soft", "hard"] = Field(description="The pair-targets "
+                                                          "setting (the targets written are "
+                                                          "the summary's pair_targets).")
+    hard_targets_above: float
+    noise_filters: dict[str, NoiseFilter] = Field(default_factory=dict, description="Each "
+                                                  "noise rule's action and threshold.")
+    audit_groups: int = Field(default=0, description="Groups with a ranking whose metadata "
+                              "selection is audit (drawn uniformly by `label push --select "
+                              "uncertain --audit-share`).")
+    targeted_groups: int = Field(default=0, description="Groups with a ranking whose metadata "
+                                 "selection is uncertain (chosen by uncertainty).")
+    audit_share: float | None = Field(default=None, description="audit_groups / (audit_groups "
+                                      "+ targeted_groups): the audit share the rankings "
+                                      "carry (none: no selected groups).")
+
+    def describe(self) -> str:
+        """One line naming every setting a reader of the aggregate's numbers needs."""
+        rel = (f"reliability weight {self.reliability_weight} ({self.reliability_iterations} "
+               f"rounds, measured on {self.reliability_groups} groups, unreliable annotators "
+               f"{'dropped' if self.drop_unreliable else 'kept'}, z {self.unreliable_z:g})"
+               if self.reliability_iterations else "no reliability weighting (kind weights only)")
+        kinds = ", ".join(f"{k} {w:g}" for k, w in self.kind_weights.items())
+        targets = f"pair targets {self.pair_targets}" + (
+            f" (hard above {self.hard_targets_above:.0%} estimated noise)"
+            if self.pair_targets == "auto" else "")
+        rules = ", ".join(f"{name} {f.action}" + ("" if f.threshold is None else f" at {f.threshold:g}")
+                          for name, f in self.noise_filters.items())
+        selected = self.audit_groups + self.targeted_groups
+        audit = (f"audit share {self.audit_share:.2f} ({self.audit_groups} audit of {selected} "
+                 "selected groups)" if self.audit_share is not None
+                 else "audit share: no groups selected by uncertainty")
+        return (f"Bradley-Terry fit (prior {self.prior_strength:g}); {rel}; kind weights "
+                f"{kinds}; {targets}; noise filters: {rules or 'none'}; {audit}.")
+
+
 class AggregateSummary(_Report):
     """The headline numbers (the aggregate manifest's ``stats``)."""
 
@@ -119,6 +183,9 @@ class AggregateSummary(_Report):
     groups_flagged: int
     groups_with_dropped_annotator: int
     rules: dict[str, dict[str, int]]
+    settings: AggregateSettings | None = Field(default=None, description="The settings that "
+                                               "shaped these numbers (none: a report written "
+                                               "before they were recorded).")
 
 
 class AggregateReport(_Report):
@@ -131,6 +198,9 @@ class AggregateReport(_Report):
     rules: dict[str, RuleOutcome]
     recommendation: Recommendation
     counts: dict[str, int] = Field(default_factory=dict)
+    settings: AggregateSettings | None = Field(default=None, description="The settings that "
+                                               "shaped these numbers (none: a report written "
+                                               "before they were recorded).")
 
 
 # -- train and eval ---------------------------------------------------------------------------------
@@ -344,3 +414,30 @@ class LabelSelection(_Report):
     @property
     def ids(self) -> list[str]:
         return [g.group_id for g in self.selected]
+
+
+# -- training logs --------------------------------------------------------------------------------
+class MetricsLine(BaseModel):
+    """One line of a training's ``metrics.jsonl`` (the policy trainer's train and eval windows
+    and refresh rounds, the reward-model trainer's train and eval windows;
+    :class:`grouppref.train.checkpoint.MetricsLog`). The metrics named here are the ones
+    readers plot; any other key (a refresh round's ``score/NAME``, a new metric) is kept as an
+    extra field. ``None``: not measured in this window (NaN is written as null)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    step: int = Field(ge=0, description="Optimizer steps done.")
+    epoch: float | None = Field(default=None, description="Epochs done (fractional).")
+    split: str = Field(description="train (a logging window), eval (held-out) or refresh.")
+    loss: float | None = None
+    pair_accuracy: float | None = None
+    margin: float | None = None
+    kl: float | None = None
+    reward_best: float | None = None
+    reward_worst: float | None = None
+    reward_mean: float | None = None
+    reward_std: float | None = None
+    grad_norm: float | None = None
+    lr: float | None = None
+    groups_per_s: float | None = None
+    tokens_per_s: float | None = None

@@ -9,17 +9,19 @@ from typing import Literal
 import numpy as np
 import torch
 
-from grouppref.pipeline.aggregate.config import AggregateConfig
+from grouppref.pipeline.aggregate.config import SELECTION_KEY, AggregateConfig
 from grouppref.pipeline.aggregate.fit import BTFit
 from grouppref.pipeline.aggregate.parse import ParsedInput
 from grouppref.schemas import Agreement, PairPreference, Reject, ValidatedGroup
 from grouppref.schemas.reports import (
     AggregateReport,
+    AggregateSettings,
     AggregateSummary,
     AnnotatorReliability,
     Distribution,
     Histogram,
     NoiseEstimate,
+    NoiseFilter,
     Recommendation,
     RuleOutcome,
 )
@@ -232,6 +234,33 @@ def recommendation(noise: float | None, threshold: float, all_unreliable: bool =
                f"{'>' if high else '<='} threshold {threshold:.1%}")
 
 
+THRESHOLDS = {"too_few_rankings": "min_rankings", "low_agreement": "min_kendall_w",
+              "coin_flip": "coin_flip_margin"}  # each noise rule's threshold setting
+
+
+def settings_of(parsed: ParsedInput, config: AggregateConfig) -> AggregateSettings:
+    """The settings that shaped the numbers, and the audit share the rankings carry (groups
+    with an ``audit`` ranking against those with an ``uncertain`` one)."""
+    def groups_marked(value: str) -> int:
+        return sum(any((r.metadata or {}).get(SELECTION_KEY) == value for r in g.rankings)
+                   for g in parsed.groups)
+
+    audit, targeted = groups_marked("audit"), groups_marked("uncertain")
+    filters = {rule: NoiseFilter(action=config.no_rankings if rule == "no_rankings"
+                                 else getattr(config, rule),
+                                 threshold=getattr(config, THRESHOLDS[rule], None)
+                                 if rule in THRESHOLDS else None)
+               for rule in ("no_rankings", *RULES)}
+    return AggregateSettings(
+        prior_strength=config.prior_strength, reliability_weight=config.reliability_weight,
+        reliability_iterations=config.reliability_iterations,
+        reliability_groups=config.reliability_groups, kind_weights=dict(config.kind_weights),
+        drop_unreliable=config.drop_unreliable, unreliable_z=config.unreliable_z,
+        pair_targets=config.pair_targets, hard_targets_above=config.hard_targets_above,
+        noise_filters=filters, audit_groups=audit, targeted_groups=targeted,
+        audit_share=audit / (audit + targeted) if audit + targeted else None)
+
+
 def build_report(parsed: ParsedInput, rel: Reliability, fit: BTFit, dec: Decisions,
                  config: AggregateConfig, source: str, targets: str = "soft") -> AggregateReport:
     """The report: annotators, agreement, noise, rules, recommendation; ``summary`` for the
@@ -251,6 +280,7 @@ def build_report(parsed: ParsedInput, rel: Reliability, fit: BTFit, dec: Decisio
     annotators = _annotators(parsed, rel)
     all_unreliable = bool(annotators) and all(a.unreliable for a in annotators)
     rec = recommendation(noise, config.dpo_fallback_threshold, all_unreliable, targets)
+    settings = settings_of(parsed, config)
     summary = AggregateSummary(
         input_stage=source, noise_rate=noise, noise_observed=observed,
         tied_pair_share=rel.tied_share, pair_targets=targets, recommendation=rec.loss,
@@ -260,7 +290,8 @@ def build_report(parsed: ParsedInput, rel: Reliability, fit: BTFit, dec: Decisio
         kendall_w_mean=float(np.nanmean(kw)) if np.isfinite(kw).any() else None,
         groups_flagged=int(dec.flagged.sum()),
         groups_with_dropped_annotator=int((dec.had_dropped & kept).sum()),
-        rules={r: {"flagged": v.flagged, "dropped": v.dropped} for r, v in rules.items()})
+        rules={r: {"flagged": v.flagged, "dropped": v.dropped} for r, v in rules.items()},
+        settings=settings)
     return AggregateReport(
         summary=summary, annotators=annotators, agreement={"kendall_w": _distribution(kw)},
         noise=NoiseEstimate(estimated=noise, observed_against_consensus=observed,
@@ -269,4 +300,4 @@ def build_report(parsed: ParsedInput, rel: Reliability, fit: BTFit, dec: Decisio
                             "agreement (moment estimator) on pairs that no used ranking ties; "
                             "observed = share of used votes against the final consensus (biased "
                             "low: each vote pulls the consensus)"),
-        rules=rules, recommendation=rec)
+        rules=rules, recommendation=rec, settings=settings)

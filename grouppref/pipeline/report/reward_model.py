@@ -7,35 +7,13 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
 
-import matplotlib.pyplot as plt
-
-from grouppref.pipeline.report.parts import figure_png, fmt, h2, img, missing, read_jsonl, table
+from grouppref.pipeline.report.parts import curves, fmt, h2, missing, read_metrics, table
 from grouppref.runs.manifest import Manifest
 from grouppref.schemas.reports import RewardModelStats
 
 ANCHOR, TITLE = "reward-model", "Reward model"
-CURVES = ("loss", "pair_accuracy", "margin")
 HELD_OUT = ("pair_accuracy", "loss", "margin", "reward_mean", "reward_std")
-
-
-def _curves(log: list[dict[str, Any]]) -> str:
-    """Train windows (lines) and held-out evaluations (dashed) of each metric by step."""
-    train = [r for r in log if r.get("split") == "train"]
-    held = [r for r in log if r.get("split") == "eval"]
-    keys = [k for k in CURVES if any(r.get(k) is not None for r in train + held)]
-    if not keys:
-        return ""
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.3 * len(keys), 3.2), squeeze=False)
-    for ax, key in zip(axes[0], keys, strict=True):
-        for rows, style, label in ((train, "o-", "train"), (held, "s--", "held out")):
-            points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-            if points:
-                ax.plot(*zip(*points, strict=True), style, label=label)
-        ax.set(title=key.replace("_", " "), xlabel="step")
-        ax.legend()
-    return img(figure_png(fig), "reward model training curves")
 
 
 def _summary(stats: RewardModelStats) -> str:
@@ -72,7 +50,9 @@ def section_reward_model(manifest: Manifest | None) -> str:
         return missing(TITLE, ANCHOR, "No reward model trained in this run.")
     stats = RewardModelStats.model_validate(manifest.stats)
     folder = manifest.outputs.get("model")
-    log = read_jsonl(Path(folder) / "metrics.jsonl") if folder else []
-    return (h2(TITLE, ANCHOR) + _summary(stats) + _curves(log) + _held_out_table(stats)
+    log = read_metrics([Path(folder) / "metrics.jsonl"] if folder else [])
+    plot = curves(log.of("train"), log.of("eval"), "reward model training curves")
+    return (h2(TITLE, ANCHOR) + _summary(stats) + plot + log.note("reward model")
+            + _held_out_table(stats)
             + f"<p class='muted'>Model folder: {html.escape(str(folder))} (ranks with "
             f"<code>--ranker reward:DIR</code>).</p>")

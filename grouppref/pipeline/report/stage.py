@@ -30,12 +30,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 from grouppref.errors import StageError
 from grouppref.pipeline.report.config import STAGE, ReportConfig
 from grouppref.pipeline.report.parts import (
+    MetricsRead,
+    curves,
     figure_png,
     fmt,
     h2,
     img,
     missing,
-    read_jsonl,
+    read_metrics,
     table,
 )
 from grouppref.pipeline.report.reward_model import section_reward_model
@@ -168,6 +170,16 @@ def _aggregate_report(view: RunView) -> AggregateReport | None:
     return AggregateReport.model_validate_json(path.read_text())
 
 
+def _settings_box(report: AggregateReport) -> str:
+    """The aggregate settings that shaped these numbers (reports written before they were
+    recorded say so)."""
+    if report.settings is None:
+        return ("<p class='muted'>Aggregate settings: not in this report (written by an older "
+                "version); see the aggregate manifest's config.</p>")
+    return (f"<div class='box'><b>Aggregate settings.</b> "
+            f"{html.escape(report.settings.describe())}</div>")
+
+
 def section_noise(view: RunView) -> str:
     report = _aggregate_report(view)
     if report is None:
@@ -202,6 +214,7 @@ def section_noise(view: RunView) -> str:
                 f"<b>{html.escape(rec.pair_targets)}</b>. Recommended loss: "
                 f"<b>{html.escape(loss)}</b> ({html.escape(rec.reason)})."
                 f"<br><span class='muted'>{html.escape(rec.note)}</span></div>")
+    out += _settings_box(report)
     if report.rules:
         out += "<h3>Noise rules</h3>" + table(
             ["rule", "action", "groups flagged", "groups dropped"],
@@ -209,33 +222,24 @@ def section_noise(view: RunView) -> str:
     return out
 
 
-def _train_log(view: RunView) -> list[dict[str, Any]]:
+def _train_log(view: RunView) -> MetricsRead:
     if view.manifest("train") is None:
-        return []
-    return [row for path in sorted(view.store.stage_dir("train").rglob("metrics.jsonl"))
-            for row in read_jsonl(path)]
+        return MetricsRead()
+    return read_metrics(sorted(view.store.stage_dir("train").rglob("metrics.jsonl")))
 
 
 def section_training(view: RunView) -> str:
     log = _train_log(view)
-    train = [r for r in log if r.get("split") == "train" and "loss" in r]
-    held = [r for r in log if r.get("split") == "eval"]
+    train = [r for r in log.of("train") if r.loss is not None]
+    held = log.of("eval")
     if not train:
-        return missing("Training", "training", "No training in this run.")
-    keys = [k for k in ("loss", "pair_accuracy", "margin") if any(k in r for r in train)]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.3 * len(keys), 3.2), squeeze=False)
-    for ax, key in zip(axes[0], keys, strict=True):
-        ax.plot([r["step"] for r in train], [r.get(key) for r in train], "o-", label="train")
-        if any(key in r for r in held):
-            ax.plot([r["step"] for r in held if key in r], [r[key] for r in held if key in r],
-                    "s--", label="held out")
-        ax.set(title=key.replace("_", " "), xlabel="step")
-        ax.legend()
+        return missing("Training", "training", "No training in this run.") + log.note("training")
     last = train[-1]
-    speed = (f"<p class='muted'>last logged step {last['step']}: "
-             f"{fmt(last.get('groups_per_s'))} groups/s, {fmt(last.get('tokens_per_s'))} "
-             f"tokens/s, KL to reference {fmt(last.get('kl'))}</p>")
-    return h2("Training", "training") + img(figure_png(fig), "training curves") + speed
+    speed = (f"<p class='muted'>last logged step {last.step}: "
+             f"{fmt(last.groups_per_s)} groups/s, {fmt(last.tokens_per_s)} "
+             f"tokens/s, KL to reference {fmt(last.kl)}</p>")
+    return (h2("Training", "training") + curves(train, held, "training curves") + speed
+            + log.note("training"))
 
 
 def section_eval(view: RunView) -> str:
