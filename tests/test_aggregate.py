@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -415,3 +418,22 @@ def test_no_group_has_a_ranking(tmp_path: Path) -> None:
     assert all(p.weight == 0 for r in flagged.records() for p in r.pairs)
     rejected = run_aggregate(store, AggregateConfig(no_rankings="reject"), force=True)
     assert (rejected.manifest.counts.outputs, rejected.manifest.counts.rejected) == (0, 3)
+
+
+def test_no_noise_estimate_names_overlap_of_ties_only(tmp_path: Path) -> None:
+    """Two raters on every group, but where both ranked a pair one of them tied it: the
+    recommendation says why there is no noise estimate (not "no two annotators ranked the same
+    groups", which is false here)."""
+    data = Path(__file__).parent / "data" / "newuser" / "team_scores.csv"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    run = tmp_path / "e2e"
+    for args in (["import", str(data), "--out", str(run), "--layout", "scores", "--score",
+                  "rater_1", "--score", "rater_2", "--group-by", "qid", "--text-column",
+                  "question", "--response-column", "answer", "--missing", "NA", "--missing", ""],
+                 ["aggregate", str(run)]):
+        done = subprocess.run([sys.executable, "-m", "grouppref", *args], capture_output=True,
+                              text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+    report = read_report(RunStore(run))
+    assert report.noise.estimated is None and report.recommendation.noise is None
+    assert "shared pairs are all ties" in report.recommendation.reason

@@ -26,7 +26,7 @@ from grouppref.pipeline.report.config import ReportConfig
 from grouppref.pipeline.report.stage import render_report
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup
-from grouppref.schemas.reports import LabelSelection
+from grouppref.schemas.label_reports import LabelSelection
 from tests.test_label_push_pull import annotator_http, annotator_records, respond, write_stage
 from tests.test_label_select import panel, ranked
 

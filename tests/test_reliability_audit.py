@@ -27,7 +27,8 @@ from grouppref.pipeline.report.selection import audit_note, describe_selection
 from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
-from grouppref.schemas.reports import AnnotatorReliability, LabelSelection, SelectedGroup
+from grouppref.schemas.label_reports import LabelSelection, SelectedGroup
+from grouppref.schemas.reports import AnnotatorReliability
 from grouppref.stats.reliability import (
     TARGETED,
     UNIFORM,

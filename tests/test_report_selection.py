@@ -7,7 +7,7 @@ from __future__ import annotations
 from html.parser import HTMLParser
 
 from grouppref.pipeline.report.selection import SHOWN, selection_table
-from grouppref.schemas.reports import LabelSelection, SelectedGroup
+from grouppref.schemas.label_reports import LabelSelection, SelectedGroup
 
 
 class _Table(HTMLParser):

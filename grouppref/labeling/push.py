@@ -50,7 +50,7 @@ from grouppref.pipeline.report.selection import read_selection, selection_path
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.store import RunStore
 from grouppref.schemas import RECORD_TYPES, AnnotatedGroup, Reject
-from grouppref.schemas.reports import LabelSelection
+from grouppref.schemas.label_reports import LabelSelection
 
 PUSH_LOG = "push.json"
 

@@ -34,7 +34,7 @@ uses only them for an annotator who also saw uncertain groups
 (``selection``), and pull copies onto the human rankings it reads back.
 
 The selection is a typed
-:class:`~grouppref.schemas.reports.LabelSelection` that the push writes to
+:class:`~grouppref.schemas.label_reports.LabelSelection` that the push writes to
 ``RUN/label/selection.json``.
 """
 
@@ -52,7 +52,7 @@ from grouppref.pipeline.aggregate.parse import ParsedInput, encode_rankings
 from grouppref.pipeline.aggregate.stage import fit_parsed
 from grouppref.pipeline.simulate.config import AUTOMATIC_KINDS
 from grouppref.schemas import AnnotatedGroup
-from grouppref.schemas.reports import LabelSelection, SelectedGroup
+from grouppref.schemas.label_reports import LabelSelection, SelectedGroup
 from grouppref.stats import bt
 from grouppref.stats.uncertainty import disagreement, expected_pair_error, smallest_margin, top_n
 

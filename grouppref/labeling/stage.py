@@ -44,7 +44,7 @@ from grouppref.pipeline.report.selection import audit_note
 from grouppref.runs.stage import Waiting
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup
-from grouppref.schemas.reports import LabelSelection
+from grouppref.schemas.label_reports import LabelSelection
 
 
 class WaitingForLabels(Waiting):

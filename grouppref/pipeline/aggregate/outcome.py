@@ -225,7 +225,8 @@ def recommendation(noise: float | None, threshold: float, all_unreliable: bool =
         return rec(None, "every annotator was found unreliable (no better than chance): these "
                    "labels should not be trained on")
     if noise is None:
-        return rec("gspo", "no noise estimate (no two annotators ranked the same groups)")
+        return rec("gspo", "no noise estimate (no annotator's strict preferences overlap "
+                   "another's: each group has one ranking, or the shared pairs are all ties)")
     high = noise > threshold
     if high and targets == "hard":
         return rec("gspo", f"estimated label noise {noise:.1%} > threshold {threshold:.1%}, "

@@ -1,5 +1,5 @@
 """The report's labeling section: which groups ``label push`` sent to people, and why
-(``RUN/label/selection.json``, a :class:`~grouppref.schemas.reports.LabelSelection`)."""
+(``RUN/label/selection.json``, a :class:`~grouppref.schemas.label_reports.LabelSelection`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.runs.store import RunStore
-from grouppref.schemas.reports import LabelSelection
+from grouppref.schemas.label_reports import LabelSelection
 
 SHOWN = 20  # selected groups listed per role
 
