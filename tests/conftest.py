@@ -60,3 +60,20 @@ def one_torch_thread():
 # first: the others import it), the embedded Argilla server and PostgreSQL fixtures
 # (tests/argilla_fixtures.py), llama.cpp's server (tests/llama_server.py)
 pytest_plugins = ["tests.suite_setup", "tests.argilla_fixtures", "tests.llama_server"]
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """dynamo's caches and counters emptied for one test (and again after it); yields the
+    counters (``["stats"]["unique_graphs"]``: graphs compiled since). ``torch._dynamo.reset()``
+    alone keeps the counters, so a test that ran compiled code before would leak its graphs."""
+    import torch
+
+    def clean() -> None:
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+
+    clean()
+    yield torch._dynamo.utils.counters
+    clean()
+

@@ -18,13 +18,6 @@ from tests.test_logps import PAD, _groups, _value_and_grads, make_groups
 ATOL = 1e-5
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield torch._dynamo.utils.counters
-    torch._dynamo.reset()
-
-
 def _assert_close(got, want) -> None:
     values, grads = got
     torch.testing.assert_close(values, want[0], atol=ATOL, rtol=1e-4)

@@ -22,13 +22,6 @@ ATOL = 1e-5
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield torch._dynamo.utils.counters
-    torch._dynamo.reset()
-
-
 def _lora_policy(tiny_lm_dir, dropout: float):
     """The tiny Llama with gradient checkpointing and LoRA adapters (B randomised, so every
     adapter weight gets a gradient), as trainer_setup puts them on."""

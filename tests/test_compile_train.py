@@ -31,16 +31,17 @@ def _keys(folder: Path) -> set[str]:
 # loaded cores; the three compiled runs share them.
 @pytest.mark.slow
 def test_compiled_training_resumes_exactly_and_saves_plain_weights(tiny_lm_dir: Path,
-                                                                   tmp_path: Path) -> None:
+                                                                   tmp_path: Path,
+                                                                   fresh_dynamo) -> None:
     from transformers import LlamaForCausalLM
 
     groups = synthetic_groups(12, 0, seed=1)  # 3 micro-batches of 4: 3 steps
     base = dict(model=str(tiny_lm_dir), lr=1e-3, lr_scheduler="constant", batch_size=4,
                 logging_steps=1, data=PLAIN)
     eager = train(TrainConfig(**base, max_steps=3), groups, tmp_path / "eager")
-    torch._dynamo.reset()
+    assert not fresh_dynamo["stats"]  # the eager run compiled nothing
     straight = train(TrainConfig(**base, max_steps=3, compile=True), groups, tmp_path / "a")
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # the steps ran compiled
+    assert fresh_dynamo["stats"]["unique_graphs"] >= 2  # the steps ran compiled
     assert all(m._compiled_call_impl is not None for m in straight.model.model.layers)
     weights = _final_params(straight.model)
     assert not torch.allclose(weights, _final_params(LlamaForCausalLM.from_pretrained(tiny_lm_dir)))
