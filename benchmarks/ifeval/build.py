@@ -166,15 +166,30 @@ def make_prompt(pid: str, topic: str, task: str, kinds: Sequence[str], rng: rand
     return {"prompt_id": pid, "prompt": text, "metadata": meta}
 
 
-def build(n_train: int, n_test: int, seed: int, held_out_topics: int
-          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Train and held-out prompt rows (see the module docstring)."""
+def build(n_train: int, n_test: int, seed: int, held_out_topics: int, n_val: int = 0,
+          val_topics: int = 0) -> tuple[list[dict[str, Any]], ...]:
+    """Train and held-out prompt rows (see the module docstring); with ``n_val`` also a
+    validation split for choosing settings (learning rates), apart from both.
+
+    Topics are shuffled once: the first ``held_out_topics`` are the test's, the next
+    ``val_topics`` the validation split's, the rest training's; the validation split is drawn
+    like the test (half of its prompts ask for a pair in :data:`HELD_OUT_PAIRS`) after both,
+    so ``n_val = 0`` gives the same train and test rows as before it existed.
+
+    Returns:
+        ``(train, test)``, or ``(train, test, val)`` when ``n_val > 0``.
+    """
     rng = random.Random(seed)
     topics = list(TOPICS)
     rng.shuffle(topics)
-    test_topics, train_topics = topics[:held_out_topics], topics[held_out_topics:]
+    test_topics = topics[:held_out_topics]
+    val_pool = topics[held_out_topics:held_out_topics + val_topics]
+    train_topics = topics[held_out_topics + val_topics:]
+    if n_val and not val_pool:
+        raise ValueError("a validation split needs its own topics: set val_topics > 0")
     seen_pairs = [p for p in all_pairs() if p not in HELD_OUT_PAIRS]
     singles = [frozenset([k]) for k in KINDS]
+    held = sorted(HELD_OUT_PAIRS, key=sorted)
 
     def rows(n: int, split: str, topic_pool: list[str], pairs_fn) -> list[dict[str, Any]]:
         out, seen = [], set()
@@ -188,13 +203,17 @@ def build(n_train: int, n_test: int, seed: int, held_out_topics: int
             out.append(make_prompt(f"{split}-{len(out):04d}", topic, task, kinds, rng))
         return out
 
+    def held_out_like(i: int) -> frozenset[str]:
+        if i % 2 == 0:
+            return rng.choice(held)
+        return rng.choice(singles) if i % 6 == 1 else rng.choice(seen_pairs)
+
     train = rows(n_train, "train", train_topics,
                  lambda i: rng.choice(singles) if i % 3 == 0 else rng.choice(seen_pairs))
-    held = sorted(HELD_OUT_PAIRS, key=sorted)
-    test = rows(n_test, "test", test_topics,
-                lambda i: rng.choice(held) if i % 2 == 0 else
-                (rng.choice(singles) if i % 6 == 1 else rng.choice(seen_pairs)))
-    return train, test
+    test = rows(n_test, "test", test_topics, held_out_like)
+    if not n_val:
+        return train, test
+    return train, test, rows(n_val, "val", val_pool, held_out_like)
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:

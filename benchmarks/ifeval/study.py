@@ -1,0 +1,379 @@
+"""The recipe study (issue 28): which loss, at its own tuned learning rate, trains the real
+embedded model best from ranked groups, with TRL's ``DPOTrainer`` itself as the peer.
+
+Phases, each resumable (``OUT/results.json`` is rewritten after every task; a restart with
+the same command skips every finished task):
+
+1. **data** (``DATA``, meant to be committed): prompts from :mod:`benchmarks.ifeval.build` in
+   three splits with disjoint topics (train; ``val`` for choosing learning rates; ``test``, half
+   of it asking for constraint pairs never seen in training), then generate K candidates per
+   training prompt with the model itself -> rank with the exact ``constraints`` rule ->
+   aggregate -> validate, with the package's stages (``benchmarks/ifeval/pipeline.yaml``).
+2. **screen**: every method (:data:`METHODS`) at every learning rate of the grid, seed 0, at
+   equal optimizer steps and batch; each trained model and its checkpoints at the curve steps
+   are evaluated greedily on ``val``. The learning rate with the best final ``val`` rate is the
+   method's (ties: the smaller rate).
+3. **seeds**: each method at its chosen rate for every seed, evaluated on ``test`` (greedy +
+   S samples, constraint checks, KL to the start, answer length); seed 0 reuses the screen's
+   model and also evaluates its curve checkpoints on ``test`` (greedy).
+
+Methods train through :func:`grouppref.train.trainer.train` (``engine: grouppref``) or through
+TRL's ``DPOTrainer`` on what ``grouppref export --format trl-pairs`` writes
+(``engine: trl``; :mod:`benchmarks.ifeval.trl_peer`). Progress goes to stderr with timestamps.
+
+    python -m benchmarks.ifeval.study --data docs/evidence/ifeval-recipe --out /work/study \\
+        --scale cpu --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.ifeval.build import build, write_jsonl
+from benchmarks.ifeval.experiment import (
+    PIPELINE,
+    Log,
+    _free_memory,
+    base_model,
+    compact,
+    tokens_per_group,
+)
+
+# in the order they run: the default and the peer first, so a session cut short keeps the
+# main comparison; "train" holds TrainConfig fields, "pairs" the trl-pairs export's --pairs
+METHODS: dict[str, dict[str, Any]] = {
+    "gspo_soft": {"engine": "grouppref", "train": {"loss": "gspo"}},
+    "trl_dpo": {"engine": "trl", "pairs": "best_worst"},
+    "gspo_hard": {"engine": "grouppref", "train": {"loss": "gspo", "pair_targets": "hard"}},
+    "sft": {"engine": "grouppref", "train": {"loss": "sft"}},
+    "plackett_luce": {"engine": "grouppref", "train": {"loss": "plackett_luce"}},
+    "trl_dpo_all": {"engine": "trl", "pairs": "consensus", "seeds": 1},
+}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Sizes of one study."""
+
+    train: int
+    val: int
+    test: int
+    k: int
+    seeds: int
+    steps: int
+    batch: int
+    pair_batch_all: int  # pairs per step of trl_dpo_all (4 groups' worth of candidate reads)
+    samples: int
+    max_new_tokens: int
+    curve: tuple[int, ...]
+    lrs: tuple[float, ...]
+    gen_batch: int = 64
+    shard: int = 16
+    chunk: int = 50
+    beta: float = 0.1
+    temperature: float = 0.7
+    held_out_topics: int = 40
+    val_topics: int = 20
+
+
+SCALES = {
+    # sized for the 2-core CPU machine: 256 training prompts (2,048 candidates), 128 val and
+    # 300 test prompts; 32 steps of 4 groups; curve points at 8 steps (equal candidate tokens:
+    # a K=8 group loss at 8 steps reads as many candidates as a pair loss at 32) and 16
+    "cpu": Scale(train=256, val=128, test=300, k=8, seeds=3, steps=32, batch=4,
+                 pair_batch_all=16, samples=4, max_new_tokens=48, curve=(8, 16),
+                 lrs=(1e-5, 3e-5, 1e-4)),
+    # smoke: the plumbing in minutes (tests); the large rate moves a tiny model in 2 steps
+    "smoke": Scale(train=12, val=3, test=3, k=3, seeds=2, steps=2, batch=2, pair_batch_all=2,
+                   samples=1, max_new_tokens=12, curve=(1,), lrs=(1e-3, 5e-3), gen_batch=12,
+                   shard=6, chunk=3, held_out_topics=4, val_topics=4),
+}
+
+
+def make_data(base: str, data: Path, scale: Scale, device: str) -> dict[str, Any]:
+    """Prompts (three splits) in ``data/prompts``; the training groups in ``data/run``."""
+    from grouppref.config import read_config_file, validate
+    from grouppref.runner import RunConfig, run_pipeline
+
+    train, test, val = build(scale.train, scale.test, seed=0,
+                             held_out_topics=scale.held_out_topics, n_val=scale.val,
+                             val_topics=scale.val_topics)
+    for name, rows in (("train", train), ("val", val), ("test", test)):
+        path = data / "prompts" / f"{name}.jsonl"
+        if not path.exists() or path.read_text() != "".join(json.dumps(r, ensure_ascii=False)
+                                                            + "\n" for r in rows):
+            write_jsonl(path, rows)
+    config = read_config_file(PIPELINE)
+    config["run_dir"] = str(data / "run")
+    config["prompts"]["source"] = str(data / "prompts" / "train.jsonl")
+    config["generate"].update(k=scale.k, batch_size=scale.gen_batch, shard_size=scale.shard,
+                              max_new_tokens=scale.max_new_tokens, device=device,
+                              temperature=scale.temperature, models=[{"name": base}])
+    config["report"] = None
+    run_pipeline(validate(RunConfig, config, str(PIPELINE)), until="validate")
+    from grouppref.runs.store import RunStore
+
+    store = RunStore(data / "run")
+    return {"stage_counts": {s: store.require(s).counts.model_dump()
+                             for s in ("generate", "rank", "aggregate", "validate")},
+            "prompts": {"train": len(train), "val": len(val), "test": len(test)}}
+
+
+def read_split(data: Path, name: str) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (data / "prompts" / f"{name}.jsonl").read_text().splitlines()]
+
+
+class Results:
+    """``results.json``: finished tasks by name, rewritten atomically after each one.
+
+    A task's record keeps the settings it ran with (``spec``), so a method whose settings
+    changed since is run again and the others are kept when :data:`METHODS` grows.
+    """
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {**header, "tasks": {}}
+        if path.exists():
+            old = json.loads(path.read_text())
+            if old.get("scale_settings") == json.loads(json.dumps(header["scale_settings"])):
+                self.data["tasks"] = old.get("tasks", {})
+
+    def get(self, name: str, spec: dict[str, Any]) -> dict[str, Any] | None:
+        task = self.data["tasks"].get(name)
+        return task if task is not None and task.get("spec") == spec else None
+
+    def put(self, name: str, record: dict[str, Any]) -> None:
+        self.data["tasks"][name] = record
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data) + "\n")
+        tmp.replace(self.path)
+
+
+def lr_tag(lr: float) -> str:
+    return f"{lr:.0e}".replace("e-0", "e-")
+
+
+class Study:
+    """The phases in order (module docstring)."""
+
+    def __init__(self, args: argparse.Namespace, scale: Scale, log: Log) -> None:
+        self.args, self.scale, self.log = args, scale, log
+        self.out: Path = args.out
+        self.data_dir: Path = args.data
+
+    # -- set-up ---------------------------------------------------------------------------
+    def setup(self) -> None:
+        from grouppref.models.loading import load_causal_lm, load_tokenizer
+        from grouppref.train.sources import load_groups
+
+        a = self.args
+        self.base = base_model(a.model, self.out)
+        t = time.time()
+        info = make_data(self.base, self.data_dir, self.scale, a.device)
+        info["seconds"] = round(time.time() - t, 1)
+        self.log(f"data: {info}")
+        self.groups = load_groups(self.data_dir / "run").groups
+        self.splits = {s: read_split(self.data_dir, s) for s in ("val", "test")}
+        self.tokenizer = load_tokenizer(self.base, padding_side="left")
+        self.reference = load_causal_lm(self.base, device=a.device)
+        self.results = Results(self.out / "results.json", {
+            "study": "recipe", "scale": a.scale, "scale_settings": asdict(self.scale),
+            "methods": METHODS, "model": a.model or "embedded", "device": a.device,
+            "data": info, "prompts": {s: [{"prompt_id": p["prompt_id"],
+                                           "kinds": p["metadata"]["kinds"].split("+")}
+                                          for p in rows] for s, rows in self.splits.items()}})
+
+    # -- evaluation -----------------------------------------------------------------------
+    def evaluate(self, model: Any, split: str, name: str, *, full: bool) -> list[dict[str, Any]]:
+        """Greedy on ``split``; ``full``: also S samples and the KL to the start."""
+        from benchmarks.ifeval.evaluate import evaluate
+
+        models = [model] if model is self.reference or not full else [model, self.reference]
+        got = evaluate(models, self.tokenizer, self.splits[split],
+                       samples=self.scale.samples if full else 0,
+                       temperature=self.scale.temperature,
+                       max_new_tokens=self.scale.max_new_tokens, seed=0,
+                       chunk=self.scale.chunk, device=self.args.device)
+        folder = self.out / "evals" / split
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in got))
+        return compact(got)
+
+    def eval_task(self, name: str, spec: dict[str, Any], model_dir: Path | None, split: str,
+                  full: bool) -> dict[str, Any]:
+        """Evaluate a saved model (None: the start) once; cached in results.json."""
+        from benchmarks.ifeval.report import run_summary
+        from grouppref.models.loading import load_causal_lm
+
+        key = f"eval:{split}:{'full' if full else 'greedy'}:{name}"
+        spec = {**spec, "split": split, "full": full}
+        if (done := self.results.get(key, spec)) is not None:
+            return done
+        t = time.time()
+        model = self.reference if model_dir is None else load_causal_lm(
+            str(model_dir), device=self.args.device)
+        record = {"spec": spec, "per_prompt": self.evaluate(model, split, name, full=full),
+                  "seconds": round(time.time() - t, 1)}
+        del model
+        _free_memory()
+        self.results.put(key, record)
+        s = run_summary(record)
+        self.log(f"{key}: greedy {s['greedy']:.3f} all-met {s['greedy_all']:.3f} "
+                 f"sampled {s['sampled']:.3f} KL {s['kl']:.2f} ({record['seconds']}s)")
+        return record
+
+    # -- training -------------------------------------------------------------------------
+    def spec(self, method: str, lr: float, seed: int) -> dict[str, Any]:
+        return {"method": METHODS[method], "lr": lr, "seed": seed, "steps": self.scale.steps}
+
+    def train_task(self, method: str, lr: float, seed: int) -> tuple[str, Path]:
+        """Train once (cached): the final model in ``models/NAME``, curve models beside it."""
+        from benchmarks.ifeval.trl_peer import train_trl
+
+        name = f"{method}-lr{lr_tag(lr)}-seed{seed}"
+        folder = self.out / "models" / name
+        spec = self.spec(method, lr, seed)
+        if self.results.get(f"train:{name}", spec) is not None and (folder / "config.json").exists():
+            return name, folder
+        shutil.rmtree(folder, ignore_errors=True)
+        t = time.time()
+        m = METHODS[method]
+        if m["engine"] == "trl":
+            batch = self.scale.pair_batch_all if m["pairs"] == "consensus" else self.scale.batch
+            info = train_trl(self.data_dir / "run", self.base, folder, pairs=m["pairs"], lr=lr,
+                             seed=seed, steps=self.scale.steps, batch=batch,
+                             beta=self.scale.beta, curve=self.scale.curve,
+                             max_new_tokens=self.scale.max_new_tokens, work=self.out / "trl")
+        else:
+            info = self._train_grouppref(m["train"], lr, seed, folder)
+        _free_memory()
+        self.results.put(f"train:{name}", {"spec": spec, **info,
+                                           "seconds": round(time.time() - t, 1)})
+        self.log(f"train:{name} done in {time.time() - t:.0f}s ({info.get('tokens_trained')} tokens)")
+        return name, folder
+
+    def _train_grouppref(self, fields: dict[str, Any], lr: float, seed: int, folder: Path
+                         ) -> dict[str, Any]:
+        from benchmarks.ifeval.curve import save_curve_models
+        from grouppref.train.config import DataConfig, TrainConfig
+        from grouppref.train.trainer import train
+
+        s = self.scale
+        config = TrainConfig(model=self.base, **fields, lr=lr, beta=s.beta, max_steps=s.steps,
+                             batch_size=s.batch, seed=seed, lr_scheduler="constant",
+                             logging_steps=1, eval_batch_size=32,
+                             save_steps=min(s.curve), save_total_limit=len(s.curve) + 2,
+                             mixed_precision="bf16" if self.args.device.startswith("cuda") else "no",
+                             data=DataConfig(max_prompt_length=256,
+                                             max_response_length=s.max_new_tokens + 1))
+        per_group = tokens_per_group(config, self.groups, self.tokenizer)
+        stats = train(config, self.groups, folder, reference_cache=self.out / "reference").stats
+        save_curve_models(folder, self.base, s.curve)
+        return {"steps": stats.steps, "train_metrics": stats.train,
+                "tokens_per_group": round(per_group, 1),
+                "tokens_trained": round(per_group * s.batch * stats.steps),
+                "tokens_at": {str(n): round(per_group * s.batch * n) for n in (*s.curve, s.steps)}}
+
+    # -- the phases -----------------------------------------------------------------------
+    def chosen_lr(self, method: str) -> float | None:
+        """The screen's best final val rate (ties: the smaller rate); None until all ran."""
+        from benchmarks.ifeval.report import run_summary
+
+        scores = []
+        for lr in self.scale.lrs:
+            name = f"{method}-lr{lr_tag(lr)}-seed0"
+            got = self.results.data["tasks"].get(f"eval:val:greedy:{name}")
+            if got is None:
+                return None
+            scores.append((-run_summary(got)["greedy"], lr))
+        return min(scores)[1]
+
+    def screen(self, method: str) -> None:
+        for lr in self.scale.lrs:
+            name, folder = self.train_task(method, lr, 0)
+            spec = self.spec(method, lr, 0)
+            self.eval_task(name, spec, folder, "val", full=False)
+            for step in self.scale.curve:
+                curve = folder / f"step-{step}"
+                if curve.exists():
+                    self.eval_task(f"{name}@{step}", {**spec, "at": step}, curve, "val", False)
+
+    def seeds(self, method: str) -> None:
+        lr = self.chosen_lr(method)
+        if lr is None:
+            return
+        self.results.data["chosen_lr"] = {**self.results.data.get("chosen_lr", {}), method: lr}
+        for other in self.scale.lrs:  # the screen's other models are no longer needed
+            if other != lr and not self.args.keep_models:
+                shutil.rmtree(self.out / "models" / f"{method}-lr{lr_tag(other)}-seed0",
+                              ignore_errors=True)
+        for seed in range(METHODS[method].get("seeds", self.scale.seeds)):
+            name, folder = self.train_task(method, lr, seed)
+            spec = self.spec(method, lr, seed)
+            self.eval_task(name, spec, folder, "test", full=True)
+            if seed == 0:
+                for step in self.scale.curve:
+                    if (folder / f"step-{step}").exists():
+                        self.eval_task(f"{name}@{step}", {**spec, "at": step},
+                                       folder / f"step-{step}", "test", False)
+            if not self.args.keep_models and seed > 0:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def run(self, phases: list[str], methods: list[str]) -> None:
+        self.setup()
+        if "data" in phases and len(phases) == 1:
+            return
+        self.eval_task("base", {"method": "base"}, None, "val", full=False)
+        if "screen" in phases:
+            for method in methods:
+                self.screen(method)
+        if "seeds" in phases:
+            self.eval_task("base", {"method": "base"}, None, "test", full=True)
+            for method in methods:
+                self.seeds(method)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="A .gguf, model folder or Hub id "
+                    "(default: the embedded SmolLM2).")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--data", type=Path, required=True, help="Prompts and the generated, ranked "
+                    "groups (committed, so a later session continues on the same data).")
+    ap.add_argument("--out", type=Path, required=True, help="Models, evaluations, results.json.")
+    ap.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+    ap.add_argument("--phases", default="data,screen,seeds")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--keep-models", action="store_true")
+    args = ap.parse_args(argv)
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    for key, value in (("TRANSFORMERS_VERBOSITY", "error"), ("HF_HUB_OFFLINE", "1"),
+                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
+        os.environ.setdefault(key, value)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        sys.exit(f"unknown method(s) {unknown}; known: {', '.join(METHODS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = Log()
+    log(f"recipe study, scale {args.scale}, phases {args.phases}, methods {methods}")
+    Study(args, SCALES[args.scale], log).run(args.phases.split(","), methods)
+    log(f"done in {log.elapsed():.0f}s")
+
+
+if __name__ == "__main__":
+    main()
