@@ -152,6 +152,9 @@ class Results:
 
     def put(self, name: str, record: dict[str, Any]) -> None:
         self.data["tasks"][name] = record
+        self.save()
+
+    def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data) + "\n")
         tmp.replace(self.path)
@@ -311,6 +314,7 @@ class Study:
         if lr is None:
             return
         self.results.data["chosen_lr"] = {**self.results.data.get("chosen_lr", {}), method: lr}
+        self.results.save()
         for other in self.scale.lrs:  # the screen's other models are no longer needed
             if other != lr and not self.args.keep_models:
                 shutil.rmtree(self.out / "models" / f"{method}-lr{lr_tag(other)}-seed0",

@@ -1,0 +1,184 @@
+"""Tables of the recipe study's ``results.json`` (:mod:`benchmarks.ifeval.study`).
+
+* **Learning-rate screen** (val split, seed 0, greedy): each method at each rate of the grid,
+  at the curve steps and at the end; the chosen rate (best final val rate, ties: the smaller)
+  is starred.
+* **Test, at the chosen rate**: per method, mean over seeds of the greedy and sampled
+  constraint rates and all-met rates, a t-interval over seeds and a normal interval over
+  prompts, the change against the untrained model paired by prompt, KL to the start, greedy
+  answer length, and a **length-controlled** rate: the share met of the constraints that a
+  shorter answer does not make easier (everything but "at most N words", "one sentence" and
+  "no commas").
+* **Paired differences** against the peer (TRL's DPOTrainer on best-vs-worst pairs): per
+  prompt, averaged over seeds (± 95% over prompts), and per seed (seed i against seed i, ±
+  a t-interval over seeds).
+* **Equal trained tokens**: each method's test greedy rate at the curve point whose tokens
+  trained come closest to the peer's final count (seed 0).
+
+    python -m benchmarks.ifeval.study_report /work/study/results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from benchmarks.ifeval.report import _T975, _fmt, _half_width, _mean, method_stats
+
+BREVITY = {"max_words", "one_sentence", "no_comma"}
+PEER = "trl_dpo"
+
+
+def lr_tag(lr: float) -> str:
+    return f"{lr:.0e}".replace("e-0", "e-")
+
+
+def task(results: dict[str, Any], key: str) -> dict[str, Any] | None:
+    return results["tasks"].get(key)
+
+
+def greedy(record: dict[str, Any]) -> list[float]:
+    return [_mean(p["g"]) for p in record["per_prompt"]]
+
+
+def screen_table(results: dict[str, Any]) -> list[str]:
+    s = results["scale_settings"]
+    points = [*s["curve"], s["steps"]]
+    lines = ["| method | lr | " + " | ".join(f"val @ {n}" for n in points) + " | tokens @ end |",
+             "|---" * (len(points) + 3) + "|"]
+    base = task(results, "eval:val:greedy:base")
+    if base:
+        rate = greedy(base)
+        lines.append(f"| base | - | {_mean(rate):.3f} ± {_half_width(rate, 1.96):.3f}"
+                     + " | -" * len(points) + " |")
+    chosen = results.get("chosen_lr", {})
+    for method in results["methods"]:
+        for lr in s["lrs"]:
+            name = f"{method}-lr{lr_tag(lr)}-seed0"
+            train = task(results, f"train:{name}")
+            if train is None:
+                continue
+            cells = []
+            for n in points:
+                key = f"eval:val:greedy:{name}" + ("" if n == s["steps"] else f"@{n}")
+                got = task(results, key)
+                cells.append("-" if got is None else f"{_mean(greedy(got)):.3f}")
+            star = "*" if chosen.get(method) == lr else ""
+            lines.append(f"| {method} | {lr:g}{star} | " + " | ".join(cells)
+                         + f" | {train.get('tokens_trained')} |")
+    return lines
+
+
+def test_runs(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per method, its test runs at the chosen rate (as report.method_stats reads them)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for method, lr in results.get("chosen_lr", {}).items():
+        seeds = results["methods"][method].get("seeds", results["scale_settings"]["seeds"])
+        for seed in range(seeds):
+            name = f"{method}-lr{lr_tag(lr)}-seed{seed}"
+            got, train = task(results, f"eval:test:full:{name}"), task(results, f"train:{name}")
+            if got is not None and train is not None:
+                out.setdefault(method, []).append({**got, "tokens_trained": train["tokens_trained"],
+                                                   "seed": seed})
+    return out
+
+
+def length_controlled(results: dict[str, Any], record: dict[str, Any]) -> float:
+    """Greedy share met of the constraints brevity does not help (see the module docstring)."""
+    met = []
+    for prompt, p in zip(results["prompts"]["test"], record["per_prompt"], strict=True):
+        met += [m for kind, m in zip(prompt["kinds"], p["g"], strict=True) if kind not in BREVITY]
+    return _mean([float(m) for m in met])
+
+
+def main_table(results: dict[str, Any]) -> list[str]:
+    base = task(results, "eval:test:full:base")
+    lines = ["| method | lr | seeds | greedy (± seeds) | ± prompts | Δ vs untrained (± prompts) | "
+             "sampled (± seeds) | greedy all-met | sampled all-met | KL to start | greedy length "
+             "| length-controlled | tokens trained |", "|---" * 13 + "|"]
+    rows = {"base": [base]} if base else {}
+    rows.update(test_runs(results))
+    for method, runs in rows.items():
+        s = method_stats([{**r, "tokens_trained": r.get("tokens_trained", 0)} for r in runs],
+                         None if method == "base" else base)
+        g = s["greedy"]
+        delta = f"{g['delta']:+.3f} ± {g['delta_ci']:.3f}" if "delta" in g else "-"
+        length = _mean([_mean([p["len_g"] for p in r["per_prompt"]]) for r in runs])
+        lc = [length_controlled(results, r) for r in runs]
+        lc_ci = _half_width(lc, _T975.get(len(lc) - 1, 1.96))
+        lc_cell = f"{_mean(lc):.3f}" + ("" if math.isnan(lc_ci) else f" ± {lc_ci:.3f}")
+        lr = results.get("chosen_lr", {}).get(method, "-")
+        lines.append(f"| {method} | {lr} | {s['seeds']} | {_fmt(g)} | {g['prompt_ci']:.3f} | "
+                     f"{delta} | {_fmt(s['sampled'])} | {_fmt(s['greedy_all'])} | "
+                     f"{_fmt(s['sampled_all'])} | {_fmt(s['kl'])} | {length:.1f} | {lc_cell} | "
+                     f"{s['tokens_trained']:.0f} |")
+    return lines
+
+
+def paired_vs_peer(results: dict[str, Any]) -> list[str]:
+    runs = test_runs(results)
+    if PEER not in runs:
+        return [f"(no {PEER} test runs yet)"]
+    peer = runs[PEER]
+    lines = [f"| method − {PEER} | over prompts (mean of seeds) | over seeds (seed i vs i) |",
+             "|---|---|---|"]
+    for method, mine in runs.items():
+        if method == PEER:
+            continue
+        n = len(mine[0]["per_prompt"])
+        a = [_mean([greedy(r)[i] for r in mine]) for i in range(n)]
+        b = [_mean([greedy(r)[i] for r in peer]) for i in range(n)]
+        diff = [x - y for x, y in zip(a, b, strict=True)]
+        by_seed = [_mean(greedy(x)) - _mean(greedy(y)) for x, y in zip(mine, peer, strict=False)]
+        half = _half_width(by_seed, _T975.get(len(by_seed) - 1, 1.96))
+        seed_cell = (f"{_mean(by_seed):+.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}")
+                     + f" ({len(by_seed)} seeds)")
+        lines.append(f"| {method} | {_mean(diff):+.3f} ± {_half_width(diff, 1.96):.3f} | "
+                     f"{seed_cell} |")
+    return lines
+
+
+def curve_rows(results: dict[str, Any]) -> list[str]:
+    """Seed 0 at the chosen rate on test (greedy): steps, tokens and rate per curve point."""
+    s = results["scale_settings"]
+    lines = ["| method | " + " | ".join(f"@ {n} steps (tokens)" for n in [*s["curve"], s["steps"]])
+             + " |", "|---" * (len(s["curve"]) + 2) + "|"]
+    for method, lr in results.get("chosen_lr", {}).items():
+        name = f"{method}-lr{lr_tag(lr)}-seed0"
+        train = task(results, f"train:{name}")
+        if train is None:
+            continue
+        cells = []
+        for n in [*s["curve"], s["steps"]]:
+            full = n == s["steps"]
+            got = task(results, f"eval:test:{'full' if full else 'greedy'}:{name}"
+                                + ("" if full else f"@{n}"))
+            tokens = train.get("tokens_at", {}).get(str(n), "?")
+            cells.append("-" if got is None else f"{_mean(greedy(got)):.3f} ({tokens})")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(results: dict[str, Any]) -> str:
+    counts = {k: len(v) for k, v in results["prompts"].items()}
+    out = [f"Recipe study: prompts {counts}, scale {results['scale']}, settings "
+           f"{results['scale_settings']}", "", "Learning-rate screen (val, seed 0, greedy; * the "
+           "chosen rate):", "", *screen_table(results), "", "Test split at the chosen rate:", "",
+           *main_table(results), "", "Paired greedy differences on test:", "",
+           *paired_vs_peer(results), "", "Learning curve on test (seed 0, greedy; tokens trained "
+           "in brackets):", "", *curve_rows(results)]
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", type=Path)
+    args = ap.parse_args()
+    print(markdown(json.loads(args.results.read_text())))
+
+
+if __name__ == "__main__":
+    main()
