@@ -28,14 +28,15 @@ def _met(cid: str, text: str, **kwargs: object) -> bool:
 # id, kwargs, texts that meet it, texts that do not
 CASES = [
     ("change_case:english_lowercase", {}, ["hello world.", "it's 5 o'clock"],
-     ["Hello world.", "123 456", ""]),
+     ["Hello world.", "123 456", "", "日本"]),
     ("change_case:english_capital", {}, ["HELLO WORLD!", "IT IS 5 O'CLOCK"],
-     ["HELLO World", "42"]),
+     ["HELLO World", "42", "日本"]),
     ("change_case:capital_word_frequency", {"capital_frequency": 2, "capital_relation": "at least"},
      ["USE THE force", "NASA and ESA"], ["only ONE here", "none"]),
-    ("punctuation:no_comma", {}, ["no commas here.", "semi; colon"], ["one, two", "a,b"]),
+    ("punctuation:no_comma", {}, ["no commas here.", "semi; colon"],
+     ["one, two", "a,b", "a\uff0cb", "", " "]),
     ("detectable_format:json_format", {}, ['{"a": 1}', '```json\n{"a": [1, 2]}\n```', "[1, 2]"],
-     ['{"a": 1', "answer: {}", "Here: {\"a\": 1}"]),
+     ['{"a": 1', "answer: {}", "Here: {\"a\": 1}", '{"a": NaN}']),
     ("detectable_format:json_format", {"required_keys": ["answer"]},
      ['{"answer": "rain"}', '```\n{"answer": 3, "x": 1}\n```'],
      ['{"Answer": "rain"}', '["answer"]', '"answer"']),
@@ -50,12 +51,17 @@ CASES = [
     ("detectable_content:postscript", {"postscript_marker": "Note:"}, ["Hi.\nnote: x"], ["Hi."]),
     ("detectable_content:number_placeholders", {"num_placeholders": 2},
      ["Dear [name], at [place]."], ["Dear [name].", "no placeholders"]),
-    ("startend:quotation", {}, ['"Rain falls."', '  "a" \n'], ['"Rain falls.', 'Rain "falls"', '"']),
+    ("startend:quotation", {}, ['"Rain falls."', '  "a" \n', "\u201cRain falls.\u201d"],
+     ['"Rain falls.', 'Rain "falls"', '"', '""']),
     ("startend:end_checker", {"end_phrase": "That is all."},
      ["Rain falls. That is all.", '"Rain falls. that is all."  '],
-     ["That is all. Rain falls.", "Rain falls. That is all"]),
+     ["That is all. Rain falls.", "Rain falls. That is all", "Rain falls. ThatThat is all."]),
+    ("startend:first_word", {"first_word": "yes"},
+     ["Yes, rain.", "yes.", "**Yes** indeed", "Yes,rain", "Yes.\n\nNo.", '"Yes," she said.'],
+     ["Yesterday it rained.", "Yes-men", "No, yes.", ""]),
     ("combination:repeat_prompt", {"prompt_to_repeat": "Say hi."}, ["say hi. Hi!"], ["Hi! Say hi."]),
-    ("keywords:existence", {"keywords": ["rain", "c++"]}, ["RAIN in C++"], ["rain in C"]),
+    ("keywords:existence", {"keywords": ["rain", "c++"]}, ["RAIN in C++", "rain-soaked C++!"],
+     ["rain in C", "rainy C++", "Brain in C++"]),
     ("keywords:forbidden_words", {"forbidden_words": ["very"]}, ["everything is fine"],
      ["it is Very fine"]),
     ("keywords:frequency", {"keyword": "rain", "frequency": 2, "relation": "less than"},
@@ -63,13 +69,14 @@ CASES = [
     ("keywords:letter_frequency", {"letter": "z", "let_frequency": 2, "let_relation": "at least"},
      ["Zoo zebra"], ["zoo"]),
     ("length_constraints:number_words", {"num_words": 4, "relation": "less than"},
-     ["It's raining.", "one two three"], ["one two three four"]),
+     ["It's raining.", "one two three", "I don't know"], ["one two three four", "", "  "]),
     ("length_constraints:number_words", {"num_words": 3, "relation": "exactly"},
      ["one, two, three."], ["one two", "one two three four"]),
     ("length_constraints:number_words", {"num_words": 2, "relation": "at most"},
      ["one two"], ["one two three"]),
     ("length_constraints:number_sentences", {"num_sentences": 1, "relation": "exactly"},
-     ["Pi is 3.14 or so.", "Just one"], ["One. Two.", "Hi! Bye?", ""]),
+     ["Pi is 3.14 or so.", "Just one", "Mr. Lee left at 6 a.m. today.", "Wait... really?"],
+     ["One. Two.", "Hi! Bye?", "", 'He said "Stop." Then he left.']),
     ("length_constraints:number_sentences", {"num_sentences": 2, "relation": "at least"},
      ["One. Two", "A? B! C."], ["Only one."]),
     ("length_constraints:nth_paragraph_first_word",
@@ -94,10 +101,29 @@ def test_every_constraint_type_is_tested() -> None:
 
 
 def test_counts() -> None:
-    assert cs.count_words("It's 5 o'clock.") == 5
+    assert cs.count_words("It's 5 o'clock.") == 3
+    assert cs.count_words("My mother-in-law, e.g., paid $3.50 at 7 a.m.") == 8
     assert cs.count_sentences("One. Two! Three") == 3
-    assert cs.count_sentences("Version 2.0 is out... really?") == 2
+    assert cs.count_sentences("Version 2.0 is out... really?") == 1
+    assert cs.count_sentences("Version 2.0 is out... Really?") == 2
     assert cs.count_sentences("  ") == 0
+
+
+def test_an_empty_answer_meets_no_constraint() -> None:
+    """IFEval's strict scoring fails every instruction on an empty response; so do we (an
+    answer that is only EOS decodes to ""), also where the check alone would pass."""
+    kwargs = {"change_case:capital_word_frequency": {"capital_frequency": 0, "capital_relation": "at least"},
+              "keywords:forbidden_words": {"forbidden_words": ["x"]},
+              "keywords:frequency": {"keyword": "x", "frequency": 1, "relation": "less than"},
+              "keywords:letter_frequency": {"letter": "x", "let_frequency": 1,
+                                            "let_relation": "less than"},
+              "length_constraints:number_words": {"num_words": 3, "relation": "less than"},
+              "length_constraints:number_sentences": {"num_sentences": 2, "relation": "less than"}}
+    for cid in ("punctuation:no_comma", *kwargs):
+        c = cs.make_constraint(cid, kwargs.get(cid))
+        assert cs.CONSTRAINTS[c.id].check("", **c.kwargs), c  # the bare check passes ...
+        for text in ("", " \n\t"):
+            assert not cs.check(c, text), (c, text)  # ... check() does not
 
 
 def test_satisfaction_is_the_share_met() -> None:

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grouppref.errors import GroupPrefError
+from grouppref.pipeline.rank.text import count_sentences, count_words, words
+from grouppref.pipeline.rank.text import first_word as _first_word
 
 RELATIONS: dict[str, Callable[[int, int], bool]] = {
     "less than": operator.lt, "at least": operator.ge, "at most": operator.le,
     "exactly": operator.eq,
 }
-_WORD = re.compile(r"\w+")
-_SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.IGNORECASE)
 
 
@@ -53,22 +53,18 @@ class Constraint:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
-# -- counting helpers --------------------------------------------------------------------------
-def count_words(text: str) -> int:
-    """Number of words (runs of ``\\w``): ``count_words("It's 5 o'clock.") == 5``."""
-    return len(_WORD.findall(text))
+# -- helpers -----------------------------------------------------------------------------------
+COMMAS = ",\uff0c\u3001\u060c\ufe50\ufe51"  # , and the fullwidth, ideographic, Arabic, small ones
+OPEN_QUOTES, CLOSE_QUOTES = '"\u201c\u201e', '"\u201d\u201c'  # " “ „ and " ” “
 
 
-def count_sentences(text: str) -> int:
-    """Number of sentences: pieces ended by ``.``/``!``/``?`` + whitespace or the end, plus a
-    last unterminated piece that has a word in it.
+def _whole(word: str) -> re.Pattern[str]:
+    """``word`` as a whole word, case-insensitive: not inside a longer run of ``\\w``."""
+    return re.compile(rf"(?<!\w){re.escape(word)}(?!\w)", re.IGNORECASE)
 
-    Example:
-        >>> count_sentences("One. Two! Three"), count_sentences("3.5 apples."), count_sentences("")
-        (3, 1, 0)
-    """
-    pieces = _SENTENCE_END.split(text)
-    return sum(1 for p in pieces if _WORD.search(p))
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 def compare(count: int, relation: str, target: int) -> bool:
@@ -80,32 +76,33 @@ def compare(count: int, relation: str, target: int) -> bool:
 
 # -- the checks: (text, **kwargs) -> bool ------------------------------------------------------
 def english_lowercase(text: str) -> bool:
-    """Every letter is lowercase (and there is at least one letter)."""
-    return text == text.lower() and any(ch.isalpha() for ch in text)
+    """Every cased letter is lowercase, and there is one (``str.islower``, as IFEval): letters
+    without case ("日本") are not lowercase letters."""
+    return text.islower()
 
 
 def english_capital(text: str) -> bool:
-    """Every letter is uppercase (and there is at least one letter)."""
-    return text == text.upper() and any(ch.isalpha() for ch in text)
+    """Every cased letter is uppercase, and there is one (``str.isupper``, as IFEval)."""
+    return text.isupper()
 
 
 def capital_word_frequency(text: str, capital_frequency: int, capital_relation: str) -> bool:
     """The number of all-capital words compares with ``capital_frequency``."""
-    n = sum(1 for w in _WORD.findall(text) if w.isupper())
+    n = sum(1 for w in words(text) if w.isupper())
     return compare(n, capital_relation, capital_frequency)
 
 
 def no_comma(text: str) -> bool:
-    """No ``,`` anywhere."""
-    return "," not in text
+    """No comma anywhere: ``,`` nor a fullwidth, ideographic or Arabic comma (:data:`COMMAS`)."""
+    return not any(c in text for c in COMMAS)
 
 
 def json_format(text: str, required_keys: Sequence[str] = ()) -> bool:
-    """The whole response (less a Markdown code fence) parses as JSON; with ``required_keys``
-    it must be an object holding every one of them."""
+    """The whole response (less a Markdown code fence) parses as JSON (RFC 8259: no ``NaN``
+    or ``Infinity``); with ``required_keys`` it must be an object holding every one of them."""
     body = _FENCE.sub("", text.strip()).strip()
     try:
-        value = json.loads(body)
+        value = json.loads(body, parse_constant=_no_constant)
     except ValueError:
         return False
     if not required_keys:
@@ -114,14 +111,23 @@ def json_format(text: str, required_keys: Sequence[str] = ()) -> bool:
 
 
 def quotation(text: str) -> bool:
-    """The response (stripped) starts and ends with a double quote."""
+    """The response (stripped) starts and ends with a double quotation mark, straight or curly
+    (:data:`OPEN_QUOTES`, :data:`CLOSE_QUOTES`), around something."""
     body = text.strip()
-    return len(body) > 1 and body[0] == '"' and body[-1] == '"'
+    return (len(body) > 1 and body[0] in OPEN_QUOTES and body[-1] in CLOSE_QUOTES
+            and bool(body[1:-1].strip()))
 
 
 def end_checker(text: str, end_phrase: str) -> bool:
-    """The response ends with ``end_phrase`` (case-insensitive; outer quotes and spaces ignored)."""
-    return text.strip().strip('"').lower().endswith(end_phrase.strip().lower())
+    """The response ends with ``end_phrase`` (case-insensitive; outer double quotes, straight or
+    curly, and spaces ignored), the phrase starting at a word boundary ("bathe end." does not
+    end with "The end.")."""
+    body = text.strip().strip(OPEN_QUOTES + CLOSE_QUOTES).lower()
+    phrase = end_phrase.strip().lower()
+    if not body.endswith(phrase):
+        return False
+    before = body[:len(body) - len(phrase)]
+    return not (before and phrase and re.match(r"\w", phrase) and re.search(r"\w$", before))
 
 
 def repeat_prompt(text: str, prompt_to_repeat: str) -> bool:
@@ -130,8 +136,9 @@ def repeat_prompt(text: str, prompt_to_repeat: str) -> bool:
 
 
 def keywords_existence(text: str, keywords: Sequence[str]) -> bool:
-    """Every keyword occurs (case-insensitive substring)."""
-    return all(re.search(re.escape(k), text, re.IGNORECASE) for k in keywords)
+    """Every keyword occurs as a whole word (case-insensitive): "bright" is in "bright-eyed"
+    and "Bright!", not in "brightness"."""
+    return all(_whole(k).search(text) for k in keywords)
 
 
 def forbidden_words(text: str, forbidden_words: Sequence[str]) -> bool:
@@ -161,16 +168,22 @@ def number_sentences(text: str, num_sentences: int, relation: str) -> bool:
     return compare(count_sentences(text), relation, num_sentences)
 
 
+def starts_with_word(text: str, first_word: str) -> bool:
+    """The first word (:func:`~grouppref.pipeline.rank.text.first_word`: leading quotes,
+    bullets and Markdown skipped; "Yes," "Yes:" "**Yes**" "Yes.Bees" all start with "Yes",
+    "Yesterday" "Yes-men" do not) is ``first_word``, case-insensitive."""
+    word = _first_word(text)
+    return word is not None and word.lower() == first_word.strip().lower()
+
+
 def nth_paragraph_first_word(text: str, num_paragraphs: int, nth_paragraph: int,
                              first_word: str) -> bool:
     """Exactly ``num_paragraphs`` paragraphs (split on blank lines) and paragraph
-    ``nth_paragraph`` (1-based) starts with ``first_word`` (case and punctuation ignored)."""
+    ``nth_paragraph`` (1-based) starts with ``first_word`` (as :func:`starts_with_word`)."""
     paragraphs = [p for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
     if len(paragraphs) != num_paragraphs or not 1 <= nth_paragraph <= len(paragraphs):
         return False
-    words = paragraphs[nth_paragraph - 1].split()
-    first = words[0].strip("\"'`*_()[]{}.,;:!?").lower() if words else ""
-    return first == first_word.strip().lower()
+    return starts_with_word(paragraphs[nth_paragraph - 1], first_word)
 
 
 def postscript(text: str, postscript_marker: str) -> bool:
@@ -231,6 +244,7 @@ CONSTRAINTS: dict[str, ConstraintType] = {
         number_placeholders, ("num_placeholders",)),
     "startend:quotation": ConstraintType(quotation),
     "startend:end_checker": ConstraintType(end_checker, ("end_phrase",)),
+    "startend:first_word": ConstraintType(starts_with_word, ("first_word",)),
     "combination:repeat_prompt": ConstraintType(repeat_prompt, ("prompt_to_repeat",)),
     "keywords:existence": ConstraintType(keywords_existence, ("keywords",)),
     "keywords:forbidden_words": ConstraintType(forbidden_words, ("forbidden_words",)),
@@ -311,7 +325,10 @@ def parse_constraints(spec: str | Sequence[Any] | Mapping[str, Any]) -> list[Con
 
 
 def check(constraint: Constraint, text: str) -> bool:
-    """Whether ``text`` meets ``constraint``."""
+    """Whether ``text`` meets ``constraint``. An empty or blank answer meets none (as IFEval's
+    strict scoring): an answer that is only an EOS token does not pass "no commas"."""
+    if not text.strip():
+        return False
     return bool(CONSTRAINTS[constraint.id].check(text, **constraint.kwargs))
 
 
