@@ -114,8 +114,7 @@ def _one_sentence(rng: random.Random) -> tuple[dict[str, Any], str]:
 
 def _start(rng: random.Random) -> tuple[dict[str, Any], str]:
     word = rng.choice(START_WORDS)
-    return ({"num_paragraphs": 1, "nth_paragraph": 1, "first_word": word.lower()},
-            f'Start your answer with the word "{word}".')
+    return {"first_word": word.lower()}, f'Start your answer with the word "{word}".'
 
 
 _DRAW = {"lowercase": _lowercase, "capital": _capital, "no_comma": _no_comma, "json": _json,
@@ -131,7 +130,7 @@ KINDS = {k.name: k for k in (
     Kind("include_word", "keywords:existence"),
     Kind("max_words", "length_constraints:number_words"),
     Kind("one_sentence", "length_constraints:number_sentences"),
-    Kind("start_word", "length_constraints:nth_paragraph_first_word"),
+    Kind("start_word", "startend:first_word"),  # IFEval's nth_paragraph_first_word also counts paragraphs
 )}
 # Pairs that cannot both hold (or contradict each other's wording).
 INCOMPATIBLE = {frozenset(p) for p in (
