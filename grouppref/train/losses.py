@@ -14,6 +14,10 @@ How this departs from the papers:
 * Importance weights ``rho`` (optional everywhere) multiply each pair's (or position's) term
   but not the normaliser, so a group whose data the policy has drifted away from counts less.
 
+The listwise losses from graded labels (LiPO-λ, InfoNCA, NCA) are in
+:mod:`grouppref.train.listwise`; :func:`grouppref.train.dispatch.score_loss` picks a loss by name.
+``implicit_rewards(..., reference_free=True)`` and ``target_margin`` give SimPO (Meng et al. 2024).
+
 "GSPO" here is Groupwise Supervised Preference Optimization (offline, no critic, no sampling),
 not Group Sequence Policy Optimization.
 """
