@@ -6,6 +6,7 @@ trainings through the trainer and the CLI."""
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import textwrap
 from pathlib import Path
@@ -21,6 +22,7 @@ from grouppref.errors import ConfigError
 from grouppref.models.loading import load_causal_lm, load_tokenizer
 from grouppref.schemas import ValidatedGroup, to_dataset
 from grouppref.schemas.reports import TrainStats
+from grouppref.train import checkpoint
 from grouppref.train.batch import GroupBatch
 from grouppref.train.config import TrainConfig
 from grouppref.train.data import collate_groups, list_targets, tokenize_groups
@@ -384,3 +386,15 @@ def test_cli_trains_with_the_listwise_losses(tiny_lm_dir: Path, tmp_path: Path, 
     stats = TrainStats.model_validate_json((tmp_path / loss / "metrics.json").read_text())
     assert stats.steps == 3 and math.isfinite(stats.train["loss"])
     assert stats.train["margin"] > 0  # three steps already put sunny above rainy
+
+
+def test_a_checkpoint_from_before_these_settings_resumes_at_their_defaults(tmp_path: Path) -> None:
+    """A checkpoint written before reference_free / target_margin / target_temperature existed
+    ran at their defaults: resuming it with the defaults is allowed, with another value not."""
+    old = checkpoint._resume_key(TrainConfig())
+    for name in ("reference_free", "target_margin", "target_temperature"):
+        del old[name]
+    (tmp_path / checkpoint.STATE_FILE).write_text(json.dumps({"config": old}))
+    checkpoint.check_compatible(tmp_path, TrainConfig())
+    with pytest.raises(ConfigError, match="target_margin: 0.0 -> 0.5"):
+        checkpoint.check_compatible(tmp_path, TrainConfig(target_margin=0.5))
