@@ -38,6 +38,7 @@ from grouppref.train.loop import Objective, group_loss
 from grouppref.train.losses import dpo_loss
 from grouppref.train.refresh_buffer import concat_batches
 from grouppref.train.rm_config import RewardModelConfig
+from grouppref.train.rm_loop import train_reward_model
 from grouppref.train.rm_trainer import reward_loss
 from grouppref.train.trainer import train
 from grouppref.train.trim import trim_for_loss
@@ -398,3 +399,13 @@ def test_a_checkpoint_from_before_these_settings_resumes_at_their_defaults(tmp_p
     checkpoint.check_compatible(tmp_path, TrainConfig())
     with pytest.raises(ConfigError, match="target_margin: 0.0 -> 0.5"):
         checkpoint.check_compatible(tmp_path, TrainConfig(target_margin=0.5))
+
+
+@pytest.mark.parametrize("loss", ["lipo", "infonca"])
+def test_reward_model_trains_with_the_listwise_losses(tiny_lm_dir: Path, tmp_path: Path,
+                                                      loss: str) -> None:
+    """train-rm's groups carry the tier labels and strengths (rm_data.encode_group) too."""
+    config = RewardModelConfig(model=str(tiny_lm_dir), loss=loss, max_steps=3, batch_size=4,
+                               logging_steps=1, lr=1e-3)
+    result = train_reward_model(config, synthetic_groups(8, 4), tmp_path / loss)
+    assert result.stats["steps"] == 3 and math.isfinite(result.stats["train"]["loss"])

@@ -33,7 +33,8 @@ def current_ranks(s: Tensor, valid: Tensor) -> Tensor:
     """1-based rank τ of each valid candidate when its group is sorted by ``s``, best first.
 
     Equal rewards keep index order (a stable sort), so ranks are distinct; padding slots get
-    rank 0. Detached.
+    rank 0. Detached. At the reference (s = 0 everywhere, the first step) the ranks are thus
+    the candidates' index order, and LiPO-λ's weights follow it until the rewards separate.
 
     Args:
         s (Tensor): rewards, shape (B, K).
