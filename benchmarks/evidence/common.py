@@ -133,8 +133,11 @@ def sample(model: Any, prompts: Tensor, n: int, length: int, gen: torch.Generato
 
 def make_batch(prompts: Tensor, cands: Tensor, ref_logps: Tensor | None = None,
                p_ij: Tensor | None = None, w_ij: Tensor | None = None,
-               order: Tensor | None = None) -> GroupBatch:
-    """A :class:`GroupBatch` of fixed-length prompts (B, P) and candidates (B, K, L)."""
+               order: Tensor | None = None, labels: Tensor | None = None,
+               strengths: Tensor | None = None) -> GroupBatch:
+    """A :class:`GroupBatch` of fixed-length prompts (B, P) and candidates (B, K, L);
+    ``labels`` (tiers below, LiPO) and ``strengths`` (NCA / InfoNCA targets), (B, K), are
+    what the listwise losses read (grouppref/train/listwise.py)."""
     b, k, length = cands.shape
     return GroupBatch(
         prompt_ids=prompts, prompt_mask=torch.ones_like(prompts), cand_ids=cands,
@@ -143,7 +146,8 @@ def make_batch(prompts: Tensor, cands: Tensor, ref_logps: Tensor | None = None,
         w_ij=w_ij if w_ij is not None else torch.zeros(b, k, k),
         order=order if order is not None else torch.arange(k).expand(b, k).clone(),
         ref_logps=ref_logps, behavior_logps=torch.full((b, k), float("nan")),
-        num_tokens=torch.full((b, k), length), group_ids=[str(i) for i in range(b)])
+        num_tokens=torch.full((b, k), length), group_ids=[str(i) for i in range(b)],
+        labels=labels, strengths=strengths)
 
 
 @torch.no_grad()

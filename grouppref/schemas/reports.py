@@ -271,7 +271,8 @@ class TrainStats(_TrainingReport):
     """What a training run measured (``RUN/train`` manifest stats and ``metrics.json``)."""
 
     groups: GroupCounts
-    reference: ReferenceInfo
+    reference: ReferenceInfo | None = Field(description="The reference log-prob pass (None: "
+                                            "trained reference_free, no reference pass).")
     seconds: float
     refresh: list[RefreshRound] = Field(default_factory=list, description="Refresh rounds, in "
                                         "order (empty without refresh).")

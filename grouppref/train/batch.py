@@ -28,6 +28,11 @@ class GroupBatch:
     num_tokens: Tensor  # (B, K) long, 0 for invalid
     group_ids: list[str]
     candidate_ids: list[list[str]] = field(default_factory=list)
+    # (B, K) float, graded labels ψ: consensus tiers below each candidate (LiPO), 0 for
+    # invalid; None when a group lacks them (groups not built by tokenize_group)
+    labels: Tensor | None = None
+    # (B, K) float, aggregated Bradley-Terry log-strengths (NCA / InfoNCA targets), 0 for invalid
+    strengths: Tensor | None = None
 
     def to(self, device: torch.device | str) -> GroupBatch:
         """The batch with every tensor moved to ``device``."""

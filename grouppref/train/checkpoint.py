@@ -188,6 +188,9 @@ def check_compatible(path: Path, config: BaseModel) -> None:
     """
     saved = json.loads((path / STATE_FILE).read_text())
     now = _resume_key(config)
+    # a setting added after the checkpoint was written ran at its default there
+    defaults = _resume_key(type(config).model_construct())
+    saved["config"] = {**{k: v for k, v in defaults.items() if k in now}, **saved["config"]}
     if "processes" in saved["config"]:  # the global batch and each process's RNG state
         from grouppref.train.distributed import process_state
 

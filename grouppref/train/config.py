@@ -16,7 +16,7 @@ from grouppref.runs.stage import StageSpec
 from grouppref.schemas import MAX_K, MIN_K
 from grouppref.train.mix import MixConfig
 
-LossName = Literal["gspo", "plackett_luce", "dpo", "sft"]
+LossName = Literal["gspo", "plackett_luce", "dpo", "lipo", "nca", "infonca", "sft"]
 Tracker = Literal["tensorboard", "trackio"]
 _TRACKER_PACKAGES = {"tensorboard": "tensorboard", "trackio": "trackio"}
 
@@ -152,7 +152,9 @@ class TrainConfig(BaseModel):
     loss: LossName = Field(
         default="gspo",
         description="gspo: weighted pairwise loss over every pair with its consensus p_ij; "
-        "plackett_luce: listwise over the consensus order; dpo: best vs worst only; sft: "
+        "plackett_luce: listwise over the consensus order; dpo: best vs worst only; lipo: "
+        "LiPO-lambda, pairs weighted by LambdaLoss from the consensus tiers; nca / infonca: "
+        "noise-contrastive, soft targets softmax(strengths / target_temperature); sft: "
         "supervised fine-tuning on each group's best candidate (best-of-K, rejection sampling). "
         "dpo and sft forward only the candidates they train on.",
     )
@@ -162,7 +164,18 @@ class TrainConfig(BaseModel):
         "the winner of every pair in different consensus tiers, weight 1, tied pairs left out.",
     )
     beta: float = Field(default=0.1, gt=0, description="Implicit reward scale: "
-                        "s = beta * (log pi - log pi_ref).")
+                        "s = beta * (log pi - log pi_ref) (reference_free: beta * log pi).")
+    reference_free: bool = Field(
+        default=False, description="No reference model: s = beta * log pi, per token with "
+        "length_normalise (SimPO; there beta is about 2, not 0.1). The reference pass is "
+        "skipped. Not with nca, sft, refresh or ref_model.")
+    target_margin: float = Field(
+        default=0.0, ge=0.0, description="SimPO's target reward margin gamma, subtracted from "
+        "every winner-minus-loser margin (gspo, dpo and lipo).")
+    target_temperature: float = Field(
+        default=1.0, gt=0.0, description="nca and infonca: temperature alpha of the soft "
+        "targets softmax(strengths / alpha) over a group's candidates (strengths: the "
+        "aggregated Bradley-Terry log-strengths; small alpha: all weight on the best).")
     length_normalise: bool = Field(
         default=False, description="Divide each candidate's log-prob by its token count."
     )
@@ -254,6 +267,7 @@ class TrainConfig(BaseModel):
                              "'sft' leave it at 0")
         if self.robust and self.label_smoothing == 0:
             raise ValueError("robust needs label_smoothing > 0 (the assumed label-flip rate)")
+        self._check_listwise()
         if self.refresh is not None:
             self.refresh.check_split(self.batch_size)
             if self.refresh.max_new_tokens >= self.data.max_response_length:
@@ -264,6 +278,28 @@ class TrainConfig(BaseModel):
         if self.mix is not None and self.refresh is not None:
             raise ValueError("mix and refresh both decide what each batch holds; use one")
         return self
+
+    def _check_listwise(self) -> None:
+        """The settings of the listwise and reference-free losses that only some losses read."""
+        if self.label_smoothing > 0 and self.loss in ("lipo", "nca", "infonca"):
+            raise ValueError(f"label_smoothing applies to loss 'gspo' and 'dpo', not {self.loss!r}")
+        if self.target_margin > 0 and self.loss not in ("gspo", "dpo", "lipo"):
+            raise ValueError(f"target_margin applies to the pairwise losses gspo, dpo and lipo, "
+                             f"not {self.loss!r}")
+        if self.target_temperature != 1.0 and self.loss not in ("nca", "infonca"):
+            raise ValueError(f"target_temperature applies to loss 'nca' and 'infonca', not "
+                             f"{self.loss!r}")
+        if not self.reference_free:
+            return
+        if self.loss in ("nca", "sft"):
+            why = ("reads absolute rewards, which only the reference anchors" if self.loss == "nca"
+                   else "has no reference in its loss already")
+            raise ValueError(f"reference_free with loss {self.loss!r}: it {why}")
+        if self.ref_model is not None:
+            raise ValueError("reference_free uses no reference model; drop ref_model")
+        if self.refresh is not None:
+            raise ValueError("reference_free with refresh is not supported (a refresh round "
+                             "scores its groups with the reference)")
 
     def reference_name(self) -> str | None:
         """The reference model: ``ref_model`` or, by default, the initial policy."""

@@ -36,7 +36,9 @@ class TokenizedGroup:
 
     ``p_ij[i][j]`` is P(i ≻ j) (0.5 on the diagonal and for pairs without a preference),
     ``w_ij`` the symmetric confidence (0 where no pair), ``order`` the consensus best first
-    (ties broken by strength). ``ref_logps`` is filled by the trainer after a reference pass.
+    (ties broken by strength), ``labels`` and ``strengths`` the listwise losses' targets
+    (:func:`list_targets`; empty when not built from a :class:`ValidatedGroup`).
+    ``ref_logps`` is filled by the trainer after a reference pass.
     """
 
     group_id: str
@@ -52,6 +54,8 @@ class TokenizedGroup:
     num_truncated: int = 0  # responses cut to max_response_length
     dropped: dict[str, str] = field(default_factory=dict)  # candidate id -> reason (overflow)
     kinds: tuple[str, ...] = ()  # annotator kinds of the consensus (label source, train/mix.py)
+    labels: list[float] = field(default_factory=list)  # ψ: consensus tiers below (LiPO)
+    strengths: list[float] = field(default_factory=list)  # aggregated log-strengths (NCA)
 
 
 def check_tokenizer(tokenizer: Any, config: DataConfig) -> None:
@@ -113,6 +117,23 @@ def pair_targets(group: ValidatedGroup, keep: list[str]
     return p, w, order
 
 
+def list_targets(group: ValidatedGroup, keep: list[str]) -> tuple[list[float], list[float]]:
+    """The listwise targets of ``group``'s candidates ``keep`` (in that order): graded labels
+    ψ, the number of consensus tiers below each candidate among those kept (the worst tier
+    has 0, tied candidates share a label), and the aggregated strengths.
+
+    Example:
+        >>> g = ValidatedGroup.model_construct(consensus=[["a"], ["b", "c"], ["d"]],
+        ...                                    strengths={"a": 1.0, "b": 0.0, "c": 0.0, "d": -1.0})
+        >>> list_targets(g, ["d", "b", "a"])
+        ([0.0, 1.0, 2.0], [-1.0, 0.0, 1.0])
+    """
+    kept = set(keep)
+    tiers = [tier for tier in group.consensus if kept.intersection(tier)]
+    below = {cid: float(len(tiers) - 1 - t) for t, tier in enumerate(tiers) for cid in tier}
+    return [below[cid] for cid in keep], [float(group.strengths[cid]) for cid in keep]
+
+
 def tokenize_group(group: ValidatedGroup, tokenizer: Any, config: DataConfig) -> TokenizedGroup:
     """Tokenise one group: prompt once, each response with EOS appended.
 
@@ -158,11 +179,12 @@ def tokenize_group(group: ValidatedGroup, tokenizer: Any, config: DataConfig) ->
                        "(raise max_response_length or use overflow='truncate')",
                        field="candidates", group_id=gid)
     p_ij, w_ij, order = pair_targets(group, keep)
+    labels, strengths = list_targets(group, keep)
     return TokenizedGroup(
         group_id=gid, prompt_ids=prompt_ids, cand_ids=cand_ids, p_ij=p_ij, w_ij=w_ij,
         order=order, ref_logps=None, behavior_logps=behavior,
         split=group.split, candidate_ids=keep, num_truncated=truncated, dropped=dropped,
-        kinds=consensus_kinds(group))
+        kinds=consensus_kinds(group), labels=labels, strengths=strengths)
 
 
 def consensus_kinds(group: ValidatedGroup) -> tuple[str, ...]:
@@ -223,6 +245,14 @@ def _ref_logps(groups: list[TokenizedGroup], k: int) -> Tensor | None:
     return torch.tensor([list(g.ref_logps or []) + [0.0] * (k - len(g.cand_ids)) for g in groups])
 
 
+def _per_candidate(groups: list[TokenizedGroup], name: str, k: int) -> Tensor | None:
+    """A (B, K) tensor of one per-candidate list (0 in padding), None unless every group has it."""
+    rows = [getattr(g, name) for g in groups]
+    if any(len(r) != len(g.cand_ids) for r, g in zip(rows, groups, strict=True)):
+        return None
+    return torch.tensor([list(r) + [0.0] * (k - len(r)) for r in rows], dtype=torch.float32)
+
+
 def collate_groups(groups: list[TokenizedGroup], pad_token_id: int) -> GroupBatch:
     """Pad a list of tokenised groups into one :class:`GroupBatch`.
 
@@ -232,7 +262,8 @@ def collate_groups(groups: list[TokenizedGroup], pad_token_id: int) -> GroupBatc
 
     Returns:
         GroupBatch: prompts left-padded, responses right-padded, candidate slots padded to
-        the largest K (``valid`` false, ``p_ij`` 0.5, ``w_ij`` 0, ``behavior_logps`` NaN).
+        the largest K (``valid`` false, ``p_ij`` 0.5, ``w_ij`` 0, ``behavior_logps`` NaN,
+        ``labels`` and ``strengths`` 0; each None unless every group carries it).
 
     Raises:
         ValueError: ``groups`` is empty. ConfigError: only some groups carry ``ref_logps``.
@@ -269,4 +300,5 @@ def collate_groups(groups: list[TokenizedGroup], pad_token_id: int) -> GroupBatc
         num_tokens=torch.tensor([[len(c) for c in g.cand_ids] + [0] * (k - len(g.cand_ids))
                                  for g in groups]),
         group_ids=[g.group_id for g in groups],
-        candidate_ids=[list(g.candidate_ids) for g in groups])
+        candidate_ids=[list(g.candidate_ids) for g in groups],
+        labels=_per_candidate(groups, "labels", k), strengths=_per_candidate(groups, "strengths", k))

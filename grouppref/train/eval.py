@@ -94,29 +94,34 @@ def kl_estimate(policy_logps: Tensor, ref_logps: Tensor, num_tokens: Tensor,
 
 
 def reward_metrics(policy_logps: Tensor, batch: GroupBatch, beta: float,
-                   length_normalise: bool = False) -> dict[str, Tensor]:
-    """Implicit-reward metrics of one batch, one value per group (see the module docstring).
+                   length_normalise: bool = False,
+                   reference_free: bool = False) -> dict[str, Tensor]:
+    """Implicit-reward metrics of one batch, one value per group (see the module docstring);
+    with ``reference_free`` of the rewards ``beta * log pi [/ n]``, and no ``kl``.
 
     Args:
         policy_logps (Tensor): summed log-probs under the policy, shape (B, K).
         batch (GroupBatch): the groups, with ``ref_logps``.
         beta (float): implicit reward scale.
         length_normalise (bool): divide log-ratios by the token count.
+        reference_free (bool): rewards without the reference (``batch.ref_logps`` unread).
 
     Returns:
         dict[str, Tensor]: ``pair_accuracy``, ``margin``, ``reward_best``, ``reward_worst``,
-        ``kl``, each shape (B,), detached.
+        ``kl`` (not with ``reference_free``), each shape (B,), detached.
     """
     s = implicit_rewards(policy_logps.detach(), batch.ref_logps, beta, batch.num_tokens,
-                         length_normalise)  # (B, K)
+                         length_normalise, reference_free)  # (B, K)
     best, worst = best_worst(batch.order, batch.valid)
-    return {
+    out = {
         "pair_accuracy": pair_accuracy(s, batch.p_ij, batch.w_ij, batch.valid),
         "margin": pair_margin(s, batch.p_ij, batch.w_ij, batch.valid),
         "reward_best": s.gather(1, best[:, None])[:, 0],
         "reward_worst": s.gather(1, worst[:, None])[:, 0],
-        "kl": kl_estimate(policy_logps, batch.ref_logps, batch.num_tokens, batch.valid),
     }
+    if not reference_free:
+        out["kl"] = kl_estimate(policy_logps, batch.ref_logps, batch.num_tokens, batch.valid)
+    return out
 
 
 def likelihood_metrics(policy_logps: Tensor, batch: GroupBatch) -> dict[str, Tensor]:

@@ -16,25 +16,18 @@ from typing import Any, Literal
 
 import torch
 
-from grouppref.train.config import TrainConfig
+from grouppref.train.config import LossName, TrainConfig
 from grouppref.train.data import GroupBatch
+from grouppref.train.dispatch import score_loss
 from grouppref.train.logps import group_logps
-from grouppref.train.losses import (
-    dpo_loss,
-    gspo_loss,
-    hard_pair_targets,
-    implicit_rewards,
-    importance_weights,
-    plackett_luce_loss,
-    sft_loss,
-)
+from grouppref.train.losses import implicit_rewards, importance_weights, sft_loss
 
 
 @dataclass(frozen=True)
 class Objective:
     """What a step minimises: the loss and its options (the loss fields of ``TrainConfig``)."""
 
-    loss: Literal["gspo", "plackett_luce", "dpo", "sft"] = "gspo"
+    loss: LossName = "gspo"
     pair_targets: Literal["soft", "hard"] = "soft"
     beta: float = 0.1
     length_normalise: bool = False
@@ -42,6 +35,9 @@ class Objective:
     robust: bool = False
     sft_weight: float = 0.0
     importance_clip: tuple[float, float] | None = None
+    reference_free: bool = False
+    target_margin: float = 0.0
+    target_temperature: float = 1.0
 
     @classmethod
     def of(cls, config: TrainConfig) -> Objective:
@@ -49,7 +45,9 @@ class Objective:
         return cls(loss=config.loss, pair_targets=config.pair_targets, beta=config.beta,
                    length_normalise=config.length_normalise,
                    label_smoothing=config.label_smoothing, robust=config.robust,
-                   sft_weight=config.sft_weight, importance_clip=clip)  # type: ignore[arg-type]
+                   sft_weight=config.sft_weight, importance_clip=clip,  # type: ignore[arg-type]
+                   reference_free=config.reference_free, target_margin=config.target_margin,
+                   target_temperature=config.target_temperature)
 
 
 @dataclass
@@ -62,37 +60,33 @@ class StepOutput:
 
 
 def rewards(policy_logps: torch.Tensor, batch: GroupBatch, objective: Objective) -> torch.Tensor:
-    """Implicit rewards ``s = beta * (log pi - log pi_ref)`` ``(B, K)``."""
+    """Implicit rewards ``s = beta * (log pi - log pi_ref)`` ``(B, K)`` (reference-free:
+    ``beta * log pi``; per token with ``length_normalise``)."""
     return implicit_rewards(policy_logps, batch.ref_logps, objective.beta, batch.num_tokens,
-                            objective.length_normalise)
+                            objective.length_normalise, objective.reference_free)
 
 
 def group_loss(policy_logps: torch.Tensor, batch: GroupBatch,
                objective: Objective) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-group training loss (B,) of the objective, plus per-group diagnostics.
 
-    ``L = loss(s) + sft_weight · NLL(best)``, ``s = implicit_rewards(policy_logps, ref)``; with
-    ``importance_clip`` each term is scaled by the clipped importance weights ρ. The ``sft``
-    loss is ``NLL(best)`` alone (no reference in the loss; ``s`` still feeds the metrics).
+    ``L = loss(s) + sft_weight · NLL(best)``, ``s = implicit_rewards(policy_logps, ref)``
+    (:func:`grouppref.train.dispatch.score_loss` picks the loss); with ``importance_clip``
+    each term is scaled by the clipped importance weights ρ. The ``sft`` loss is
+    ``NLL(best)`` alone (no reference in the loss; ``s`` still feeds the metrics).
     """
     s = rewards(policy_logps, batch, objective)  # (B, K)
     rho = None
     if objective.importance_clip is not None:
         rho = importance_weights(policy_logps, batch.behavior_logps, batch.num_tokens,
                                  clip=objective.importance_clip)  # (B, K), detached
-    if objective.loss == "gspo":
-        p, w = batch.p_ij, batch.w_ij
-        if objective.pair_targets == "hard":
-            p, w = hard_pair_targets(p, w)
-        loss = gspo_loss(s, p, w, batch.valid, objective.label_smoothing,
-                         robust=objective.robust, rho=rho)
-    elif objective.loss == "sft":
+    if objective.loss == "sft":
         loss = sft_loss(policy_logps, batch.num_tokens, batch.order)
-    elif objective.loss == "plackett_luce":
-        loss = plackett_luce_loss(s, batch.order, batch.valid, rho=rho)
     else:
-        loss = dpo_loss(s, batch.order, batch.valid, objective.label_smoothing,
-                        robust=objective.robust, rho=rho)
+        loss = score_loss(objective.loss, s, batch, pair_targets=objective.pair_targets,
+                          label_smoothing=objective.label_smoothing, robust=objective.robust,
+                          target_margin=objective.target_margin,
+                          target_temperature=objective.target_temperature, rho=rho)
     extra: dict[str, torch.Tensor] = {}
     if objective.sft_weight > 0:
         sft = sft_loss(policy_logps, batch.num_tokens, batch.order)  # (B,)

@@ -14,6 +14,10 @@ How this departs from the papers:
 * Importance weights ``rho`` (optional everywhere) multiply each pair's (or position's) term
   but not the normaliser, so a group whose data the policy has drifted away from counts less.
 
+The listwise losses from graded labels (LiPO-λ, InfoNCA, NCA) are in
+:mod:`grouppref.train.listwise`; :func:`grouppref.train.dispatch.score_loss` picks a loss by name.
+``implicit_rewards(..., reference_free=True)`` and ``target_margin`` give SimPO (Meng et al. 2024).
+
 "GSPO" here is Groupwise Supervised Preference Optimization (offline, no critic, no sampling),
 not Group Sequence Policy Optimization.
 """
@@ -29,8 +33,12 @@ Tensor = torch.Tensor
 
 
 def implicit_rewards(policy_logps: Tensor, ref_logps: Tensor | None, beta: float,
-                     num_tokens: Tensor | None = None, length_normalise: bool = False) -> Tensor:
+                     num_tokens: Tensor | None = None, length_normalise: bool = False,
+                     reference_free: bool = False) -> Tensor:
     """Implicit rewards ``s_i = β · (log πθ(y_i|x) − log πref(y_i|x)) [/ n_i]``.
+
+    ``reference_free`` drops the reference: ``s_i = β · log πθ(y_i|x) [/ n_i]``, with
+    ``length_normalise`` SimPO's reward (Meng et al. 2024, eq. 4); ``ref_logps`` is ignored.
 
     Args:
         policy_logps (Tensor): summed response log-probs under the policy, shape (B, K).
@@ -39,22 +47,24 @@ def implicit_rewards(policy_logps: Tensor, ref_logps: Tensor | None, beta: float
         num_tokens (Tensor | None): response lengths n_i, shape (B, K); needed when
             ``length_normalise``.
         length_normalise (bool): divide the log-ratio by n_i (SimPO/IPO-style per-token reward).
+        reference_free (bool): no reference term (SimPO).
 
     Returns:
         Tensor: s, shape (B, K).
 
     Raises:
-        ConfigError: ``ref_logps`` is None, ``beta`` is not positive, or ``length_normalise``
-            without ``num_tokens``.
+        ConfigError: ``ref_logps`` is None without ``reference_free``, ``beta`` is not
+            positive, or ``length_normalise`` without ``num_tokens``.
     """
-    if ref_logps is None:
+    if ref_logps is None and not reference_free:
         raise ConfigError(
             "reference log-probs are missing: compute them once with the reference model "
-            "(group_logps under torch.no_grad) and set TokenizedGroup.ref_logps before training"
+            "(group_logps under torch.no_grad) and set TokenizedGroup.ref_logps before training, "
+            "or train reference_free (SimPO)"
         )
     if not beta > 0:
         raise ConfigError(f"beta must be > 0, got {beta!r}")
-    log_ratio = policy_logps - ref_logps  # (B, K)
+    log_ratio = policy_logps if reference_free else policy_logps - ref_logps  # (B, K)
     if length_normalise:
         if num_tokens is None:
             raise ConfigError("length_normalise=True needs num_tokens (GroupBatch.num_tokens)")
@@ -69,12 +79,14 @@ def _check_smoothing(label_smoothing: float, robust: bool) -> None:
         raise ConfigError("robust=True needs label_smoothing > 0 (the assumed label-flip rate)")
 
 
-def _soft_bce(margin: Tensor, p: Tensor, label_smoothing: float, robust: bool) -> Tensor:
-    """``ℓ(p) = −p·log σ(Δ) − (1 − p)·log σ(−Δ)`` with cDPO smoothing or the rDPO correction.
+def _soft_bce(margin: Tensor, p: Tensor, label_smoothing: float, robust: bool,
+              target_margin: float = 0.0) -> Tensor:
+    """``ℓ(p) = −p·log σ(Δ − γ) − (1 − p)·log σ(−Δ − γ)`` with cDPO smoothing or the rDPO
+    correction; γ is subtracted from the margin of whichever side wins (SimPO's γ; 0: DPO).
 
     cDPO: ``ℓ((1 − ε)p + ε(1 − p))``. rDPO: ``[(1 − ε)·ℓ(p) − ε·ℓ(1 − p)] / (1 − 2ε)``.
     """
-    pos, neg = F.logsigmoid(margin), F.logsigmoid(-margin)
+    pos, neg = F.logsigmoid(margin - target_margin), F.logsigmoid(-margin - target_margin)
     if robust:
         eps = label_smoothing
         clean = -p * pos - (1 - p) * neg
@@ -92,10 +104,13 @@ def _pair_mask(valid: Tensor) -> Tensor:
 
 
 def gspo_loss(s: Tensor, p_ij: Tensor, w_ij: Tensor, valid: Tensor, label_smoothing: float = 0.0,
-              *, robust: bool = False, rho: Tensor | None = None) -> Tensor:
+              *, robust: bool = False, rho: Tensor | None = None,
+              target_margin: float = 0.0) -> Tensor:
     """Soft Bradley-Terry loss over all pairs of each group (the default).
 
-    ``L = Σ_{i<j} w_ij·ρ_i·ρ_j·[−p_ij·log σ(s_i − s_j) − (1 − p_ij)·log σ(s_j − s_i)] / Σ_{i<j} w_ij``
+    ``L = Σ_{i<j} w_ij·ρ_i·ρ_j·[−p_ij·log σ(s_i − s_j − γ) − (1 − p_ij)·log σ(s_j − s_i − γ)] / Σ_{i<j} w_ij``
+
+    γ (``target_margin``, SimPO's target reward margin) is 0 by default.
 
     Summing ordered pairs instead gives the same value (the (j, i) term equals the (i, j) one
     because p_ji = 1 − p_ij). With K = 2, p = 1, w = 1 this is DPO's sigmoid loss
@@ -110,6 +125,7 @@ def gspo_loss(s: Tensor, p_ij: Tensor, w_ij: Tensor, valid: Tensor, label_smooth
             flip rate with ``robust``.
         robust (bool): use the unbiased rDPO correction instead of smoothing the target.
         rho (Tensor | None): importance weights ρ, shape (B, K) (see :func:`importance_weights`).
+        target_margin (float): γ ≥ 0, subtracted from each winner-minus-loser margin.
 
     Returns:
         Tensor: per-group loss, shape (B,); 0 for a group whose pairs all have weight 0.
@@ -123,7 +139,7 @@ def gspo_loss(s: Tensor, p_ij: Tensor, w_ij: Tensor, valid: Tensor, label_smooth
     """
     _check_smoothing(label_smoothing, robust)
     margin = s[:, :, None] - s[:, None, :]  # (B, K, K): s_i − s_j
-    terms = _soft_bce(margin, p_ij, label_smoothing, robust)  # (B, K, K)
+    terms = _soft_bce(margin, p_ij, label_smoothing, robust, target_margin)  # (B, K, K)
     w = w_ij * _pair_mask(valid)  # (B, K, K)
     weighted = w if rho is None else w * rho[:, :, None] * rho[:, None, :]
     total = (weighted * terms).sum(dim=(1, 2))
@@ -195,11 +211,13 @@ def best_worst(order: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def dpo_loss(s: Tensor, order: Tensor, valid: Tensor, label_smoothing: float = 0.0,
-             *, robust: bool = False, rho: Tensor | None = None) -> Tensor:
+             *, robust: bool = False, rho: Tensor | None = None,
+             target_margin: float = 0.0) -> Tensor:
     """DPO sigmoid loss on the best vs the worst candidate of the consensus.
 
     ``L = ρ_b·ρ_w·ℓ(1)`` with ``ℓ`` as in :func:`gspo_loss`, Δ = s_best − s_worst: without
-    smoothing ``−log σ(Δ)``; cDPO ``−(1 − ε)·log σ(Δ) − ε·log σ(−Δ)``; rDPO
+    smoothing ``−log σ(Δ)`` (``−log σ(Δ − γ)`` with a target margin γ: SimPO's loss with
+    reference-free rewards); cDPO ``−(1 − ε)·log σ(Δ) − ε·log σ(−Δ)``; rDPO
     ``[−(1 − ε)·log σ(Δ) + ε·log σ(−Δ)] / (1 − 2ε)``.
 
     Args:
@@ -209,6 +227,7 @@ def dpo_loss(s: Tensor, order: Tensor, valid: Tensor, label_smoothing: float = 0
         label_smoothing (float): ε in [0, 0.5).
         robust (bool): rDPO instead of cDPO.
         rho (Tensor | None): importance weights, shape (B, K).
+        target_margin (float): γ ≥ 0.
 
     Returns:
         Tensor: per-group loss, shape (B,).
@@ -216,7 +235,7 @@ def dpo_loss(s: Tensor, order: Tensor, valid: Tensor, label_smoothing: float = 0
     _check_smoothing(label_smoothing, robust)
     best, worst = best_worst(order, valid)
     margin = s.gather(1, best[:, None])[:, 0] - s.gather(1, worst[:, None])[:, 0]  # (B,)
-    loss = _soft_bce(margin, torch.ones_like(margin), label_smoothing, robust)
+    loss = _soft_bce(margin, torch.ones_like(margin), label_smoothing, robust, target_margin)
     if rho is not None:
         loss = loss * rho.gather(1, best[:, None])[:, 0] * rho.gather(1, worst[:, None])[:, 0]
     return loss

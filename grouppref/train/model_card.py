@@ -85,6 +85,8 @@ def public_stats(stats: TrainStats) -> TrainStats:
     its public name and its log-prob cache entry by its key (the folder name), never a local
     path; the run's manifest keeps the full ones."""
     ref = stats.reference
+    if ref is None:  # reference_free: nothing to hide
+        return stats
     return stats.model_copy(update={"reference": ref.model_copy(update={
         "model": public_name(ref.model), "entry": Path(ref.entry).name})})
 
@@ -112,7 +114,8 @@ def _settings_rows(config: TrainConfig, stats: TrainStats) -> list[str]:
     rows = [("loss", config.loss), ("beta", config.beta),
             ("length_normalise", config.length_normalise),
             ("label_smoothing", config.label_smoothing), ("sft_weight", config.sft_weight),
-            ("reference model", public_name(config.reference_name())),
+            ("reference model", "none (reference_free)" if config.reference_free
+             else public_name(config.reference_name())),
             ("learning rate", f"{config.lr} ({config.lr_scheduler}, warm-up "
                               f"{config.warmup_steps})"),
             ("batch", f"{config.batch_size} groups x {config.grad_accum} accumulation"),

@@ -93,6 +93,14 @@ def _ref_logps(a: GroupBatch, b: GroupBatch, k: int) -> Tensor | None:
     return torch.cat([_pad_to(a.ref_logps, {1: k}, 0.0), _pad_to(b.ref_logps, {1: k}, 0.0)])
 
 
+def _per_candidate(a: GroupBatch, b: GroupBatch, name: str, k: int) -> Tensor | None:
+    """``labels`` / ``strengths`` of both batches, padded with 0; None unless both have them."""
+    x, y = getattr(a, name), getattr(b, name)
+    if x is None or y is None:
+        return None
+    return torch.cat([_pad_to(x, {1: k}, 0.0), _pad_to(y, {1: k}, 0.0)])
+
+
 def _order(x: GroupBatch, k: int) -> Tensor:
     """The consensus order widened to ``k`` slots: padded slots follow in index order, as
     :func:`~grouppref.train.data.collate_groups` lays them out. (B, K_x) -> (B, k)."""
@@ -132,7 +140,8 @@ def concat_batches(a: GroupBatch, b: GroupBatch, pad_token_id: int) -> GroupBatc
         behavior_logps=both("behavior_logps", {1: k}, math.nan),
         num_tokens=both("num_tokens", {1: k}, 0),
         group_ids=[*a.group_ids, *b.group_ids],
-        candidate_ids=[*a.candidate_ids, *b.candidate_ids])
+        candidate_ids=[*a.candidate_ids, *b.candidate_ids],
+        labels=_per_candidate(a, b, "labels", k), strengths=_per_candidate(a, b, "strengths", k))
 
 
 def mix_batch(offline: GroupBatch, fresh: Sequence[TokenizedGroup], pad_token_id: int,

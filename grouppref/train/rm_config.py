@@ -24,10 +24,16 @@ class RewardModelConfig(BaseModel):
     model: str | None = Field(
         default=None, description="Base model: Hub id or local folder of a causal LM or an "
         "encoder (default: the embedded SmolLM2); a 1-output head is put on it.")
-    loss: Literal["gspo", "plackett_luce"] = Field(
+    loss: Literal["gspo", "plackett_luce", "lipo", "nca", "infonca"] = Field(
         default="gspo", description="gspo: soft Bradley-Terry over every pair of a group with "
         "the aggregation's p_ij and weights w_ij, on the reward scores; plackett_luce: "
-        "listwise likelihood of the consensus order.")
+        "listwise likelihood of the consensus order; lipo: LiPO-lambda (LambdaLoss-weighted "
+        "pairs of the consensus tiers); nca / infonca: noise-contrastive with soft targets "
+        "softmax(strengths / target_temperature).")
+    target_temperature: float = Field(
+        default=1.0, gt=0.0, description="nca and infonca: temperature alpha of the soft "
+        "targets softmax(strengths / alpha) (strengths: the aggregated Bradley-Terry "
+        "log-strengths).")
     pair_targets: Literal["soft", "hard"] = Field(
         default="soft", description="gspo only. soft: p_ij and w_ij as aggregated; hard: p=1 "
         "for the winner of every pair in different consensus tiers, weight 1.")

@@ -22,7 +22,7 @@ from typing import Any
 from grouppref.errors import RowError
 from grouppref.pipeline.rank.rankers import format_for_reward
 from grouppref.schemas import Reject, ValidatedGroup
-from grouppref.train.data import TokenizedGroup, encode_each, pair_targets
+from grouppref.train.data import TokenizedGroup, encode_each, list_targets, pair_targets
 
 
 def encode_candidate(tokenizer: Any, group: ValidatedGroup, text: str) -> list[int]:
@@ -51,11 +51,12 @@ def encode_group(group: ValidatedGroup, tokenizer: Any, max_length: int) -> Toke
                        "needs 2 (raise --max-length)", field="candidates",
                        group_id=group.group_id)
     p_ij, w_ij, order = pair_targets(group, keep)
+    labels, strengths = list_targets(group, keep)
     return TokenizedGroup(
         group_id=group.group_id, prompt_ids=[], cand_ids=seqs, p_ij=p_ij, w_ij=w_ij,
         order=order, ref_logps=None,
         behavior_logps=[None] * len(keep), split=group.split, candidate_ids=keep,
-        dropped=dropped)
+        dropped=dropped, labels=labels, strengths=strengths)
 
 
 def encode_groups(groups: Sequence[ValidatedGroup], tokenizer: Any, max_length: int,

@@ -10,6 +10,9 @@ every ``*ForSequenceClassification``. Loss per group (B groups, K candidates):
 * ``gspo``: ``Σ_{i<j} w_ij·[−p_ij·log σ(s_i − s_j) − (1 − p_ij)·log σ(s_j − s_i)] / Σ_{i<j} w_ij``
   (:func:`~grouppref.train.losses.gspo_loss` with the reward scores as ``s``, no reference);
 * ``plackett_luce``: ``−Σ_k [s_τ(k) − logsumexp_{m≥k} s_τ(m)]`` over the consensus order τ;
+* ``lipo``, ``nca``, ``infonca``: the listwise losses of :mod:`grouppref.train.listwise` on the
+  scores (LiPO-λ from the consensus tiers; NCA / InfoNCA with targets softmax(θ/α) of the
+  aggregated strengths θ);
 * plus ``center_rewards · mean_i s_i²`` when set.
 """
 
@@ -27,8 +30,9 @@ from grouppref.models.loading import load_tokenizer, resolve_model
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.train.batch import GroupBatch
 from grouppref.train.data import TokenizedGroup, collate_groups
+from grouppref.train.dispatch import score_loss
 from grouppref.train.eval import MetricSums, _own_share, pair_margin
-from grouppref.train.losses import gspo_loss, hard_pair_targets, pair_accuracy, plackett_luce_loss
+from grouppref.train.losses import pair_accuracy
 from grouppref.train.prepare import add_lora, enable_checkpointing, require_trainable
 from grouppref.train.rm_config import RewardModelConfig
 from grouppref.train.rm_data import encode_groups, split_held_out
@@ -111,14 +115,10 @@ def reward_scores(model: Any, batch: GroupBatch) -> torch.Tensor:
 
 
 def reward_loss(s: torch.Tensor, batch: GroupBatch, config: RewardModelConfig) -> torch.Tensor:
-    """Per-group loss (B,) of ``config.loss`` on scores ``s`` (module docstring)."""
-    if config.loss == "plackett_luce":
-        loss = plackett_luce_loss(s, batch.order, batch.valid)
-    else:
-        p, w = batch.p_ij, batch.w_ij
-        if config.pair_targets == "hard":
-            p, w = hard_pair_targets(p, w)
-        loss = gspo_loss(s, p, w, batch.valid)
+    """Per-group loss (B,) of ``config.loss`` on scores ``s`` (module docstring), through the
+    policy step's dispatch (:func:`grouppref.train.dispatch.score_loss`)."""
+    loss = score_loss(config.loss, s, batch, pair_targets=config.pair_targets,
+                      target_temperature=config.target_temperature)
     if config.center_rewards > 0:
         valid = batch.valid.to(s.dtype)
         loss = loss + config.center_rewards * (s.pow(2) * valid).sum(1) / valid.sum(1)

@@ -82,7 +82,8 @@ def _micro_step(run: _Run, batch: GroupBatch, window: checkpoint.Window) -> None
         if run.refresh is not None:
             run.refresh.observe(batch, out.logps)
         optimizer_step(run, out.loss.mean(), window)
-    stats = reward_metrics(out.logps, batch, run.config.beta, run.config.length_normalise)
+    stats = reward_metrics(out.logps, batch, run.config.beta, run.config.length_normalise,
+                           run.config.reference_free)
     window.sums.add({"loss": out.loss.detach(), **stats, **out.extra})
     if run.mix is not None:  # realised and scheduled shares of the label sources
         window.sums.add({k: torch.tensor(v) for k, v in
@@ -170,7 +171,6 @@ def _start_run(config: TrainConfig, prep: Prepared, policy: Any, out_dir: Path,
 def _train_stats(run: _Run, prep: Prepared, final_eval: dict[str, float],
                  seconds: float) -> TrainStats:
     groups, rejects, ref = prep.train_set + prep.held_out, prep.rejects, prep.reference
-    assert ref is not None  # filled by load_policy
     return TrainStats.model_validate(checkpoint.strict_json({
         "steps": run.state.step, "epochs": run.state.epoch_progress(run.steps_per_epoch),
         "train": run.last_train, "eval_start": run.log.first("eval"), "eval": final_eval,
@@ -178,7 +178,8 @@ def _train_stats(run: _Run, prep: Prepared, final_eval: dict[str, float],
                    "rejected": sum(r.scope == "row" for r in rejects),
                    "dropped_candidates": sum(r.scope == "part" for r in rejects),
                    "truncated_responses": sum(g.num_truncated for g in groups)},
-        "reference": {"model": ref.model, "cached": ref.cached, "entry": str(ref.entry)},
+        "reference": None if ref is None else {"model": ref.model, "cached": ref.cached,
+                                               "entry": str(ref.entry)},  # None: reference_free
         "seconds": round(seconds, 3),
         "refresh": [r.model_dump(mode="json") for r in run.refresh.rounds] if run.refresh else [],
     }))

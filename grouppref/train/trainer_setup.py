@@ -159,7 +159,8 @@ def _prepare_policy(model: Any, config: TrainConfig) -> Any:
 def load_policy(config: TrainConfig, prep: Prepared, cache_dir: Path) -> Any:
     """Load the policy, fill the reference log-probs of ``prep``'s groups (the loaded policy
     serves as the reference when it is the default one in float32, else the reference model is
-    loaded, used and freed), then make the policy trainable."""
+    loaded, used and freed; with ``reference_free`` there is no reference pass at all), then
+    make the policy trainable."""
     policy = load_causal_lm(config.model, device=str(prep.accelerator.device))
     if config.disable_dropout:
         _disable_dropout(policy)
@@ -167,6 +168,8 @@ def load_policy(config: TrainConfig, prep: Prepared, cache_dir: Path) -> Any:
     if config.compile and config.share_prefix:  # a first packed pass decides the fallback
         _first_packed_pass(policy, prep)
         check_compile(policy, config)
+    if config.reference_free:  # SimPO: the loss reads no reference log-probs
+        return _prepare_policy(policy, config)
     reuse = config.ref_model is None and config.ref_dtype == "float32"
     filled, prep.reference = ensure_reference(
         prep.train_set + prep.held_out, model_name=config.reference_name(), cache_dir=cache_dir,

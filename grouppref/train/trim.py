@@ -43,4 +43,5 @@ def trim_for_loss(group: TokenizedGroup, loss: str) -> TokenizedGroup:
         w_ij=[[group.w_ij[i][j] for j in keep] for i in keep],
         order=list(range(len(keep))),
         ref_logps=None if group.ref_logps is None else pick(group.ref_logps),
-        behavior_logps=pick(group.behavior_logps), candidate_ids=pick(group.candidate_ids))
+        behavior_logps=pick(group.behavior_logps), candidate_ids=pick(group.candidate_ids),
+        labels=pick(group.labels), strengths=pick(group.strengths))
