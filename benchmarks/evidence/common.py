@@ -50,6 +50,7 @@ from grouppref.train.loop import Objective, run_steps
 Tensor = torch.Tensor
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "evidence"
 METHODS = ("dpo_one", "dpo_consensus", "gspo_hard", "gspo_soft", "plackett_luce")
+LISTWISE = ("lipo", "nca", "infonca")  # the losses of grouppref/train/listwise.py
 
 
 @dataclass
@@ -238,7 +239,10 @@ def aggregate(ranks: Tensor, config: AggregateConfig | None = None) -> dict[str,
     hard_p, hard_w = rankstats.consensus_targets(tiers)  # the aggregate stage's hard targets
     return {"p": fit.p.float(), "w": fit.w.float(), "order": order, "hard_p": hard_p.float(),
             "hard_w": hard_w.float(), "cal_p": cal_p.float(), "noise": noise_rate(rel),
-            "weights": rel.annotator_weight.tolist(), "flip_rates": rel.flip_rate.tolist()}
+            "weights": rel.annotator_weight.tolist(), "flip_rates": rel.flip_rate.tolist(),
+            # the listwise losses' targets: tiers below each candidate, and BT strengths
+            "labels": (tiers.max(dim=1, keepdim=True).values - tiers).float(),
+            "strengths": fit.theta.float()}
 
 
 def posterior_targets(ranks: Tensor, used: Tensor, flip: Tensor, floor: float = 0.01) -> Tensor:
@@ -288,12 +292,15 @@ def method_data(method: str, groups: dict[str, Tensor], agg: dict[str, Any],
         out |= {"p": agg["p"], "w": agg["w"]}
     elif method == "gspo_cal":  # calibrated targets, the BT fit's pair weights
         out |= {"p": agg["cal_p"], "w": agg["w"]}
+    elif method in LISTWISE:  # graded labels (tiers below) and BT strengths, as data.py builds
+        out |= {"labels": agg["labels"], "strengths": agg["strengths"]}
     return out
 
 
 def objective_of(method: str, beta: float) -> Objective:
     """The package objective of each method (its targets are in the batch: ``method_data``)."""
-    loss = {"dpo_one": "dpo", "dpo_consensus": "dpo", "plackett_luce": "plackett_luce"}
+    loss = {"dpo_one": "dpo", "dpo_consensus": "dpo", "plackett_luce": "plackett_luce",
+            **{m: m for m in LISTWISE}}
     return Objective(loss=loss.get(method, "gspo"), beta=beta)  # type: ignore[arg-type]
 
 
@@ -301,7 +308,9 @@ def batch_of(data: dict[str, Tensor], idx: Tensor) -> GroupBatch:
     """The groups ``idx`` of a method's data as a :class:`GroupBatch` with its targets."""
     return make_batch(data["prompts"][idx], data["cands"][idx], data["ref_logps"][idx],
                       p_ij=data["p"][idx] if "p" in data else None,
-                      w_ij=data["w"][idx] if "w" in data else None, order=data["order"][idx])
+                      w_ij=data["w"][idx] if "w" in data else None, order=data["order"][idx],
+                      labels=data["labels"][idx] if "labels" in data else None,
+                      strengths=data["strengths"][idx] if "strengths" in data else None)
 
 
 @torch.no_grad()
