@@ -65,12 +65,16 @@ def table(result: dict[str, Any]) -> str:
             tok = [dpo_tokens[s].get(f["tokens"]) for s, f in zip(seeds, finals, strict=True)]
             best = [max(r["pair_accuracy"] for (m, s2, _), r in at.items() if m == method and s2 == s)
                     for s in seeds]
-            cell = lambda a, b: _ci(c.paired_ci(a, b)) if method != "dpo_consensus" else "-"  # noqa: E731
-            eq_tok = (cell(acc, [t["pair_accuracy"] for t in tok]) if all(tok) else "-")
+            peer = method == "dpo_consensus"
+            eq_tok = (_cell(acc, [t["pair_accuracy"] for t in tok], peer) if all(tok) else "-")
             out.append(f"| {cond} | {method} | {len(seeds)} | {c.mean_std(acc)['mean']:.4f} | "
-                       f"{cell(acc, d_steps)} | {eq_tok} | {c.mean_std(best)['mean']:.4f} | "
-                       f"{c.mean_std(gain)['mean']:+.3f} | {cell(gain, d_gain)} |")
+                       f"{_cell(acc, d_steps, peer)} | {eq_tok} | {c.mean_std(best)['mean']:.4f} | "
+                       f"{c.mean_std(gain)['mean']:+.3f} | {_cell(gain, d_gain, peer)} |")
     return "\n".join(out)
+
+
+def _cell(a: list[float], b: list[float], peer: bool) -> str:
+    return "-" if peer else _ci(c.paired_ci(a, b))
 
 
 def _ci(ci: dict[str, float]) -> str:
