@@ -7,18 +7,33 @@ scores a candidate by the share of its prompt's constraints the candidate meets
 
 Ids and keyword arguments follow IFEval (Zhou et al. 2023, arXiv:2311.07911; the
 ``instruction_id_list`` / ``kwargs`` columns of its published dataset), so IFEval rows can be
-scored as they are. Departures, all deliberate:
+scored as they are. tests/test_constraints_ifeval.py runs the official implementation (lm-eval's
+``lm_eval/tasks/ifeval``, strict scoring) on an edge-case corpus (tests/data/ifeval_edge/) and
+asserts agreement case by case except these departures, all deliberate (docs/rank.md has the
+table); where IFEval's verdict is the instruction's plain meaning we follow it:
 
+* an empty or blank answer meets no constraint (as IFEval's strict scoring; :func:`check`);
 * strict checks only (IFEval's "loose" variants, which also try the response without its
   first/last line or without asterisks, are not applied);
-* ``change_case:*`` do not run a language detector (IFEval also requires English);
-* words are runs of ``\\w`` characters (IFEval: nltk's ``RegexpTokenizer(r"\\w+")``, the same);
-  sentences end at ``.``, ``!`` or ``?`` followed by whitespace or the end (IFEval's splitter
-  also knows abbreviations such as "Mr.");
-* keywords are matched literally (IFEval passes them to ``re`` unescaped);
-* additions: the relations ``"at most"`` and ``"exactly"`` besides IFEval's ``"less than"`` and
-  ``"at least"``, and ``required_keys`` for ``detectable_format:json_format`` (the JSON must
-  be an object holding those keys).
+* ``change_case:english_*`` use ``str.islower``/``isupper`` as IFEval but run no language
+  detector: langdetect misreads short and all-capital English ("BEES MAKE HONEY." is not "en");
+* words (:mod:`grouppref.pipeline.rank.text`) keep ``don't``, ``mother-in-law``, ``3.14`` and
+  ``a.m.`` whole (IFEval's ``\\w+`` runs split them); sentences are rule-based: not split after
+  ``Mt.``, ``e.g.``, an initial or a quoted "Run!" before a lowercase word, nor at ``!!!`` or
+  ``?!``; split at ``buzz.They`` (IFEval's punkt model does each of these the other way);
+* ``keywords:existence`` matches whole words ("bright" is not in "brightness"; IFEval: any
+  substring, unescaped regex);
+* ``startend:quotation`` and ``end_checker`` take curly double quotes for quotation marks,
+  quotes must wrap something, and the end phrase starts at a word boundary;
+* ``punctuation:no_comma`` also refuses fullwidth, ideographic and Arabic commas;
+* ``detectable_format:json_format`` refuses ``NaN``/``Infinity`` (not JSON, RFC 8259);
+* ``length_constraints:nth_paragraph_first_word``: the first word is a word as above ("Yes:",
+  "**Yes**", "Yes—" start with "Yes"; "Today's" is not "Today"), and blank lines before the
+  first paragraph are not a paragraph;
+* additions: ``startend:first_word`` (the first word only, whatever follows: IFEval's closest,
+  ``nth_paragraph_first_word``, also counts paragraphs), the relations ``"at most"`` and
+  ``"exactly"`` besides IFEval's ``"less than"`` and ``"at least"``, and ``required_keys`` for
+  ``detectable_format:json_format`` (the JSON must be an object holding those keys).
 """
 
 from __future__ import annotations
