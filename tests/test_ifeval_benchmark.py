@@ -15,6 +15,7 @@ import pytest
 
 from benchmarks.ifeval import build as b
 from benchmarks.ifeval.report import markdown, method_stats, prompt_values
+from grouppref.pipeline.rank import constraints as cs
 from grouppref.pipeline.rank.constraints import check, parse_constraints, satisfaction
 
 
@@ -90,6 +91,25 @@ def test_each_kind_phrasing_matches_its_check(kind: str) -> None:
     plain = "Honey, made by bees, is sweet and golden; bees fly and they dance a lot today. Ok."
     assert not check(constraint, plain), (kind, plain)
     assert satisfaction(good, [constraint]) == 1.0
+
+
+def test_answer_text_drops_eos_and_special_tokens_only(embedded_model_dir: Path) -> None:
+    """The evaluation checks what a chat answer says: the EOS and special tokens go, spaces and
+    the text stay; an answer that is only EOS is empty and meets no constraint of any kind."""
+    from benchmarks.ifeval.evaluate import answer_text
+    from grouppref.models.loading import load_tokenizer
+
+    tok = load_tokenizer(str(embedded_model_dir), padding_side="left")
+    eos, start = tok.eos_token_id, tok.convert_tokens_to_ids("<|im_start|>")
+    body = tok(" Bees , buzz.\n", add_special_tokens=False)["input_ids"]
+    assert answer_text(tok, body + [eos], ended=True) == " Bees , buzz.\n"
+    assert answer_text(tok, body, ended=False) == " Bees , buzz.\n"  # ran out of tokens
+    assert answer_text(tok, [start, *body, eos], ended=True) == " Bees , buzz.\n"
+    assert answer_text(tok, [eos], ended=True) == ""
+    rng = random.Random(0)
+    for kind in b.KINDS:
+        kwargs, _ = b.KINDS[kind].draw(rng)
+        assert not check(cs.make_constraint(b.KINDS[kind].id, kwargs), ""), kind
 
 
 def test_report_statistics_by_hand() -> None:

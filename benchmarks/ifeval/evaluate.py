@@ -112,6 +112,15 @@ def decode_chunk(models: list[Any], prompts: list[list[int]], *, per_prompt: int
                    eos=finished.tolist(), kl=kl.tolist())
 
 
+def answer_text(tokenizer: Any, tokens: list[int], ended: bool) -> str:
+    """The answer the constraint checks see: the decoded tokens less the EOS that ended them
+    and less special tokens (as the generate stage decodes the candidates the rank stage
+    checked), nothing else: no whitespace stripped, no tokenization clean-up. An answer that is
+    only EOS is ``""``, which meets no constraint."""
+    body = tokens[:-1] if ended else tokens
+    return tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
 def read_prompts(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -155,7 +164,7 @@ def evaluate(models: list[Any], tokenizer: Any, prompts: list[dict[str, Any]], *
             answers = []
             for r in range(n * per, (n + 1) * per):
                 tokens, ended = got.tokens[r], got.eos[r]
-                text = tokenizer.decode(tokens[:-1] if ended else tokens, skip_special_tokens=True)
+                text = answer_text(tokenizer, tokens, ended)
                 answers.append({"text": text, "tokens": len(tokens), "eos": ended,
                                 "met": [check(c, text) for c in constraints],
                                 "kl": got.kl[r] if len(models) > 1 else None})
