@@ -19,8 +19,9 @@ table); where IFEval's verdict is the instruction's plain meaning we follow it:
   detector: langdetect misreads short and all-capital English ("BEES MAKE HONEY." is not "en");
 * words (:mod:`grouppref.pipeline.rank.text`) keep ``don't``, ``mother-in-law``, ``3.14`` and
   ``a.m.`` whole (IFEval's ``\\w+`` runs split them); sentences are rule-based: not split after
-  ``Mt.``, ``e.g.``, an initial or a quoted "Run!" before a lowercase word, nor at ``!!!`` or
-  ``?!``; split at ``buzz.They`` (IFEval's punkt model does each of these the other way);
+  ``Mt.``, ``e.g.``, ``No. 5``, a list number, an initial, or ``etc.`` or a quoted "Run!" before
+  a lowercase word, nor at ``!!!`` or ``?!``; split at ``buzz.They`` (IFEval's punkt model does
+  each of these the other way);
 * ``keywords:existence`` matches whole words ("bright" is not in "brightness"; IFEval: any
   substring, unescaped regex);
 * ``startend:quotation`` and ``end_checker`` take curly double quotes for quotation marks,
@@ -28,7 +29,7 @@ table); where IFEval's verdict is the instruction's plain meaning we follow it:
 * ``punctuation:no_comma`` also refuses fullwidth, ideographic and Arabic commas;
 * ``detectable_format:json_format`` refuses ``NaN``/``Infinity`` (not JSON, RFC 8259);
 * ``length_constraints:nth_paragraph_first_word``: the first word is a word as above ("Yes:",
-  "**Yes**", "Yes—" start with "Yes"; "Today's" is not "Today"), and blank lines before the
+  "**Yes**", "- Yes", "Yes—" start with "Yes"; "Today's" is not "Today"), and blank lines before the
   first paragraph are not a paragraph;
 * additions: ``startend:first_word`` (the first word only, whatever follows: IFEval's closest,
   ``nth_paragraph_first_word``, also counts paragraphs), the relations ``"at most"`` and

@@ -13,6 +13,8 @@ text; at a terminator glued to a capitalised word (``buzz.They``); and at a blan
 
 * a title or a Latin abbreviation (``Mr.``, ``Dr.``, ``Mt.``, ``St.``, ``e.g.``, ``i.e.``,
   ``vs.``; :data:`NEVER_ENDS`);
+* ``No.``, ``Fig.``, ``p.``, ``ca.`` before a number (:data:`BEFORE_NUMBERS`), nor after the
+  number of a numbered list item (``1. Bees fly.`` is one sentence);
 * a lowercase dotted abbreviation (``a.m.``) or a suffix (``Inc.``, ``etc.``;
   :data:`ENDS_BEFORE_CAPITAL`) unless a capitalised word follows;
 * an initial (``J. K. Rowling``) or an uppercase dotted abbreviation (``U.S.``) unless a
@@ -21,7 +23,8 @@ text; at a terminator glued to a capitalised word (``buzz.They``); and at a blan
 * an ellipsis, or a terminator inside closing quotes (``"Run!" and``), before a lowercase word.
 
 A piece with no word in it (``...``) is no sentence. IFEval counts NLTK punkt's sentences, which
-split after ``Mt.`` and ``e.g.``, at ``!!!`` and ``?!``, and after ``"Run!"`` mid-sentence.
+split after ``Mt.``, ``e.g.``, ``etc.``, ``No. 5`` and list numbers, at ``!!!`` and ``?!``,
+and after ``"Run!"`` mid-sentence.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ NEVER_ENDS = frozenset({
     "mr", "mrs", "ms", "dr", "prof", "st", "mt", "ft", "sen", "rep", "gov", "gen", "col", "capt",
     "lt", "sgt", "rev", "hon", "pres", "fr", "e.g", "i.e", "cf", "vs", "viz", "approx"})
 ENDS_BEFORE_CAPITAL = frozenset({"jr", "sr", "inc", "ltd", "co", "corp", "etc", "al"})
+BEFORE_NUMBERS = frozenset({"no", "nos", "nr", "fig", "figs", "vol", "vols", "p", "pp", "ch",
+                            "sec", "art", "ca", "op"})
 OPENERS = frozenset({
     "the", "it", "he", "she", "they", "we", "i", "this", "that", "these", "those", "but",
     "however", "so", "then", "there", "our", "their", "his", "her", "its", "my", "you", "a",
@@ -43,6 +48,7 @@ _BOUNDARY = re.compile(
     r"|(?P<glued>[.!?])(?=[A-Z][a-z])"  # glued to a capitalised word: "buzz.They"
     r"|\n[ \t]*\n\s*")  # a blank line
 _LAST_TOKEN = re.compile(r"(\S+)$")
+_ENUMERATOR = re.compile(r"\(?\d{1,3}[.)]")  # "1." of a numbered list: part of its item
 _OPENING = "\"'“‘«([*_"
 
 
@@ -85,7 +91,7 @@ def _ends(text: str, m: re.Match[str]) -> bool:
         return True  # 'He said "Stop." Then ...'
     before = _LAST_TOKEN.search(text[:m.start()])
     token = before.group(1).lstrip(_OPENING).lower() if before else ""
-    if token in NEVER_ENDS:
+    if token in NEVER_ENDS or (token in BEFORE_NUMBERS and rest[0].isdigit()):
         return False
     if token in ENDS_BEFORE_CAPITAL:
         return upper_next
@@ -106,7 +112,7 @@ def sentences(text: str) -> list[str]:
     """
     out, start = [], 0
     for m in _BOUNDARY.finditer(text):
-        if _ends(text, m):
+        if _ends(text, m) and not _ENUMERATOR.fullmatch(text[start:m.end()].strip()):
             out.append(text[start:m.end()].strip())
             start = m.end()
     out.append(text[start:].strip())
