@@ -14,6 +14,7 @@ from grouppref.cli import app
 from grouppref.pipeline.imports.config import ImportConfig
 from grouppref.pipeline.imports.stage import run_import_candidates
 from grouppref.pipeline.rank import constraints as cs
+from grouppref.pipeline.rank import text as text_mod
 from grouppref.pipeline.rank.rankers import RuleRanker, Skip
 from grouppref.pipeline.rank.settings import ConstraintsCheck, RuleRankerSettings, parse_ranker_spec
 from grouppref.runs.store import RunStore
@@ -107,6 +108,26 @@ def test_counts() -> None:
     assert cs.count_sentences("Version 2.0 is out... really?") == 1
     assert cs.count_sentences("Version 2.0 is out... Really?") == 2
     assert cs.count_sentences("  ") == 0
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("Mr. Lee keeps bees in the U.S. They said \"Stop.\" Then... nothing!",
+     ["Mr. Lee keeps bees in the U.S.", 'They said "Stop."', "Then... nothing!"]),
+    ("We climbed Mt. Fuji at 6 a.m. with J. K. Rowling, e.g. for fun. Wait… really?",
+     ["We climbed Mt. Fuji at 6 a.m. with J. K. Rowling, e.g. for fun.", "Wait… really?"]),
+    ("1. Bees buzz.They fly!!! \"Run!\" she said.\n\nNo. 5 has a Ph.D. Bees know.",
+     ["1. Bees buzz.", "They fly!!!", '"Run!" she said.', "No. 5 has a Ph.D.", "Bees know."]),
+    ("I take vitamin C. It helps. ...", ["I take vitamin C.", "It helps."]),
+])
+def test_sentences(text: str, expected: list[str]) -> None:
+    assert text_mod.sentences(text) == expected
+
+
+def test_words() -> None:
+    assert text_mod.words("I don't know, my mother-in-law left at 7 a.m. with 3.5 kg.") == [
+        "I", "don't", "know", "my", "mother-in-law", "left", "at", "7", "a.m.", "with", "3.5", "kg"]
+    assert text_mod.first_word('  "**Yes**," she said') == "Yes"
+    assert text_mod.first_word("... !") is None
 
 
 def test_an_empty_answer_meets_no_constraint() -> None:

@@ -35,7 +35,7 @@ WORD = re.compile(r"(?<!\w)(?:[^\W\d_]\.){2,}|\d+(?:[.,]\d+)+|\w+(?:['’\-‐]\
 NEVER_ENDS = frozenset({
     "mr", "mrs", "ms", "dr", "prof", "st", "mt", "ft", "sen", "rep", "gov", "gen", "col", "capt",
     "lt", "sgt", "rev", "hon", "pres", "fr", "e.g", "i.e", "cf", "vs", "viz", "approx"})
-ENDS_BEFORE_CAPITAL = frozenset({"jr", "sr", "inc", "ltd", "co", "corp", "etc", "al"})
+ENDS_BEFORE_CAPITAL = frozenset({"jr", "sr", "inc", "ltd", "co", "corp", "etc", "al", "ph.d"})
 BEFORE_NUMBERS = frozenset({"no", "nos", "nr", "fig", "figs", "vol", "vols", "p", "pp", "ch",
                             "sec", "art", "ca", "op"})
 OPENERS = frozenset({
