@@ -20,8 +20,8 @@ table); where IFEval's verdict is the instruction's plain meaning we follow it:
 * words (:mod:`grouppref.pipeline.rank.text`) keep ``don't``, ``mother-in-law``, ``3.14`` and
   ``a.m.`` whole (IFEval's ``\\w+`` runs split them); sentences are rule-based: not split after
   ``Mt.``, ``e.g.``, ``No. 5``, a list number, an initial, or ``etc.`` or a quoted "Run!" before
-  a lowercase word, nor at ``!!!`` or ``?!``; split at ``buzz.They`` (IFEval's punkt model does
-  each of these the other way);
+  a lowercase word, nor at ``!!!`` or ``?!``; split at ``buzz.They`` and at a blank line
+  (IFEval's punkt model does each of these the other way);
 * ``keywords:existence`` matches whole words ("bright" is not in "brightness"; IFEval: any
   substring, unescaped regex);
 * ``startend:quotation`` and ``end_checker`` take curly double quotes for quotation marks,
