@@ -16,6 +16,7 @@ punkt_tab folder on ``nltk.data.path``: nothing is downloaded (``nltk.download``
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import sys
@@ -105,7 +106,7 @@ def ifeval(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, dict[str,
         module.__path__ = [str(path)]
         sys.modules[name] = module
     try:
-        from lm_eval.tasks.ifeval import utils
+        from lm_eval.tasks.ifeval import instructions_util, utils
     finally:
         nltk.download = download
         for name, module in saved.items():
@@ -114,6 +115,8 @@ def ifeval(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, dict[str,
             else:
                 sys.modules[name] = module
     langdetect.DetectorFactory.seed = 0  # langdetect is random unless seeded
+    # punkt's tables loaded (without its abbreviations "Mr." would end a sentence)
+    assert instructions_util.count_sentences("Mr. Smith went home. He slept.") == 2
 
     def verdict(kind: str, kwargs: dict[str, Any], text: str) -> bool:
         pairs = IFEVAL[kind](kwargs)
@@ -166,3 +169,16 @@ def test_every_departure_is_documented() -> None:
     kinds = {c["expect_departure"].split(":")[0] for c in CASES if "expect_departure" in c}
     missing = [k for k in sorted(kinds) if f"| {k} |" not in doc]
     assert not missing, missing
+
+
+def test_the_product_does_not_import_the_reference() -> None:
+    """Only the tests use lm-eval and what its IFEval files need; grouppref imports none."""
+    reference = {"lm_eval", "nltk", "langdetect", "immutabledict", "punkt"}
+    found = []
+    for path in (Path(__file__).parents[1] / "grouppref").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0] in reference]
+    assert not found, found
