@@ -1,8 +1,9 @@
 """The IFEval-style experiment's pieces (benchmarks/ifeval): the prompt builder (held-out
 topics and constraint pairs, every prompt's constraints valid and checkable), the batched
 decoder of the evaluation (its greedy row equals transformers' greedy ``generate`` on a tiny
-real model, and the KL of a model to itself is 0), and the report's statistics against
-hand-computed values."""
+real model, and the KL of a model to itself is 0), the answer text it checks (EOS and special
+tokens dropped, nothing else; an empty answer meets nothing), and the report's statistics
+against hand-computed values."""
 
 from __future__ import annotations
 
