@@ -162,6 +162,18 @@ def test_oasst_hostile_rows_are_rejects_with_field_and_reason(
                for r in got.rejects), [r.one_line() for r in got.rejects]
 
 
+def test_oasst_a_reply_to_a_reply_is_no_candidate_and_loops_end(tmp_path: Path) -> None:
+    rows = [oasst_message("p", None, "prompter", "Q?"),
+            oasst_message("a", "p", "assistant", "A", None),
+            oasst_message("b", "a", "assistant", "B", 0), oasst_message("c", "a", "assistant", "C", 1),
+            oasst_message("x", "y", "assistant", "X", 0), oasst_message("y", "x", "assistant", "Y", 0)]
+    got = load(write_jsonl(tmp_path / "oasst.jsonl", rows), layout="oasst")
+    assert not got.groups and len(got.rejects) == 6 and got.units == 6
+    why = reasons(got)
+    assert why[(3, "parent_id")].startswith("its parent (message a) is not a prompter message")
+    assert why[(5, "parent_id")].startswith("its parent (message y) is not a prompter message")
+
+
 # -- HelpSteer3 -----------------------------------------------------------------------------
 def test_helpsteer3_each_annotator_is_a_ranking_ties_kept_overall_only_alone() -> None:
     got = load(DATA / "helpsteer3.jsonl")
@@ -226,6 +238,43 @@ def test_arena_battles_on_one_prompt_are_one_group_with_judges_and_ties() -> Non
     assert why[(8, "conversation_b")].endswith("got a str")
     spanish = load(DATA / "arena.jsonl", langs=["spanish"])
     assert [g.prompt.as_messages()[0].content for g in spanish.groups] == ["Hola"]
+
+
+HS3_ROW = fixture_rows("helpsteer3.jsonl")[0]
+ARENA_ROW = fixture_rows("arena.jsonl")[0]
+
+
+@pytest.mark.parametrize("layout,row,field,reason", [
+    ("helpsteer3", HS3_ROW | {"context": [{"role": "user", "content": 5}]}, "context",
+     "got a list whose item 0 is not {role, content} text (['content', 'role'])"),
+    ("helpsteer3", HS3_ROW | {"context": []}, "context", "got an empty list"),
+    ("helpsteer3", HS3_ROW | {"individual_preference": "lots"}, "individual_preference",
+     "individual_preference must be a list of {score, reasoning}, got str; not read"),
+    ("helpsteer3", HS3_ROW | {"individual_preference": [3]}, "individual_preference[0].score",
+     "an individual preference needs a score from -3 to 3, got 3"),
+    ("helpsteer3", HS3_ROW | {"individual_preference": None, "overall_preference": True},
+     "overall_preference", "no preference: overall_preference must be from -3 to 3 (got True)"),
+    ("helpsteer3", HS3_ROW | {"response2": {"text": "x"}}, "response2",
+     "response2 must be the response text, got a dict"),
+    ("arena", ARENA_ROW | {"winner": None}, "winner", "winner must be one of"),
+    ("arena", ARENA_ROW | {"conversation_a": []}, "conversation_a", "got an empty list"),
+    ("arena", ARENA_ROW | {"conversation_a": [{"role": "user", "content": "Q"}],
+                           "conversation_b": [{"role": "user", "content": "Q"}]},
+     "conversation_b", "each conversation must be the shared user turns"),
+    ("arena", ARENA_ROW | {"conversation_b": ARENA_ROW["conversation_b"] * 2},
+     "conversation_b", "part at turn 2 of 2 / 4"),
+])
+def test_helpsteer3_and_arena_hostile_rows_are_rejects_with_field_and_reason(
+        tmp_path: Path, layout: str, row: dict[str, Any], field: str, reason: str) -> None:
+    got = load(write_jsonl(tmp_path / "in.jsonl", [row]), layout=layout)
+    assert any(r.field == field and reason in r.reason and r.row == 1 and r.source
+               for r in got.rejects), [r.one_line() for r in got.rejects]
+    assert got.units == len(got.groups) + sum(r.scope == "row" for r in got.rejects)
+
+
+def test_a_judge_that_is_no_string_votes_as_arena(tmp_path: Path) -> None:
+    (group,) = load(write_jsonl(tmp_path / "in.jsonl", [ARENA_ROW | {"judge": None}])).groups
+    assert [r.annotator.id for r in group.rankings] == ["arena"]
 
 
 # -- Skywork-Reward-Preference: the pairs layout's implicit prompt --------------------------

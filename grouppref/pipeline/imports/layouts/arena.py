@@ -44,7 +44,12 @@ from grouppref.pipeline.imports.layouts.common import (
     Vote,
     collect_rows,
 )
-from grouppref.pipeline.imports.layouts.transcript import Turn, as_turns, shared_prefix
+from grouppref.pipeline.imports.layouts.transcript import (
+    Turn,
+    as_turns,
+    not_turns,
+    shared_prefix,
+)
 from grouppref.readers.rows import Row, maybe_json
 from grouppref.schemas import Reject
 
@@ -80,11 +85,11 @@ def _conversations(row: dict[str, Any], number: int, ctx: Context) -> list[list[
     out = []
     for side in SIDES:
         column = f"conversation_{side}"
-        turns = as_turns(maybe_json(row.get(column)))
+        given = maybe_json(row.get(column))
+        turns = as_turns(given)
         if turns is None:
-            what = "missing" if column not in row else f"a {type(row[column]).__name__}"
-            raise ctx.fail(f"{column} must be a list of {{role, content}} turns, got {what}",
-                           number, column)
+            raise ctx.fail(f"{column} must be a list of {{role, content}} turns, got "
+                           f"{not_turns(given)}", number, column)
         out.append(turns)
     return out
 

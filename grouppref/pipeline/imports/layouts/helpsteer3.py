@@ -41,7 +41,7 @@ from grouppref.pipeline.imports.layouts.common import (
     Vote,
     collect_rows,
 )
-from grouppref.pipeline.imports.layouts.transcript import as_turns
+from grouppref.pipeline.imports.layouts.transcript import as_turns, not_turns
 from grouppref.readers.rows import Row, maybe_json
 from grouppref.schemas import Reject
 
@@ -57,12 +57,11 @@ def _score(value: Any) -> float | None:
 
 
 def _context(row: dict[str, Any], number: int, ctx: Context) -> list[dict[str, str]]:
-    turns = as_turns(maybe_json(row.get("context")))
+    given = maybe_json(row.get("context"))
+    turns = as_turns(given)
     if turns is None:
-        given = row.get("context")
-        what = "missing" if "context" not in row else f"a {type(given).__name__}"
-        raise ctx.fail(f"context must be a list of {{role, content}} turns, got {what}",
-                       number, "context")
+        raise ctx.fail(f"context must be a list of {{role, content}} turns, got "
+                       f"{not_turns(given)}", number, "context")
     if turns[-1]["role"] != "user":
         raise ctx.fail(f"context must end with a user turn, ends with {turns[-1]['role']!r}",
                        number, "context")

@@ -296,12 +296,16 @@ class Builder:
             return ("incomplete_conversation", f"its prompt (message {msg.parent!r}) is not "
                     "in the file",
                     msg.at("parent_id"))
+        if parent.role != "prompter":
+            return ("not_a_reply", f"its parent (message {parent.id}) is not a prompter "
+                    "message: only replies to a prompt are candidates", msg.at("parent_id"))
         if parent.id in self.why:
             cause, reason, _ = self.why[parent.id]
             return cause, f"its prompt (message {parent.id}) was left out: {reason}", \
                 msg.at("parent_id")
-        return self.left_out(parent)[0], (f"its prompt (message {parent.id}) is in no group: "
-                                          f"{self.left_out(parent)[1]}"), msg.at("parent_id")
+        cause, reason, _ = self.left_out(parent)  # a prompter: no deeper recursion
+        return cause, f"its prompt (message {parent.id}) is in no group: {reason}", \
+            msg.at("parent_id")
 
 
 def _rejects(builder: Builder, ctx: Context, out: Collected) -> Counter[str]:
