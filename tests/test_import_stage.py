@@ -184,7 +184,7 @@ def test_docs_examples_print_what_docs_import_md_shows(tmp_path: Path,
     doc = (ROOT / "docs" / "import.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```bash\n(grouppref import [^`]*?)```(?:(?!```bash).)*?"
                         r"```text\n(.*?)```", doc, flags=re.S)
-    assert len(blocks) == 7
+    assert len(blocks) == 10
     monkeypatch.chdir(ROOT)
     for command, shown in blocks:
         args = shlex.split(command.replace("\\\n", " "))[1:]
@@ -201,7 +201,7 @@ def test_docs_import_md_names_every_option() -> None:
     from grouppref.commands.imports import MAPPING_FLAGS
 
     doc = (ROOT / "docs" / "import.md").read_text(encoding="utf-8")
-    flags = {"scores": "--score", "transcripts": "--no-transcripts"}
+    flags = {"scores": "--score", "langs": "--lang", "transcripts": "--no-transcripts"}
     for name in ImportConfig.model_fields:
         if name in ("source", "mapping", "layout"):
             continue

@@ -1,5 +1,6 @@
 """``grouppref import``: preference data made elsewhere (UltraFeedback, Nectar, HelpSteer2,
-pairs, HH, grouppref's own groups, ...) with its rankings into ``RUN/import``."""
+pairs, HH, OpenAssistant, HelpSteer3, Chatbot Arena, grouppref's own groups, ...) with its
+rankings into ``RUN/import``."""
 
 from __future__ import annotations
 
@@ -37,12 +38,13 @@ def _run(config: ImportConfig, extras: dict[str, Any], force: bool) -> None:
 imports = config_command(
     ImportConfig, _run, name="import", section="import",
     doc="Import preference data with its rankings into RUN/import (docs/import.md): "
-    "grouppref's own groups, UltraFeedback, Nectar, HelpSteer2, scored rows, pairs, HH.",
+    "grouppref's own groups, UltraFeedback, Nectar, HelpSteer2, scored rows, pairs, HH, "
+    "OpenAssistant, HelpSteer3, Chatbot Arena.",
     positional={"source": help_of(ImportConfig, "source")},
     extras=[Extra("out", Annotated[Path, typer.Option(
         "--out", help="Run directory to write RUN/import into.", show_default=False)])],
     flatten={"mapping": "{}-column"},
-    rename={**MAPPING_FLAGS, "scores": "--score"})
+    rename={**MAPPING_FLAGS, "scores": "--score", "langs": "--lang"})
 
 
 def register(app: typer.Typer) -> None:

@@ -24,11 +24,11 @@ CANDIDATES_VERSION = "import-2"
 
 
 Layout = Literal["auto", "groups", "responses", "ultrafeedback", "nectar", "helpsteer2",
-                 "scores", "pairs", "hh"]
+                 "scores", "pairs", "hh", "oasst", "helpsteer3", "arena"]
 
 
 LAYOUTS: tuple[str, ...] = ("groups", "responses", "ultrafeedback", "nectar", "helpsteer2",
-                            "scores", "pairs", "hh")
+                            "scores", "pairs", "hh", "oasst", "helpsteer3", "arena")
 
 
 class ImportConfig(BaseModel):
@@ -41,7 +41,8 @@ class ImportConfig(BaseModel):
                         "to import.")
     layout: Layout = Field(default="auto", description="How rows map to groups and rankings: "
                            "groups (grouppref's own), responses (candidates only), "
-                           "ultrafeedback, nectar, helpsteer2, scores, pairs, hh; auto: "
+                           "ultrafeedback, nectar, helpsteer2, scores, pairs, hh, oasst, "
+                           "helpsteer3, arena; auto: "
                            "told from the first row's columns.")
     split: str = Field(default="train", description="Split to read from a dataset with splits.")
     mapping: ColumnMapping = Field(default_factory=ColumnMapping,
@@ -76,11 +77,17 @@ class ImportConfig(BaseModel):
     score_rejected: str = Field(default="score_rejected", description="pairs: column of the "
                                 "rejected response's score.")
     annotator: str | None = Field(default=None, description="Annotator id of the rankings of "
-                                  "nectar, pairs and hh (default: the layout name; a prompt's "
-                                  "second pair is '<id>#2', ...).")
+                                  "nectar, pairs, hh and oasst, the prefix of helpsteer3's "
+                                  "('<id>#1', ...) and the arena's when a row has no judge "
+                                  "(default: the layout name; a prompt's second pair is "
+                                  "'<id>#2', ...).")
     annotator_kind: AnnotatorKind | None = Field(default=None, description="Kind of the "
                                                  "imported annotators (default: llm_judge for "
                                                  "ultrafeedback and nectar, human otherwise).")
+    langs: list[str] = Field(default_factory=list, description="oasst, helpsteer3, arena: "
+                             "keep only these languages (oasst's 'lang', e.g. en; HelpSteer3's "
+                             "and the Arena's 'language', e.g. english, English; case ignored; "
+                             "repeatable); default: every language.")
     transcripts: bool = Field(default=True, description="Read 'Human: / Assistant:' "
                               "transcripts (nectar, hh) and HelpSteer2's '<extra_id_1>' turns "
                               "as chat messages.")

@@ -14,27 +14,32 @@ from typing import Any
 from grouppref.errors import InputFileError
 from grouppref.pipeline.imports.config import LAYOUTS, ImportConfig
 from grouppref.pipeline.imports.layouts import (
+    arena,
     groups,
     helpsteer2,
+    helpsteer3,
     hh,
     nectar,
+    oasst,
     pairs,
     responses,
     scores,
     ultrafeedback,
 )
 from grouppref.pipeline.imports.layouts.common import Context, Imported
-from grouppref.readers.rows import Row
+from grouppref.readers.rows import Row, maybe_json
 
 READERS: dict[str, Callable[[Iterable[tuple[int, Row]], Context], Imported]] = {
     "groups": groups.read, "responses": responses.read, "ultrafeedback": ultrafeedback.read,
     "nectar": nectar.read, "helpsteer2": helpsteer2.read, "scores": scores.read,
-    "pairs": pairs.read, "hh": hh.read}
+    "pairs": pairs.read, "hh": hh.read, "oasst": oasst.read, "helpsteer3": helpsteer3.read,
+    "arena": arena.read}
 DEFAULTS: dict[str, dict[str, Any]] = {
     "groups": groups.DEFAULTS, "responses": responses.DEFAULTS,
     "ultrafeedback": ultrafeedback.DEFAULTS, "nectar": nectar.DEFAULTS,
     "helpsteer2": helpsteer2.DEFAULTS, "scores": scores.DEFAULTS, "pairs": pairs.DEFAULTS,
-    "hh": hh.DEFAULTS}
+    "hh": hh.DEFAULTS, "oasst": oasst.DEFAULTS, "helpsteer3": helpsteer3.DEFAULTS,
+    "arena": arena.DEFAULTS}
 
 
 def detect(row: dict[str, Any], config: ImportConfig, source: str) -> str:
@@ -48,6 +53,13 @@ def detect(row: dict[str, Any], config: ImportConfig, source: str) -> str:
     prompt_given = any(c in keys and row[c] not in (None, "", []) for c in (m.text, m.messages))
     if "candidates" in keys:
         return "groups"
+    if {"message_id", "parent_id", "role"} <= keys or (
+            oasst.is_tree(row) and isinstance(maybe_json(row["prompt"]), dict)):
+        return "oasst"
+    if {"response1", "response2", "overall_preference"} <= keys:
+        return "helpsteer3"
+    if {"model_a", "model_b", "winner", "conversation_a", "conversation_b"} <= keys:
+        return "arena"
     if "completions" in keys:
         return "ultrafeedback"
     if "answers" in keys:

@@ -175,7 +175,7 @@ def _record(raw: RawGroup, gid: str, responses: list[Response], part: range,
         rankings.append(Ranking(
             annotator=Annotator(id=vote.annotator, kind=raw.kind), group_id=gid,
             tiers=[[ids[c] for c in tier] for tier in tiers_from_scores(mine)],
-            scores=kept or None, created_at=UNKNOWN_TIME))
+            scores=kept or None, metadata=vote.notes or None, created_at=UNKNOWN_TIME))
     return AnnotatedGroup(group_id=gid, prompt=raw.prompt, candidates=candidates,
                           rankings=rankings)
 

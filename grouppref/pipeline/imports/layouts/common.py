@@ -41,12 +41,14 @@ class Response:
 class Vote:
     """One annotator's judgement of some responses of a group: ``scores`` maps a response
     index to its score (higher is better); ``shown`` are the values kept with the ranking
-    (``None``: not kept)."""
+    (``None``: not kept); ``notes`` what the annotator said beyond the scores (the ranking's
+    ``metadata``: a HelpSteer3 reasoning, an Arena verdict)."""
 
     annotator: str
     scores: dict[int, float] = field(default_factory=dict)
     shown: dict[int, float] | None = None
     row: int = 0
+    notes: dict[str, str | int | float | bool] | None = None  # the ranking's metadata
 
 
 @dataclass
@@ -194,6 +196,19 @@ class Context:
                 f"no response has {', '.join(map(repr, missing))} (their fields: {sorted(keys)}; "
                 f"see {option}): no ranking by {'it' if len(missing) == 1 else 'them'} here",
                 number, where))
+
+    def keep_language(self, row: dict[str, Any], number: int, column: str) -> None:
+        """Nothing when ``langs`` is empty or names the row's ``column`` (case ignored).
+
+        Raises:
+            RowError: the row's language is not one of ``langs``.
+        """
+        langs = self.config.langs
+        value = row.get(column)
+        if langs and (not isinstance(value, str)
+                      or value.casefold() not in {x.casefold() for x in langs}):
+            raise self.fail(f"language {value!r} not kept (--lang {' '.join(langs)})", number,
+                            column)
 
     def add_response(self, group: RawGroup, value: Any, number: int, where: str) -> int:
         """Append the response in ``value`` (see :meth:`response`) to ``group``; its index."""

@@ -8,7 +8,10 @@ Accepted shapes (TRL's preference formats and HuggingFaceH4/ultrafeedback_binari
   conversation, prompt turns first (ultrafeedback_binarized: ``[{"role": "user", ...},
   {"role": "assistant", ...}]``);
 * implicit prompt: no prompt column, ``chosen`` / ``rejected`` whole conversations that share
-  everything but the last assistant turn (the shared turns are the prompt).
+  everything but the last assistant turn (the shared turns are the prompt), e.g.
+  Skywork/Skywork-Reward-Preference-80K-v0.2 (``chosen``, ``rejected``, ``source``).
+
+A ``source`` column with a scalar value joins the prompt's metadata (a prompt's first row's).
 
 Every pair of one prompt joins one group whose rankings are the pairwise comparisons (partial
 rankings of two candidates each; annotator id ``pairs``, then ``pairs#2``, ... for a prompt's
@@ -47,6 +50,7 @@ from grouppref.schemas import Prompt, Reject
 # ultrafeedback_binarized's `messages` column is the chosen conversation, not the prompt:
 # the prompt is the `prompt` column (a string, or chat turns as in TRL's format)
 DEFAULTS: dict[str, Any] = {"text_key": "content", "mapping": {"messages": None}}
+METADATA = ("source",)  # Skywork-Reward-Preference: the subset a pair comes from
 
 
 def _reply(value: Any, prompt: Prompt, ctx: Context, number: int, column: str) -> str:
@@ -96,7 +100,7 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
                            number, column)
     chosen, rejected = maybe_json(row[cols[0]]), maybe_json(row[cols[1]])
     if _has_prompt(row, ctx):
-        prompt = ctx.prompt(row, number)
+        prompt = ctx.prompt(row, number, extra=METADATA)
         good = _reply(chosen, prompt, ctx, number, cols[0])
         bad = _reply(rejected, prompt, ctx, number, cols[1])
     else:
@@ -113,7 +117,7 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
             turns, good, bad = split_pair(turns_c, turns_r)
         except ValueError as e:
             raise ctx.fail(str(e), number, cols[0]) from e
-        prompt = ctx.prompt(row, number, messages=turns)
+        prompt = ctx.prompt(row, number, messages=turns, extra=METADATA)
     shown = (row.get(ctx.config.score_chosen), row.get(ctx.config.score_rejected))
     add_pair(grouper.group(prompt, number), good, bad, number, ctx, cols, shown)
 

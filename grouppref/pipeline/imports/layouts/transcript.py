@@ -77,6 +77,21 @@ def as_turns(value: Any) -> list[Turn] | None:
     return turns
 
 
+def not_turns(value: Any) -> str:
+    """Why ``value`` is not chat turns (for a reject: "got ..."), given :func:`as_turns`
+    returned ``None`` for it."""
+    if not isinstance(value, list):
+        return "nothing" if value is None else f"a {type(value).__name__}"
+    if not value:
+        return "an empty list"
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
+                or not isinstance(m.get("content"), str):
+            shown = sorted(m) if isinstance(m, dict) else type(m).__name__
+            return f"a list whose item {i} is not {{role, content}} text ({shown})"
+    return "a list"
+
+
 def split_pair(chosen: list[Turn], rejected: list[Turn]) -> tuple[list[Turn], str, str]:
     """``(prompt turns, chosen reply, rejected reply)`` of two conversations that share
     everything but their last assistant turn.
