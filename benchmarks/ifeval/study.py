@@ -53,9 +53,13 @@ METHODS: dict[str, dict[str, Any]] = {
     "gspo_soft": {"engine": "grouppref", "train": {"loss": "gspo"}},
     "trl_dpo": {"engine": "trl", "pairs": "best_worst"},
     "gspo_hard": {"engine": "grouppref", "train": {"loss": "gspo", "pair_targets": "hard"}},
+    "lipo": {"engine": "grouppref", "train": {"loss": "lipo"}},
+    "nca": {"engine": "grouppref", "train": {"loss": "nca"}},
     "sft": {"engine": "grouppref", "train": {"loss": "sft"}},
     "plackett_luce": {"engine": "grouppref", "train": {"loss": "plackett_luce"}},
+    "infonca": {"engine": "grouppref", "train": {"loss": "infonca"}},
     "trl_dpo_all": {"engine": "trl", "pairs": "consensus", "seeds": 1},
+    "dpo": {"engine": "grouppref", "train": {"loss": "dpo"}},  # ours, beside TRL's
 }
 
 
