@@ -1,0 +1,136 @@
+"""The public Python API: every stage, its settings and the records, from one module.
+
+    from grouppref import api
+
+    store = api.RunStore("runs/mine")
+    api.run_generate(store, api.GenerateConfig(source="data/demo_prompts.jsonl", k=4))
+    api.run_rank(store, api.RankConfig(rankers=[{"kind": "rule", "checks": [{"check": "verify"}]}]))
+    api.run_aggregate(store, api.AggregateConfig(input_stage="rank", min_rankings=1))
+    groups = api.run_validate(store, api.ValidateConfig()).records()   # list[ValidatedGroup]
+    result = api.train(api.TrainConfig(loss="lipo", max_steps=8), groups, "runs/mine/model")
+
+Names resolve on first use (PEP 562), so ``import grouppref.api`` stays light: the stage
+modules, and torch with the training names, load only when a name that needs them is read.
+Each name is the object of the module listed in :data:`EXPORTS`, the same one the CLI and
+``grouppref run`` call; nothing here wraps or copies them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> module that defines it
+EXPORTS: dict[str, str] = {
+    # the run store
+    "RunStore": "grouppref.runs.store",
+    # records (pydantic v2)
+    **{name: "grouppref.schemas" for name in (
+        "Prompt", "ChatMessage", "Candidate", "CandidateGroup", "Ranking", "Annotator",
+        "AnnotatedGroup", "PairPreference", "ValidatedGroup", "Reject")},
+    # stages and their settings, in pipeline order
+    "PromptsConfig": "grouppref.pipeline.prompts.config",
+    "run_prompts": "grouppref.pipeline.prompts.stage",
+    "ImportConfig": "grouppref.pipeline.imports.config",
+    "run_import": "grouppref.pipeline.imports.stage",
+    "GenerateConfig": "grouppref.pipeline.generate.config",
+    "run_generate": "grouppref.pipeline.generate.stage",
+    "RankConfig": "grouppref.pipeline.rank.config",
+    "run_rank": "grouppref.pipeline.rank.stage",
+    "SimulateConfig": "grouppref.pipeline.simulate.config",
+    "run_simulate": "grouppref.pipeline.simulate.stage",
+    "AggregateConfig": "grouppref.pipeline.aggregate.config",
+    "run_aggregate": "grouppref.pipeline.aggregate.stage",
+    "ValidateConfig": "grouppref.pipeline.validate.config",
+    "run_validate": "grouppref.pipeline.validate.stage",
+    "ExportConfig": "grouppref.pipeline.export.config",
+    "run_export": "grouppref.pipeline.export.stage",
+    "ReportConfig": "grouppref.pipeline.report.config",
+    "run_report": "grouppref.pipeline.report.stage",
+    # a whole config-driven run
+    "RunConfig": "grouppref.runner",
+    "run_pipeline": "grouppref.runner",
+    # training and evaluation (import torch)
+    "TrainConfig": "grouppref.train.config",
+    "DataConfig": "grouppref.train.config",
+    "EvalConfig": "grouppref.train.config",
+    "RewardModelConfig": "grouppref.train.rm_config",
+    "run_train": "grouppref.train.stage",
+    "run_train_rm": "grouppref.train.rm_stage",
+    "train": "grouppref.train.trainer",
+    "load_groups": "grouppref.train.sources",
+    # the losses, pure functions over implicit rewards
+    **{name: "grouppref.train.losses" for name in (
+        "implicit_rewards", "gspo_loss", "hard_pair_targets", "plackett_luce_loss", "dpo_loss",
+        "sft_loss", "importance_weights", "pair_accuracy")},
+    **{name: "grouppref.train.listwise" for name in (
+        "lipo_lambda_loss", "nca_loss", "infonca_loss", "soft_targets")},
+}
+
+__all__ = sorted(EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'grouppref.api' has no attribute {name!r}; its names: "
+                             f"{', '.join(__all__)}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # the names for type checkers and editors
+    from grouppref.pipeline.aggregate.config import AggregateConfig
+    from grouppref.pipeline.aggregate.stage import run_aggregate
+    from grouppref.pipeline.export.config import ExportConfig
+    from grouppref.pipeline.export.stage import run_export
+    from grouppref.pipeline.generate.config import GenerateConfig
+    from grouppref.pipeline.generate.stage import run_generate
+    from grouppref.pipeline.imports.config import ImportConfig
+    from grouppref.pipeline.imports.stage import run_import
+    from grouppref.pipeline.prompts.config import PromptsConfig
+    from grouppref.pipeline.prompts.stage import run_prompts
+    from grouppref.pipeline.rank.config import RankConfig
+    from grouppref.pipeline.rank.stage import run_rank
+    from grouppref.pipeline.report.config import ReportConfig
+    from grouppref.pipeline.report.stage import run_report
+    from grouppref.pipeline.simulate.config import SimulateConfig
+    from grouppref.pipeline.simulate.stage import run_simulate
+    from grouppref.pipeline.validate.config import ValidateConfig
+    from grouppref.pipeline.validate.stage import run_validate
+    from grouppref.runner import RunConfig, run_pipeline
+    from grouppref.runs.store import RunStore
+    from grouppref.schemas import (
+        AnnotatedGroup,
+        Annotator,
+        Candidate,
+        CandidateGroup,
+        ChatMessage,
+        PairPreference,
+        Prompt,
+        Ranking,
+        Reject,
+        ValidatedGroup,
+    )
+    from grouppref.train.config import DataConfig, EvalConfig, TrainConfig
+    from grouppref.train.listwise import infonca_loss, lipo_lambda_loss, nca_loss, soft_targets
+    from grouppref.train.losses import (
+        dpo_loss,
+        gspo_loss,
+        hard_pair_targets,
+        implicit_rewards,
+        importance_weights,
+        pair_accuracy,
+        plackett_luce_loss,
+        sft_loss,
+    )
+    from grouppref.train.rm_config import RewardModelConfig
+    from grouppref.train.rm_stage import run_train_rm
+    from grouppref.train.sources import load_groups
+    from grouppref.train.stage import run_train
+    from grouppref.train.trainer import train
