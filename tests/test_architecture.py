@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "grouppref"
 LAYERS = ["errors", "schemas", "config", "runs", "stats", "models", "readers", "pipeline",
-          "labeling", "train", "runner", "commands", "cli"]
+          "labeling", "train", "runner", "api", "commands", "cli"]
 TOP = {"__init__": "errors", "__main__": "cli"}
 
 
