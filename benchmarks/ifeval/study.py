@@ -258,7 +258,8 @@ class Study:
             info = train_trl(self.data_dir / "run", self.base, folder, pairs=m["pairs"], lr=lr,
                              seed=seed, steps=self.scale.steps, batch=batch,
                              beta=self.scale.beta, curve=self.scale.curve,
-                             max_new_tokens=self.scale.max_new_tokens, work=self.out / "trl")
+                             max_new_tokens=self.scale.max_new_tokens, work=self.out / "trl",
+                             device=self.args.device)
         else:
             info = self._train_grouppref(m["train"], lr, seed, folder)
         _free_memory()
