@@ -5,8 +5,8 @@ trl-pairs --pairs best_worst|consensus --chat always``: chat turns, so TRL appli
 chat template the package's trainer does), then ``DPOTrainer`` trains the same start model
 with the same optimizer settings as the package's runs: AdamW at a constant rate, no warm-up,
 gradient clipping at 1.0, dropout off, β, the sigmoid loss, reference log-probs precomputed,
-fp32 on the CPU (bf16 autocast on a GPU, as the package's runs there). Weights are saved at the curve steps (``save_only_model``), so the curve
-folders load like any model.
+fp32 on the CPU (bf16 autocast on a GPU, as the package's runs there). Weights are saved at
+the curve steps (``save_only_model``), so the curve folders load like any model.
 """
 
 from __future__ import annotations
