@@ -304,10 +304,21 @@ class Study:
             scores.append((-run_summary(got)["greedy"], lr))
         return min(scores)[1]
 
+    def evaluated(self, name: str, spec: dict[str, Any], split: str, full: bool,
+                  curve: bool) -> bool:
+        """Whether the run ``name`` has its evaluation on ``split`` (and its curve points)."""
+        keys = [(f"eval:{split}:{'full' if full else 'greedy'}:{name}", full, {})]
+        if curve:
+            keys += [(f"eval:{split}:greedy:{name}@{n}", False, {"at": n}) for n in self.scale.curve]
+        return all(self.results.get(key, {**spec, **extra, "split": split, "full": f})
+                   is not None for key, f, extra in keys)
+
     def screen(self, method: str) -> None:
         for lr in self.scale.lrs:
+            name, spec = f"{method}-lr{lr_tag(lr)}-seed0", self.spec(method, lr, 0)
+            if self.evaluated(name, spec, "val", full=False, curve=True):
+                continue  # a restart: its model may be gone, its results are kept
             name, folder = self.train_task(method, lr, 0)
-            spec = self.spec(method, lr, 0)
             self.eval_task(name, spec, folder, "val", full=False)
             for step in self.scale.curve:
                 curve = folder / f"step-{step}"
@@ -325,8 +336,10 @@ class Study:
                 shutil.rmtree(self.out / "models" / f"{method}-lr{lr_tag(other)}-seed0",
                               ignore_errors=True)
         for seed in range(METHODS[method].get("seeds", self.scale.seeds)):
+            name, spec = f"{method}-lr{lr_tag(lr)}-seed{seed}", self.spec(method, lr, seed)
+            if self.evaluated(name, spec, "test", full=True, curve=seed == 0):
+                continue
             name, folder = self.train_task(method, lr, seed)
-            spec = self.spec(method, lr, seed)
             self.eval_task(name, spec, folder, "test", full=True)
             if seed == 0:
                 for step in self.scale.curve:
