@@ -29,7 +29,7 @@ from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats import bt, rankstats
 from grouppref.stats.reliability import estimate_reliability, noise_rate
-from tests.factories import make_group, make_ranking
+from tests.support.factories import make_group, make_ranking
 from tests.test_simulate import rank_run, scored_group, write_stage
 
 NOISE_TOL = 0.03  # |estimated - true| share of flipped votes, 1000-2000 groups x 3 annotators

@@ -19,7 +19,7 @@ from grouppref.pipeline.rank.rankers import RuleRanker, Skip
 from grouppref.pipeline.rank.settings import ConstraintsCheck, RuleRankerSettings, parse_ranker_spec
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Prompt
-from tests.factories import make_group
+from tests.support.factories import make_group
 
 
 def _met(cid: str, text: str, **kwargs: object) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.torchrun import torchrun
+from tests.support.torchrun import torchrun
 
 SCRIPT = textwrap.dedent("""
     import os, sys, torch
@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent("""
 
 def torchrun_cpu(tmp_path: Path, source: str, model: Path, processes: int = 2) -> Path:
     """Run the script ``source`` with arguments ``MODEL OUT`` under torchrun on ``processes`` CPU
-    processes (gloo, :func:`tests.torchrun.torchrun`). Returns ``OUT`` (``tmp_path / "out"``)."""
+    processes (gloo, :func:`tests.support.torchrun.torchrun`). Returns ``OUT`` (``tmp_path / "out"``)."""
     script, out = tmp_path / "ddp_script.py", tmp_path / "out"
     script.write_text(source)
     torchrun(script, [str(model), str(out)], nproc=processes)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests import fsdp_train
-from tests.torchrun import torchrun
+from tests.support import fsdp_train
+from tests.support.torchrun import torchrun
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from grouppref.pipeline.imports.layouts.common import Imported
 from grouppref.pipeline.imports.layouts.transcript import parse_helpsteer, parse_hh
 from grouppref.pipeline.imports.stage import read_import
 from grouppref.schemas import AnnotatedGroup, Ranking
-from tests.factories import make_annotated, make_group
+from tests.support.factories import make_annotated, make_group
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:

@@ -1,5 +1,5 @@
 """The ``judge`` ranker served by an OpenAI-compatible server: pointwise, pairwise and rubric
-modes against a real llama.cpp server (tests/llama_server.py, the embedded SmolLM2 GGUF), a
+modes against a real llama.cpp server (tests/support/llama_server.py, the embedded SmolLM2 GGUF), a
 judge answer that is not a rating, a wrong model name; and the pure parsing helpers."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from grouppref.pipeline.rank.settings import parse_ranker_spec
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas.reports import ServerUsage
-from tests.factories import imported_run
-from tests.llama_server import MODEL_ALIAS
+from tests.support.factories import imported_run
+from tests.support.llama_server import MODEL_ALIAS
 from tests.test_rank_served_overlap import _one_after_another
 
 REPO = Path(__file__).resolve().parents[1]

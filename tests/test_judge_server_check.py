@@ -1,5 +1,5 @@
 """How the served judge checks its server, against the real llama.cpp server
-(tests/llama_server.py, the embedded SmolLM2 GGUF): no request is spent on the check (the
+(tests/support/llama_server.py, the embedded SmolLM2 GGUF): no request is spent on the check (the
 first question is sent before the stage and kept), a resumed stage sends a short probe, a
 refused first question is told from refused settings, the server's own samplers are switched
 off in every mode, and llama-cpp-python's HTTP 500 validation errors are refusals naming the
@@ -22,8 +22,8 @@ from grouppref.models.server_settings import ServerSettings
 from grouppref.pipeline.rank.config import STAGE_VERSION, RankConfig
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.schemas import AnnotatedGroup
-from tests.factories import imported_run
-from tests.llama_server import MODEL_ALIAS, posted_bodies
+from tests.support.factories import imported_run
+from tests.support.llama_server import MODEL_ALIAS, posted_bodies
 from tests.test_judge_server import SHORT_RATING
 from tests.test_served_sampling import LLAMA_NEUTRAL
 

@@ -52,7 +52,7 @@ from grouppref.labeling.server.processes import free_port
 from grouppref.runs.hashing import fingerprint_records
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, ChatMessage, Prompt, Ranking
-from tests.factories import make_group
+from tests.support.factories import make_group
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (5, 3, 4, 2)  # group sizes cycle through these: four datasets, -k2 .. -k5

@@ -23,7 +23,7 @@ from grouppref.labeling.select import select_groups
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats import bt
 from grouppref.stats.uncertainty import disagreement, expected_pair_error, smallest_margin, top_n
-from tests.factories import make_group
+from tests.support.factories import make_group
 from tests.test_label_push_pull import write_stage
 
 ROOT = Path(__file__).resolve().parents[1]

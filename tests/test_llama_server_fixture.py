@@ -8,7 +8,7 @@ import math
 import httpx
 import pytest
 
-from tests.llama_server import MODEL_ALIAS
+from tests.support.llama_server import MODEL_ALIAS
 
 
 def test_server_lists_the_embedded_model_under_its_alias(llama_server: str) -> None:

@@ -1,7 +1,7 @@
 """``generate`` through OpenAI-compatible servers: against a real llama.cpp server
-(``python -m llama_cpp.server`` serving the embedded SmolLM2 GGUF, tests/llama_server.py) for
+(``python -m llama_cpp.server`` serving the embedded SmolLM2 GGUF, tests/support/llama_server.py) for
 generation, checks, keys, log-probs and a server killed mid-stage; against a small fake
-(tests/fake_openai_server.py, named as such) only for the 429 / 503 / refusal paths."""
+(tests/support/fake_openai_server.py, named as such) only for the 429 / 503 / refusal paths."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from grouppref.pipeline.generate.stage import run_generate
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, ChatMessage, Prompt
 from grouppref.schemas.reports import ServerUsage
-from tests.fake_openai_server import MODEL as FAKE_MODEL
-from tests.fake_openai_server import SLOW, SLOW_S, TOKEN_LOGPROBS, fake_openai_server
-from tests.llama_server import MODEL_ALIAS, running_llama_server
+from tests.support.fake_openai_server import MODEL as FAKE_MODEL
+from tests.support.fake_openai_server import SLOW, SLOW_S, TOKEN_LOGPROBS, fake_openai_server
+from tests.support.llama_server import MODEL_ALIAS, running_llama_server
 
 REPO = Path(__file__).resolve().parents[1]
 # llama.cpp samples with top_k 40, min_p 0.05 and repeat_penalty 1.1 unless told otherwise;

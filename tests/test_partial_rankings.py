@@ -27,7 +27,7 @@ from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats import bt, rankstats
 from grouppref.stats.reliability import loo_concordance
-from tests.factories import make_group
+from tests.support.factories import make_group
 
 ALPHA = 0.1
 

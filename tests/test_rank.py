@@ -20,7 +20,7 @@ from grouppref.pipeline.rank.settings import parse_ranker_spec
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, CandidateGroup
-from tests.factories import make_annotated, make_group, make_ranking
+from tests.support.factories import make_annotated, make_group, make_ranking
 
 
 def write_generate(root: Path, groups: list[Any], record_type: type = CandidateGroup) -> RunStore:

@@ -29,8 +29,8 @@ from grouppref.pipeline.rank.shard_scoring import shared_server_settings
 from grouppref.pipeline.rank.stage import rank_group, run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, from_row
-from tests.factories import JUDGED_ROWS, imported_run
-from tests.fake_http import judge_answer
+from tests.support.factories import JUDGED_ROWS, imported_run
+from tests.support.fake_http import judge_answer
 from tests.test_served_overlap import MODELS, InFlightFake, Request, serve_fake
 
 UNRATABLE = "London."  # a rubric answer about this candidate is not a rating (a part-reject)

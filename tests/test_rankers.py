@@ -37,7 +37,7 @@ from grouppref.pipeline.rank.settings import (
     parse_weights,
     ranker_keys,
 )
-from tests.factories import make_group
+from tests.support.factories import make_group
 
 ATOL = 1e-4  # fp32 forward passes, batched (padded) vs one sequence alone
 

@@ -38,7 +38,7 @@ from grouppref.stats.reliability import (
     reliability_slots,
 )
 from grouppref.stats.uncertainty import disagreement
-from tests.factories import make_group
+from tests.support.factories import make_group
 from tests.test_label_push_pull import write_stage
 from tests.test_label_select import _one_line, _push, panel
 

@@ -20,7 +20,7 @@ from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats.reliability import UNIFORM, estimate_reliability, log_odds_weight
-from tests.factories import make_group
+from tests.support.factories import make_group
 from tests.test_label_push_pull import write_stage
 from tests.test_reliability_audit import ALPHA, K, loo_counts_reference, selected_panel
 

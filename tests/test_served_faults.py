@@ -19,9 +19,9 @@ from grouppref.models.openai_api import CHAT, RequestRefused, error_message, ret
 from grouppref.models.server_settings import ServerSettings
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.stage import run_rank
-from tests.factories import imported_run
-from tests.fake_http import JsonHandler, chat_completion, serve
-from tests.llama_server import MODEL_ALIAS, posted_bodies, running_llama_server
+from tests.support.factories import imported_run
+from tests.support.fake_http import JsonHandler, chat_completion, serve
+from tests.support.llama_server import MODEL_ALIAS, posted_bodies, running_llama_server
 from tests.test_judge_server_check import GROUPS, _judge
 
 REPO = Path(__file__).resolve().parents[1]

@@ -30,10 +30,10 @@ from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas import Prompt
-from tests.factories import JUDGED_ROWS, imported_run
-from tests.fake_http import JsonHandler, chat_completion, prompt_of, serve
-from tests.fake_openai_server import MODEL as FAKE_MODEL
-from tests.fake_openai_server import SLOW, _answer, fake_openai_server
+from tests.support.factories import JUDGED_ROWS, imported_run
+from tests.support.fake_http import JsonHandler, chat_completion, prompt_of, serve
+from tests.support.fake_openai_server import MODEL as FAKE_MODEL
+from tests.support.fake_openai_server import SLOW, _answer, fake_openai_server
 
 MODELS = ("fake-a", "fake-b")
 IDLE_S = 2.5  # a held request is answered after this long without a new arrival (a loaded CI

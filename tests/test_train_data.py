@@ -12,7 +12,7 @@ from grouppref.errors import ConfigError, RowError
 from grouppref.schemas import Agreement, ChatMessage, PairPreference, Prompt, ValidatedGroup
 from grouppref.train.config import DataConfig
 from grouppref.train.data import collate_groups, tokenize_group, tokenize_groups
-from tests.factories import make_annotated, make_group
+from tests.support.factories import make_annotated, make_group
 
 
 @pytest.fixture(scope="module")

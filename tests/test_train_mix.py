@@ -23,7 +23,7 @@ from grouppref.train.config import TrainConfig
 from grouppref.train.data import consensus_kinds
 from grouppref.train.mix import MixConfig, MixSampler, check_sources
 from grouppref.train.trainer import train
-from tests.factories import make_group, make_ranking
+from tests.support.factories import make_group, make_ranking
 from tests.test_simulate import write_stage
 from tests.test_trainer import PLAIN, _write_validate, synthetic_group
 

@@ -57,8 +57,8 @@ def test_ddp_two_processes_equal_one_and_resume(tiny_lm_dir: Path, tmp_path: Pat
     from typer.testing import CliRunner
 
     from grouppref.cli import app
+    from tests.support.torchrun import torchrun
     from tests.test_trainer import _write_validate, synthetic_groups
-    from tests.torchrun import torchrun
 
     runs = {name: _write_validate(tmp_path / name, synthetic_groups(16, 4, seed=3))
             for name in ("single", "ddp")}
@@ -108,8 +108,8 @@ def test_train_in_a_run_on_two_processes_writes_once(tiny_lm_dir: Path, tmp_path
     """``train`` shares the loop, the checkpoints, the trackers and the stage's ending with
     ``train-rm``: in a run, under torchrun, it finishes (the trackers' closing once destroyed
     the process group before the stage's last barrier) and only the main process writes."""
+    from tests.support.torchrun import torchrun
     from tests.test_trainer import _write_validate, synthetic_groups
-    from tests.torchrun import torchrun
 
     store = _write_validate(tmp_path / "run", synthetic_groups(8, 4, seed=3))
     torchrun(REPO / "grouppref" / "__main__.py", [
@@ -135,7 +135,7 @@ def fsdp_train(model_dir: str, out_dir: str, rank: int = 0, world: int = 1) -> l
     from grouppref.train.rm_config import RewardModelConfig
     from grouppref.train.rm_data import encode_groups
     from grouppref.train.rm_trainer import load_reward_model, reward_loss, reward_scores
-    from tests.fsdp_train import full_state, shard
+    from tests.support.fsdp_train import full_state, shard
     from tests.test_trainer import synthetic_groups
 
     model, tokenizer = load_reward_model(model_dir, seed=0)
@@ -146,7 +146,7 @@ def fsdp_train(model_dir: str, out_dir: str, rank: int = 0, world: int = 1) -> l
                               model.config.pad_token_id) for s in range(STEPS)]
     shard(model, world)  # each decoder layer, then the root, which holds the score head
     model.train()
-    optim = torch.optim.SGD(model.parameters(), lr=0.5)  # SGD: see tests/fsdp_train.py
+    optim = torch.optim.SGD(model.parameters(), lr=0.5)  # SGD: see tests/support/fsdp_train.py
     losses = []
     for batch in batches:
         loss = reward_loss(reward_scores(model, batch), batch, config).mean()
@@ -168,7 +168,7 @@ def fsdp_train(model_dir: str, out_dir: str, rank: int = 0, world: int = 1) -> l
 
 @pytest.mark.slow
 def test_fsdp_two_processes_equal_one(tiny_lm_dir: Path, tmp_path: Path) -> None:
-    from tests.torchrun import torchrun
+    from tests.support.torchrun import torchrun
 
     single = fsdp_train(str(tiny_lm_dir), str(tmp_path / "single"))
     torchrun(Path(__file__), [str(tiny_lm_dir), str(tmp_path / "fsdp")], nproc=2)
@@ -183,6 +183,6 @@ def test_fsdp_two_processes_equal_one(tiny_lm_dir: Path, tmp_path: Path) -> None
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
-    from tests.fsdp_train import launch
+    from tests.support.fsdp_train import launch
 
     launch(fsdp_train)

@@ -26,7 +26,7 @@ from grouppref.schemas import (
     ValidatedGroup,
     make_group_id,
 )
-from tests.factories import make_annotated, make_group
+from tests.support.factories import make_annotated, make_group
 
 
 def make_validated(prompt_text: str = "Name a colour.", k: int = 3,
