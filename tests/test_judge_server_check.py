@@ -23,20 +23,11 @@ from grouppref.pipeline.rank.config import STAGE_VERSION, RankConfig
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.schemas import AnnotatedGroup
 from tests.support.factories import imported_run
+from tests.support.judges import GROUPS, LLAMA_NEUTRAL, SHORT_RATING, _judge
 from tests.support.llama_server import MODEL_ALIAS, posted_bodies
-from tests.test_judge_server import SHORT_RATING
-from tests.test_served_sampling import LLAMA_NEUTRAL
 
 REPO = Path(__file__).resolve().parents[1]
-GROUPS = [{"prompt": "What is 2 + 2?", "responses": ["4", "It is 4."]},
-          {"prompt": "Name the capital of France.", "responses": ["Paris.", "London."]}]
 PROBE = "Answer with Yes or No."
-
-
-def _judge(url: str, **settings: Any) -> dict[str, Any]:
-    server = {"base_url": url, "concurrency": 2, **settings.pop("server", {})}
-    return {"kind": "judge", "backend": "openai", "model": MODEL_ALIAS, "server": server,
-            **settings}
 
 
 def _asked(body: dict[str, Any]) -> str:
@@ -93,6 +84,8 @@ def test_a_resumed_stage_sends_a_short_probe(tmp_path: Path, llama_server: str,
     assert len(bodies) == 1 + 2 and all("France" in _asked(b) for b in bodies[1:])
     for got, want in zip(resumed.records(), records, strict=True):
         [a], [b] = got.rankings, want.rankings
+        # the same server resumed vs straight: a reused KV-cache prefix changes its float32 logits in
+        # the last bits (tests/test_judge_server.py): 1e-5 on log-odds ~1-10
         assert a.scores == pytest.approx(b.scores, abs=1e-5) and a.tiers == b.tiers
 
 

@@ -99,6 +99,7 @@ def test_rank_stage_end_to_end(tmp_path: Path, tiny_reward_model_dir: Path,
         sd = math.sqrt(sum((v - m) ** 2 for v in s.values()) / len(s))
         z[key] = {cid: (v - m) / sd for cid, v in s.items()}
     for cid in g0:
+        # float64 z-scores of a few values and a weighted mean, recomputed here in another order
         assert ens[cid] == pytest.approx((z["reward:rm"][cid] + 2 * z["rule:verify"][cid]) / 3,
                                          abs=1e-9)
     no_ref = by_annotator(records[GROUPS[2].group_id])

@@ -20,7 +20,7 @@ from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, from_row
 from grouppref.train.config import DataConfig, TrainConfig
 from grouppref.train.refresh_round import RefreshPlan, rank_groups
-from tests.test_rank_served_overlap import (  # noqa: F401  (groups_run: a pytest fixture)
+from tests.support.served_fakes import (  # noqa: F401  (groups_run: a pytest fixture)
     MODELS,
     VaryingFake,
     _judge,

@@ -21,8 +21,8 @@ from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.stage import run_rank
 from tests.support.factories import imported_run
 from tests.support.fake_http import JsonHandler, chat_completion, serve
+from tests.support.judges import GROUPS, _judge
 from tests.support.llama_server import MODEL_ALIAS, posted_bodies, running_llama_server
-from tests.test_judge_server_check import GROUPS, _judge
 
 REPO = Path(__file__).resolve().parents[1]
 BODY = {"model": MODEL_ALIAS, "messages": [{"role": "user", "content": "Say yes."}],

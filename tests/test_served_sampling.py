@@ -19,9 +19,9 @@ from grouppref.pipeline.generate.config import GenerateConfig, ModelShare, Neutr
 from grouppref.pipeline.generate.stage import run_generate
 from grouppref.runs.store import RunStore
 from grouppref.schemas import ChatMessage, Prompt
+from tests.support.judges import LLAMA_NEUTRAL
 from tests.support.llama_server import MODEL_ALIAS, posted_bodies
 
-LLAMA_NEUTRAL = {"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0}
 PROMPTS = [Prompt(prompt_id="chat", messages=[ChatMessage(role="user", content="Say hi.")])]
 
 
