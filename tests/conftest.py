@@ -160,8 +160,10 @@ def one_torch_thread():
 
 # failures for missing requirements and the end-of-run count of tests run (tests/support/suite_setup.py,
 # first: the others import it), the embedded Argilla server and PostgreSQL fixtures
-# (tests/support/argilla_fixtures.py), llama.cpp's server (tests/support/llama_server.py)
-pytest_plugins = ["tests.support.suite_setup", "tests.support.argilla_fixtures", "tests.support.llama_server"]
+# (tests/support/argilla_fixtures.py), llama.cpp's server (tests/support/llama_server.py), the
+# run of groups the served-judge fakes rank (``groups_run``, tests/support/served_fakes.py)
+pytest_plugins = ["tests.support.suite_setup", "tests.support.argilla_fixtures", "tests.support.llama_server",
+                  "tests.support.served_fakes"]
 
 
 @pytest.fixture

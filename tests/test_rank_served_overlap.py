@@ -3,7 +3,7 @@
 the in-process rankers run while the requests are in flight, and the stage's output equals
 the judges scoring one after another (rankings, part-rejects, usage counts).
 
-The server here is a FAKE (:class:`VaryingFake`, built on tests/test_served_overlap.py's
+The server here is a FAKE (:class:`VaryingFake`, built on tests/support/served_fakes.py's
 in-flight fake), used ONLY to count requests in flight across servers, which real servers do
 not report. The real llama.cpp judge tests are in tests/test_judge_server.py. No wall-clock
 threshold: counts and the order of events only.

@@ -1,7 +1,7 @@
 """The trainer's baselines: best-of-K SFT (``loss="sft"``), hard pair targets for GSPO, and the
 trimming that makes ``dpo`` / ``sft`` forward only the candidates they train on. Checked
 against naive computations and by training the 2-layer tiny Llama on the known-preference
-task of tests/test_trainer.py."""
+task of tests/support/training.py."""
 
 from __future__ import annotations
 

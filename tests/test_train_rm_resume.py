@@ -1,7 +1,7 @@
 """``grouppref train-rm`` like ``grouppref train``: resume from a checkpoint, LoRA on a
 sequence classifier (peft task SEQ_CLS: the score head trains fully), ``report_to`` trackers,
 and its section of the run's HTML report. Tiny 2-layer Llama from a config (tests/conftest.py),
-the known-preference task of tests/test_trainer.py, CPU.
+the known-preference task of tests/support/training.py, CPU.
 
 Resume measured (2026-12-01, CPU): 8 updates straight against 4 updates, a checkpoint
 mid-epoch (batch 4, grad_accum 2: 3 updates per epoch), then a resume to 8 (crossing an
