@@ -1,4 +1,5 @@
-# Quick start: `make demo` (the whole pipeline on embedded defaults) and `make test`.
+# Quick start: `make demo` (the whole pipeline on embedded defaults) and `make test`
+# (`make test-fast`: lint and the unit tier, under a minute).
 # Both create .venv when missing and install pinned versions (requirements/lock.txt).
 # `make test` also installs what only the tests need: Debian chromium and PostgreSQL
 # (scripts/setup-test-env.sh) and the `serve` extra (llama-cpp-python[server], built from its
@@ -9,7 +10,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-serve
 
-.PHONY: demo test test-env lint install clean
+.PHONY: demo test test-fast test-env lint install clean
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,6 +38,11 @@ demo: $(STAMP)
 test: test-env $(STAMP) $(SERVE_STAMP)
 	$(PY) -m ruff check grouppref tests benchmarks
 	$(PY) -m pytest
+
+# the unit tier only (tests/conftest.py's TIERS): no server, browser or serve extra to set up
+test-fast: $(STAMP)
+	$(PY) -m ruff check grouppref tests benchmarks
+	$(PY) -m pytest -m unit
 
 lint: $(STAMP)
 	$(PY) -m ruff check grouppref tests benchmarks

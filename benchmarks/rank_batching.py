@@ -26,7 +26,7 @@ from grouppref.pipeline.rank.settings import (  # noqa: E402
     SimilarityRankerSettings,
 )
 from grouppref.schemas import CandidateGroup  # noqa: E402
-from tests.factories import make_group  # noqa: E402
+from tests.support.factories import make_group  # noqa: E402
 
 
 def workload(n: int) -> list[CandidateGroup]:

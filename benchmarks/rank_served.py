@@ -2,10 +2,10 @@
 connection pool, as before) vs together (:class:`ShardScorer`: one event loop, each server's
 own limit), against FAKE servers that answer every request after a fixed delay.
 
-The servers are FAKES (:class:`DelayFake`, served on loopback by tests/fake_http.py, the
+The servers are FAKES (:class:`DelayFake`, served on loopback by tests/support/fake_http.py, the
 plumbing the in-flight tests use too): each holds every request for ``--delay`` seconds, then
 answers with verdict log-probs (one-token questions) or ``Rating: N`` (rubric questions), made
-from a hash of the question (:func:`tests.fake_http.judge_answer`), and counts the requests in
+from a hash of the question (:func:`tests.support.fake_http.judge_answer`), and counts the requests in
 flight. They measure what the client overlaps, not a model: with a fixed delay, the wall time
 is set by how many requests are in flight at once. Judges: pointwise on server 1, pairwise on
 server 2, rubric on server 1 (so server 1 is shared by two judges), each at ``--concurrency``.
@@ -32,8 +32,8 @@ from grouppref.pipeline.rank.rankers import build_ranker
 from grouppref.pipeline.rank.settings import JudgeRankerSettings
 from grouppref.pipeline.rank.shard_scoring import ShardScorer
 from grouppref.schemas import AnnotatedGroup
-from tests.factories import make_group
-from tests.fake_http import JsonHandler, judge_answer, serve
+from tests.support.factories import make_group
+from tests.support.fake_http import JsonHandler, judge_answer, serve
 
 MODEL = "fake-judge"
 

@@ -85,9 +85,9 @@ def make_groups(n: int, split: str, rng: random.Random, words: int) -> list:
 
 def tiny_model(folder: Path, hidden: int) -> str:
     """A 2-layer Llama with SmolLM2's tokenizer and chat template, saved to ``folder`` (the
-    tests' tiny model, :func:`tests.tiny_models.save_tiny_llama`)."""
+    tests' tiny model, :func:`tests.support.tiny_models.save_tiny_llama`)."""
     from grouppref.models.loading import embedded_model_dir
-    from tests.tiny_models import save_tiny_llama
+    from tests.support.tiny_models import save_tiny_llama
 
     return str(save_tiny_llama(folder, embedded_model_dir(), hidden=hidden))
 

@@ -13,7 +13,7 @@ missing=() what=()
 if ! command -v chromium >/dev/null 2>&1; then
   missing+=(chromium) what+=("Chromium as \`chromium\` on PATH")
 fi
-# the same places tests/argilla_fixtures.py looks for the server binaries
+# the same places tests/support/argilla_fixtures.py looks for the server binaries
 if ! compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null && ! command -v initdb >/dev/null 2>&1; then
   missing+=(postgresql) what+=("the PostgreSQL server (initdb, pg_ctl)")
 fi

@@ -29,8 +29,8 @@ from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats import bt, rankstats
 from grouppref.stats.reliability import estimate_reliability, noise_rate
-from tests.factories import make_group, make_ranking
-from tests.test_simulate import rank_run, scored_group, write_stage
+from tests.support.factories import make_group, make_ranking
+from tests.support.simulate import rank_run, scored_group, write_stage
 
 NOISE_TOL = 0.03  # |estimated - true| share of flipped votes, 1000-2000 groups x 3 annotators
 FLIP_TOL = 0.05  # per annotator (~5,000 votes each)
@@ -114,8 +114,11 @@ def test_noise_rate_on_a_tied_panel_with_declared_ties(flip: float) -> None:
     true_noise = flips.sum() / votes.sum()
     assert abs(noise_rate(rel) - true_noise) < NOISE_TOL
     np.testing.assert_allclose(rel.flip_rate.numpy(), flips / votes, atol=FLIP_TOL, rtol=0)
+    # counts (integers in float): exact
     np.testing.assert_allclose(rel.votes.numpy(), votes)  # strict votes on decided pairs only
+    # a ratio of counts, float64, a few operations: approx's default rel 1e-6 is ~1e9 eps64
     assert rel.tied_share == pytest.approx(tie_share)  # ~1/3, reported on its own
+    # ratios of counts, float64, a few operations: approx's default rel 1e-6 is ~1e9 eps64
     assert rel.tie_rate.numpy() == pytest.approx([0, 0, 0, tie_share])
 
 
@@ -160,9 +163,11 @@ def test_stage_reports_ties_of_a_rule_ranker_separately(tmp_path: Path) -> None:
     true_noise = (sum(realised[a]["realised_flip_rate"] * by_id[a].votes for a in realised)
                   / sum(a.votes for a in report.annotators))  # the rule ranking votes with the truth
     tie_share = sum(len(t) * (len(t) - 1) / 2 for g in groups for t in g.rankings[0].tiers) / (400 * 6)
+    # ratios of counts, float64, a few operations: approx's default rel 1e-6 is ~1e9 eps64
     assert report.noise.tied_pair_share == pytest.approx(tie_share)
     assert report.summary.tied_pair_share == pytest.approx(tie_share)
     assert abs(report.noise.estimated - true_noise) < 0.04
+    # a ratio of counts, float64, a few operations: approx's default rel 1e-6 is ~1e9 eps64
     assert by_id["rm-1"].tie_rate == pytest.approx(tie_share) and by_id["s0"].tie_rate == 0.0
 
 
@@ -196,6 +201,9 @@ def test_output_rows_match_a_direct_weighted_fit(tmp_path: Path) -> None:
         w = torch.tensor([[weight[r.annotator.id] for r in row.rankings]], dtype=torch.float64)
         theta = bt.map_pairwise(bt.wins_rankings(ranks, w), 0.1)[0]
         got = torch.tensor([row.strengths[c] for c in ids], dtype=torch.float64)
+        # the stage's float64 MAP fit vs the same fit here: one Newton solve, strengths ~1 stored as
+        # JSON floats (repr round-trips): ~1e-15; 1e-9 allows a last Newton step of another stopping
+        # point
         torch.testing.assert_close(got, theta, atol=1e-9, rtol=0)
         assert len(row.pairs) == len(ids) * (len(ids) - 1) // 2
         for pair in row.pairs:

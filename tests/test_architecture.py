@@ -8,6 +8,7 @@ functions and under ``TYPE_CHECKING``.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "grouppref"
+TESTS = ROOT.parent / "tests"
 LAYERS = ["errors", "schemas", "config", "runs", "stats", "models", "readers", "pipeline",
           "labeling", "train", "runner", "api", "commands", "cli"]
 TOP = {"__init__": "errors", "__main__": "cli"}
@@ -126,3 +128,21 @@ def test_inspect_does_not_import_torch(tmp_path: Path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=tmp_path, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr
+
+
+# ``from tests.test_x import``, ``import tests.test_x``, ``from tests import test_x``, also in the
+# source of a script a test writes (a torchrun script is a string)
+TEST_IMPORT = re.compile(r"^\s*(?:from\s+tests\.test_\w+\s+import|import\s+tests\.test_\w+"
+                         r"|from\s+tests\s+import\s+(?:\(\s*)?test_)", re.MULTILINE)
+
+
+@pytest.mark.parametrize("folder", ["tests", "benchmarks"])
+def test_no_module_imports_a_test_module(folder: str):
+    """Helpers that several test modules share live in tests/support/; a test module (or a
+    benchmark) never imports another test module, so a test file can move or go alone."""
+    found = []
+    for path in sorted((ROOT.parent / folder).rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        found += [f"{path.relative_to(ROOT.parent)}:{text.count(chr(10), 0, m.start()) + 1}: "
+                  f"{m.group().strip()}" for m in TEST_IMPORT.finditer(text)]
+    assert found == []

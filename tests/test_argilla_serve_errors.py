@@ -22,7 +22,7 @@ from grouppref.labeling.server.credentials import load_credentials
 from grouppref.labeling.server.embedded import EmbeddedArgilla
 from grouppref.labeling.server.processes import pid_alive
 from grouppref.labeling.server.venv import VENV_ENV, default_venv_dir
-from tests.test_label_errors import grouppref, one_line_exit_2
+from tests.support.cli import grouppref, one_line_exit_2
 
 pytestmark = pytest.mark.argilla
 

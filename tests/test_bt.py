@@ -14,6 +14,7 @@ import torch
 
 from grouppref.stats import bt, noise, rankstats
 
+# choix's optimiser stops at its own tolerance; strengths ~1 in float64
 ATOL_CHOIX = 1e-6  # strengths after centring, same L2 prior
 ALPHA = 0.1
 
@@ -80,6 +81,8 @@ def test_gradient_and_hessian_match_autograd() -> None:
 
         grad = torch.autograd.functional.jacobian(f, theta[g])
         hess = torch.autograd.functional.hessian(f, theta[g])
+        # float64 closed form vs the autograd of the same objective: sums of <= K^2 = 36 terms ~1, 36 *
+        # eps64 ~ 1e-14; 1e-10 with room
         torch.testing.assert_close(bt.gradient_pairwise(theta, wins, ALPHA)[g], grad,
                                    atol=1e-10, rtol=0)
         torch.testing.assert_close(bt.hessian_pairwise(theta, wins, ALPHA)[g], hess,
@@ -92,6 +95,7 @@ def test_gradient_vanishes_at_the_fit_and_p_is_sigmoid() -> None:
     assert bt.gradient_pairwise(theta, wins, ALPHA).abs().max() < 1e-9
     p = bt.probabilities_pairwise(theta)
     assert abs(p[0, 0, 1].item() - 1 / (1 + math.exp(-(theta[0, 0] - theta[0, 1]).item()))) < 1e-15
+    # sigmoid(x) + sigmoid(-x) in float64: a few eps64 from 1 (assert_close's float64 default rtol 1e-7)
     torch.testing.assert_close(p + p.transpose(-1, -2), torch.ones_like(p))
 
 
@@ -112,6 +116,8 @@ def test_laplace_covariance_and_confidence() -> None:
     cov = bt.covariance_pairwise(theta, wins, ALPHA)
     hess = torch.autograd.functional.hessian(
         lambda t: bt.objective_pairwise(t[None], wins[:1], ALPHA)[0], theta[0])
+    # float64 inverse of a well-conditioned K x K Hessian (the L2 prior bounds it), entries ~1: cond *
+    # eps64 << 1e-10
     torch.testing.assert_close(cov[0], torch.linalg.inv(hess), atol=1e-10, rtol=0)
     w = bt.confidence_pairwise(cov, ALPHA)
     off = ~torch.eye(3, dtype=torch.bool)
@@ -218,6 +224,8 @@ def test_flip_rates_moment_recovers_exact_agreement() -> None:
     q = 1 - 2 * f_true
     n = torch.full((6, 6), 100.0, dtype=torch.float64).fill_diagonal_(0)
     agree = n * (1 + q[:, None] * q[None, :]) / 2
+    # float64 moment estimator: square roots of products of exact counts; sqrt near q = 0 (f = 0.5)
+    # loses half the digits: ~1e-8, 1e-6 with room
     torch.testing.assert_close(noise.flip_rates_moment(agree, n), f_true, atol=1e-6, rtol=0)
     lonely = torch.tensor([[0.0, 10.0], [10.0, 0.0]], dtype=torch.float64)
     assert bool(torch.isnan(noise.flip_rates_moment(lonely * 0.9, lonely)).all())  # one partner
@@ -229,5 +237,6 @@ def test_concordance_slots_matches_pairwise_concordance() -> None:
     c, d = rankstats.concordance_slots(ranks)
     for a, b in itertools.product(range(3), range(3)):
         c2, d2 = rankstats.concordance(ranks[:, a], ranks[:, b])
+        # counts in float: exact up to assert_close's float defaults
         torch.testing.assert_close(c[:, a, b], c2)
         torch.testing.assert_close(d[:, a, b], d2)

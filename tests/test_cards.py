@@ -24,7 +24,7 @@ from grouppref.schemas import ValidatedGroup
 from grouppref.train.config import TrainConfig
 from grouppref.train.model_card import EMBEDDED_HUB_ID, hub_id, public_name
 from grouppref.train.stage import run_train
-from tests.test_validate import make_validated, write_aggregate
+from tests.support.validated import make_validated, write_aggregate
 
 SECRETS = {"api_key": "sk-live-123", "Token": "hf_abcdef", "password": "pw-one",
            "client": {"secret": "s3cr3t", "id": "client-7"}}

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import grouppref
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def grouppref(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "grouppref", *args], capture_output=True,
-                          text=True, cwd=cwd or ROOT, timeout=300)
 
 
 def test_schema_prints_json_schema() -> None:

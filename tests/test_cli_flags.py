@@ -119,7 +119,7 @@ def test_a_bad_union_value_is_one_error_naming_the_option() -> None:
 def test_train_rm_trains_the_modules_given_by_lora_target(tiny_lm_dir: Path,
                                                           tmp_path: Path) -> None:
     """A real train-rm run: the adapter it saves targets exactly the named modules."""
-    from tests.test_trainer import _write_validate, synthetic_groups
+    from tests.support.training import _write_validate, synthetic_groups
 
     store = _write_validate(tmp_path / "run", synthetic_groups(8, 0))
     result = CliRunner().invoke(app, [

@@ -13,8 +13,9 @@ import torch
 
 from grouppref.train.config import TrainConfig
 from grouppref.train.trainer import train
-from tests.test_ddp import torchrun_cpu
-from tests.test_trainer import PLAIN, _final_params, synthetic_groups
+from tests.support.ddp import torchrun_cpu
+from tests.support.tolerances import assert_trained_close
+from tests.support.training import PLAIN, _final_params, synthetic_groups
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
@@ -45,12 +46,16 @@ def test_compiled_training_resumes_exactly_and_saves_plain_weights(tiny_lm_dir: 
     assert all(m._compiled_call_impl is not None for m in straight.model.model.layers)
     weights = _final_params(straight.model)
     assert not torch.allclose(weights, _final_params(LlamaForCausalLM.from_pretrained(tiny_lm_dir)))
-    assert torch.allclose(weights, _final_params(eager.model), atol=1e-5)
+    # compiled vs eager: inductor fuses and sums in another order, so the gradients differ in
+    # their last bits and Adam turns that into ~lr-sized moves where a gradient is near 0
+    assert_trained_close(weights, _final_params(eager.model), steps=3, lr=1e-3)
     train(TrainConfig(**base, max_steps=2, save_steps=2, compile=True), groups, tmp_path / "b")
     resumed = train(TrainConfig(**base, max_steps=3, compile=True), groups, tmp_path / "b",
                     resume=True)
     assert resumed.stats.steps == 3
-    assert torch.allclose(_final_params(resumed.model), weights, atol=1e-6)
+    # exact: the resumed run restores the weights, Adam's moments and the RNG bit for bit and
+    # replays the same compiled kernels on the same inputs (one thread, this machine)
+    assert torch.equal(_final_params(resumed.model), weights)
     plain = set(LlamaForCausalLM.from_pretrained(tiny_lm_dir).state_dict())
     tied = {"lm_head.weight"}  # tied to the embedding: saved once
     (step_2,) = (tmp_path / "b" / "checkpoints").glob("step-*2")
@@ -64,7 +69,7 @@ DDP_SCRIPT = textwrap.dedent("""
     import os, sys, torch
     from grouppref.train.config import DataConfig, TrainConfig
     from grouppref.train.trainer import train
-    from tests.test_trainer import synthetic_groups
+    from tests.support.training import synthetic_groups
 
     model, out = sys.argv[1], sys.argv[2]
     config = TrainConfig(model=model, beta=0.5, lr=5e-3, lr_scheduler="constant", batch_size=2,
@@ -93,7 +98,11 @@ def test_compiled_ddp_replicas_agree_and_equal_eager_ddp(tiny_lm_dir: Path, tmp_
     c0, c1 = replicas(compile=True)
     for rank in (0, 1):  # the steps ran compiled on both ranks
         assert int((tmp_path / "compiled" / "out" / f"graphs-{rank}.txt").read_text()) >= 1
+    # exact: both replicas apply the same all-reduced gradient (the all-reduce hands every rank
+    # the same bits) to the same start with the same Adam
     assert torch.equal(c0, c1)  # gradients all-reduced through the compiled layers
     assert not torch.allclose(c0, _final_params(LlamaForCausalLM.from_pretrained(tiny_lm_dir)))
-    assert torch.allclose(c0, replicas(compile=False)[0], atol=1e-5)
+    # compiled vs eager DDP (the failure on AMD EPYC: equal to 4 digits, not 1e-5): other
+    # fusion and reduction order, turned by Adam into up to ~lr a step (tests/support/tolerances.py)
+    assert_trained_close(c0, replicas(compile=False)[0], steps=2, lr=5e-3)
 

@@ -19,7 +19,7 @@ from grouppref.pipeline.rank.rankers import RuleRanker, Skip
 from grouppref.pipeline.rank.settings import ConstraintsCheck, RuleRankerSettings, parse_ranker_spec
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Prompt
-from tests.factories import make_group
+from tests.support.factories import make_group
 
 
 def _met(cid: str, text: str, **kwargs: object) -> bool:
@@ -151,6 +151,7 @@ def test_satisfaction_is_the_share_met() -> None:
     spec = [{"id": "change_case:english_lowercase"}, {"id": "punctuation:no_comma"},
             {"id": "startend:end_checker", "kwargs": {"end_phrase": "bye"}}]
     parsed = cs.parse_constraints(json.dumps(spec))
+    # a share of checks (k / n): float64, a few operations: approx's default rel 1e-6 is ~1e9 eps64
     assert cs.satisfaction("hello, bye", parsed) == pytest.approx(2 / 3)
     assert cs.satisfaction("Hello, hi", parsed) == 0.0
     assert cs.satisfaction("hello bye", parsed) == 1.0
@@ -177,6 +178,7 @@ def test_ifeval_published_row() -> None:
     assert parsed[2].kwargs == {"relation": "at least", "num_words": 300}
     text = "*a* *b* *c* " + "word " * 297
     assert cs.satisfaction(text, parsed) == 1.0
+    # k / n: float64, a few operations: approx's default rel 1e-6 is ~1e9 eps64
     assert cs.satisfaction(text.replace("*c*", "c,"), parsed) == pytest.approx(1 / 3)
 
 

@@ -30,7 +30,7 @@ import pytest
 
 from benchmarks.ifeval import build as b
 from grouppref.pipeline.rank import constraints as cs
-from tests.suite_setup import missing_requirement
+from tests.support.suite_setup import missing_requirement
 
 CORPUS = Path(__file__).parent / "data" / "ifeval_edge" / "cases.jsonl"
 CASES = [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]

@@ -67,6 +67,8 @@ def test_synthetic_panel_and_noise(synthetic_result: tuple[dict, Path]) -> None:
     assert 0.0 <= clean["noise_estimate"] <= 0.3
     adv = next(r for r in runs if r["condition"] == "adversarial")
     # panel: sim-1..3 (0.1), random, reversed: the reversed one votes against the truth always
+    # a ratio of counts (all flipped): float64, a few operations: approx's default rel 1e-6 is ~1e9
+    # eps64
     assert adv["realised_flip_rates"][4] == pytest.approx(1.0)
     assert adv["annotator_weights"][4] == 0.0  # and aggregation gives it no weight
     # the task is not solvable by a prompt-independent scorer
@@ -108,6 +110,7 @@ def test_curves_structure(curves_result: tuple[dict, Path]) -> None:
     tok = cell["tokens_per_step"]
     dpo_step = cell["steps"][last]["dpo_step_at_equal_tokens"]
     assert dpo_step == round(int(last) * tok["gspo_soft"] / tok["dpo_consensus"])
+    # DPO stops at the step nearest the group losses' tokens: within one step's tokens (~1/steps, < 10%)
     assert cell["dpo_curve"][str(dpo_step)]["tokens"] == pytest.approx(
         int(last) * tok["gspo_soft"], rel=0.1)
     for m in set(curves.METHODS) - {"dpo_consensus"}:
@@ -137,6 +140,8 @@ def test_curves_collect_from_a_partial_cache(curves_result: tuple[dict, Path], t
     full = {(r["seed"], r["method"], r["step"]): r["pair_accuracy"] for r in curves_result[0]["runs"]
             if r["condition"] == "noise=0.2"}
     assert {(r["seed"], r["method"], r["step"]): r["pair_accuracy"]
+            # the same jobs rerun in another process pool (same seeds, same kernels, float32 tiny LM):
+            # ~bit-identical; 1e-4 = MODEL_RTOL against the pool's thread count
             for r in part["runs"]} == pytest.approx(full, rel=1e-4)
     # the written JSON is packed and rounded; --replot from it gives the same tables
     out = tmp_path / "out"
@@ -157,6 +162,7 @@ def test_posterior_targets_against_a_hand_computed_case() -> None:
     flip = torch.tensor([[0.1, 0.2, 0.3]])
     p = common.posterior_targets(ranks, used, flip)
     l1, l2 = math.log(0.9 / 0.1), math.log(0.8 / 0.2)
+    # float32 sigmoid vs float64 math: ~eps32 relative, inside approx's rel 1e-6 (~8 eps32)
     assert p[0, 0, 1].item() == pytest.approx(1 / (1 + math.exp(-(l1 - l2))))  # split vote
     assert p[0, 0, 2].item() == pytest.approx(1 / (1 + math.exp(-(l1 + l2))))  # both agree
     assert p[0, 2, 0].item() == pytest.approx(1 - p[0, 0, 2].item())

@@ -31,7 +31,7 @@ from grouppref.commands import run as run_commands
 from grouppref.runner import load_run_config, run_pipeline
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, ValidatedGroup
-from tests.test_label_push_pull import annotator_http, annotator_records, respond
+from tests.support.labelling import annotator_http, annotator_records, respond
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

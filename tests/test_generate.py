@@ -36,6 +36,8 @@ from grouppref.runs.store import RunStore
 from grouppref.schemas import ChatMessage, Prompt
 
 REPO = Path(__file__).resolve().parents[1]
+# same derivation as MODEL_ATOL (tests/support/tolerances.py): the KV cache sums attention in another
+# order
 LOGP_ATOL = 1e-4  # fp32: generate's cached decode vs one full forward pass
 
 
@@ -94,6 +96,7 @@ def test_seeded_sampler_tempered_top_p_distribution_and_raw_logp():
     freq = _empirical(choice, 4)
     sigma = (want * (1 - want) / n).sqrt()
     assert torch.all((freq - want).abs() <= 4 * sigma + 1e-12), (freq, want)
+    # the sampler's float32 log-probs of 4 scores (~-1.4) vs float64: ~eps32 * 1.4 = 2e-7, 1e-6 = 5x
     torch.testing.assert_close(sampler.logps[0].double(), p.log()[choice], atol=1e-6, rtol=0)
 
 
@@ -371,6 +374,9 @@ def test_embedded_smollm2_candidates_and_retokenised_logp(tmp_path: Path):
             with torch.no_grad():
                 logp = torch.log_softmax(model(torch.tensor([prefix + ids])).logits[0].double(), -1)
             ref = sum(float(logp[len(prefix) - 1 + t, y]) for t, y in enumerate(ids))
+            # the embedded 135M model (30 layers, 576 wide, bf16-trained fp32 weights): a sum of up to
+            # ~20 token log-probs of generate's cached decode vs one float64-softmaxed full pass; ~20 *
+            # 3e-5 typical per token, 1e-3 leaves ~2x
             assert c.behavior_logp == pytest.approx(ref, abs=1e-3)
             checked += 1
     assert checked >= 3

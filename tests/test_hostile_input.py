@@ -9,8 +9,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import datasets
@@ -25,14 +23,10 @@ from grouppref.readers.mapping import ColumnMapping
 from grouppref.readers.prompts import read_prompts
 from grouppref.runs.store import RunStore
 from grouppref.train.sources import load_groups
+from tests.support.cli import grouppref
 
 BOM = b"\xef\xbb\xbf"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def grouppref(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "grouppref", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
 def jsonl_bytes(*rows: dict) -> list[bytes]:

@@ -122,10 +122,14 @@ def test_report_statistics_by_hand() -> None:
             {"tokens_trained": 100,
              "per_prompt": [{"g": [1, 0], "s": [[1, 1], [1, 1]], "kl": [0.0, 0.2]},
                             {"g": [0], "s": [[0], [1]], "kl": [0.3, 0.3]}]}]
+    # means of 0/1 verdicts and of given KLs: float64, a few operations: approx's default rel 1e-6 is
+    # ~1e9 eps64
     assert prompt_values(runs[0]["per_prompt"][0]) == pytest.approx(
         {"greedy": 1.0, "greedy_all": 1.0, "sampled": 0.75, "sampled_all": 0.5, "kl": 0.3})
     stats = method_stats(runs, base)
     # per-seed greedy means: (1 + 1) / 2 = 1.0 and (0.5 + 0) / 2 = 0.25
+    # means and CIs of exact small rationals: float64, a few operations: approx's default rel 1e-6 is
+    # ~1e9 eps64
     assert stats["greedy"]["mean"] == pytest.approx(0.625)
     assert stats["greedy"]["seed_ci"] == pytest.approx(12.706 * 0.375 * math.sqrt(2) / math.sqrt(2))
     # per-prompt greedy over seeds: 0.75, 0.5; base: 0.5, 0.0; paired change 0.25, 0.5
@@ -186,6 +190,8 @@ def test_greedy_decoding_matches_generate_and_self_kl_is_zero(tiny_lm_dir: Path)
                              pad_token_id=tokenizer.pad_token_id)[0, len(ids):].tolist()
         assert got.tokens[2 * n] == ref[:len(got.tokens[2 * n])]
         assert len(got.tokens[2 * n + 1]) >= 1
+    # KL of a model to itself from two float32 passes (batched vs cached): per-token log-prob noise
+    # MODEL_ATOL-level differences cancel to first order (KL is quadratic in them): 1e-5
     assert got.kl == pytest.approx([0.0] * 4, abs=1e-5)
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import datasets
@@ -20,14 +18,10 @@ from grouppref.pipeline.imports.config import ImportConfig
 from grouppref.pipeline.imports.stage import run_import, run_import_candidates
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import ValidatedGroup
-from tests.test_import_layouts import NECTAR_ROWS, UF_ROWS, aspects, uf_completion, uf_row
+from tests.support.cli import grouppref
+from tests.support.import_rows import NECTAR_ROWS, UF_ROWS, aspects, uf_completion, uf_row
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def grouppref(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "grouppref", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

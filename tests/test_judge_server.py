@@ -1,5 +1,5 @@
 """The ``judge`` ranker served by an OpenAI-compatible server: pointwise, pairwise and rubric
-modes against a real llama.cpp server (tests/llama_server.py, the embedded SmolLM2 GGUF), a
+modes against a real llama.cpp server (tests/support/llama_server.py, the embedded SmolLM2 GGUF), a
 judge answer that is not a rating, a wrong model name; and the pure parsing helpers."""
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from grouppref.pipeline.rank.settings import parse_ranker_spec
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas.reports import ServerUsage
-from tests.factories import imported_run
-from tests.llama_server import MODEL_ALIAS
-from tests.test_rank_served_overlap import _one_after_another
+from tests.support.factories import imported_run
+from tests.support.judges import SHORT_RATING
+from tests.support.llama_server import MODEL_ALIAS
+from tests.support.served_fakes import _one_after_another
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS = [{"prompt": "What is 2 + 2?", "responses": ["4", "2 + 2 = 5.", "It is 4."]},
@@ -56,6 +57,8 @@ def test_pointwise_and_pairwise_judges_through_llama_server(groups_run: RunStore
         point, pair = by[f"judge:{MODEL_ALIAS}"], by[f"judge:{MODEL_ALIAS}@pairwise"]
         assert all(math.isfinite(s) for s in point.scores.values())
         # pairwise scores are mean debiased log-odds: antisymmetric, so they sum to 0
+        # antisymmetric float64 log-odds (~1-10) summed over <= K^2 terms: ~K^2 * eps64 * 10 ~ 1e-13,
+        # 1e-9 with room
         assert sum(pair.scores.values()) == pytest.approx(0.0, abs=1e-9)
     usages = {u["model"]: ServerUsage.model_validate(u) for u in stage.manifest.stats["servers"]}
     [usage] = usages.values()  # both judges ask the same model on the same server
@@ -98,9 +101,6 @@ def test_a_judge_answer_that_is_not_a_rating_is_a_counted_part_reject(
         assert "is not a rating (no 'Rating: N' line): 'I cannot rate this.'" in reject.reason
 
 
-SHORT_RATING = 'root ::= "Rating: " [1-9] "\\nRationale: " [a-z]+ "."'  # a short rubric answer
-
-
 @pytest.mark.slow
 def test_three_judges_together_equal_one_after_another(groups_run: RunStore,
                                                       llama_server: str) -> None:
@@ -120,6 +120,9 @@ def test_three_judges_together_equal_one_after_another(groups_run: RunStore,
         pairs = list(zip(got.rankings, want.rankings, strict=True))
         assert [(a.annotator, a.tiers) for a, _ in pairs] == [(b.annotator, b.tiers) for _, b in pairs]
         for a, b in pairs:
+            # the same llama.cpp server, requests together vs one after another: it reuses the KV cache
+            # of the previous prompt's prefix, so its float32 logits differ in the last bits; log-odds
+            # ~1-10: 1e-5 ~ 10 eps32 * 10
             assert a.scores == pytest.approx(b.scores, abs=1e-5)
             assert a.metadata == b.metadata  # the rubric's ratings and rationales
     [got_usage] = stage.manifest.stats["servers"]
@@ -183,6 +186,7 @@ def test_parse_rating_json() -> None:
 
 def test_verdict_log_odds_sums_variants_and_bounds_missing_ones() -> None:
     lo, bounded = verdict_log_odds({"Yes": -0.5, " yes": -2.0, "No": -1.5}, "yes", "no")
+    # float64, a few operations: approx's default rel 1e-6 is ~1e9 eps64
     assert lo == pytest.approx(math.log(math.exp(-0.5) + math.exp(-2.0)) + 1.5)
     assert not bounded
     lo, bounded = verdict_log_odds({"Yes": -0.1, "Maybe": -3.0}, "yes", "no")

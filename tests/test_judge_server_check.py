@@ -1,5 +1,5 @@
 """How the served judge checks its server, against the real llama.cpp server
-(tests/llama_server.py, the embedded SmolLM2 GGUF): no request is spent on the check (the
+(tests/support/llama_server.py, the embedded SmolLM2 GGUF): no request is spent on the check (the
 first question is sent before the stage and kept), a resumed stage sends a short probe, a
 refused first question is told from refused settings, the server's own samplers are switched
 off in every mode, and llama-cpp-python's HTTP 500 validation errors are refusals naming the
@@ -22,21 +22,12 @@ from grouppref.models.server_settings import ServerSettings
 from grouppref.pipeline.rank.config import STAGE_VERSION, RankConfig
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.schemas import AnnotatedGroup
-from tests.factories import imported_run
-from tests.llama_server import MODEL_ALIAS, posted_bodies
-from tests.test_judge_server import SHORT_RATING
-from tests.test_served_sampling import LLAMA_NEUTRAL
+from tests.support.factories import imported_run
+from tests.support.judges import GROUPS, LLAMA_NEUTRAL, SHORT_RATING, _judge
+from tests.support.llama_server import MODEL_ALIAS, posted_bodies
 
 REPO = Path(__file__).resolve().parents[1]
-GROUPS = [{"prompt": "What is 2 + 2?", "responses": ["4", "It is 4."]},
-          {"prompt": "Name the capital of France.", "responses": ["Paris.", "London."]}]
 PROBE = "Answer with Yes or No."
-
-
-def _judge(url: str, **settings: Any) -> dict[str, Any]:
-    server = {"base_url": url, "concurrency": 2, **settings.pop("server", {})}
-    return {"kind": "judge", "backend": "openai", "model": MODEL_ALIAS, "server": server,
-            **settings}
 
 
 def _asked(body: dict[str, Any]) -> str:
@@ -93,6 +84,8 @@ def test_a_resumed_stage_sends_a_short_probe(tmp_path: Path, llama_server: str,
     assert len(bodies) == 1 + 2 and all("France" in _asked(b) for b in bodies[1:])
     for got, want in zip(resumed.records(), records, strict=True):
         [a], [b] = got.rankings, want.rankings
+        # the same server resumed vs straight: a reused KV-cache prefix changes its float32 logits in
+        # the last bits (tests/test_judge_server.py): 1e-5 on log-odds ~1-10
         assert a.scores == pytest.approx(b.scores, abs=1e-5) and a.tiers == b.tiers
 
 

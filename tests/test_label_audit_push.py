@@ -24,9 +24,8 @@ from grouppref.pipeline.report.stage import render_report
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup
 from grouppref.schemas.label_reports import LabelSelection
-from tests.test_label_push_pull import annotator_http, annotator_records, respond, write_stage
-from tests.test_label_select_push import run_groups
-from tests.test_report_selection import selection_rows
+from tests.support.labelling import annotator_http, annotator_records, respond, write_stage
+from tests.support.selection import run_groups, selection_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,8 +25,8 @@ from grouppref.labeling.client import connect, resolve_credentials
 from grouppref.labeling.config import PullConfig, PushConfig
 from grouppref.labeling.pull import pull_run
 from grouppref.labeling.push import push_run
-from tests.browser import chromium_page
-from tests.test_label_push_pull import as_chat, make_groups, write_stage
+from tests.support.browser import chromium_page
+from tests.support.labelling import as_chat, make_groups, write_stage
 
 pytestmark = [pytest.mark.argilla, pytest.mark.browser]
 

@@ -7,8 +7,6 @@ not Argilla; every input is built here.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,7 +23,8 @@ from grouppref.labeling.config import LabelRunConfig, PullConfig, PushConfig
 from grouppref.labeling.pull import pull_run
 from grouppref.labeling.push import push_run
 from grouppref.labeling.server.accounts import create_user
-from tests.test_label_push_pull import (
+from tests.support.cli import grouppref, one_line_exit_2
+from tests.support.labelling import (
     annotator_http,
     annotator_records,
     make_groups,
@@ -33,23 +32,6 @@ from tests.test_label_push_pull import (
     respond,
     write_stage,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def grouppref(*args: str, env: dict[str, str], stdin: str | None = None
-              ) -> subprocess.CompletedProcess[str]:
-    """The real CLI (``python -m grouppref``) in a subprocess."""
-    return subprocess.run([sys.executable, "-m", "grouppref", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300, env=env, input=stdin)
-
-
-def one_line_exit_2(result: subprocess.CompletedProcess[str], progress: str = "\0") -> str:
-    """The one error line of a failed command (lines starting with ``progress`` aside)."""
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    lines = [ln for ln in result.stderr.strip().splitlines() if not ln.startswith(progress)]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    return lines[0]
 
 
 @pytest.fixture

@@ -9,8 +9,6 @@ The push against the real embedded Argilla is in ``tests/test_label_select_push.
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,51 +18,11 @@ from scipy.stats import rankdata
 
 from grouppref.labeling.config import PushConfig
 from grouppref.labeling.select import select_groups
-from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
+from grouppref.schemas import AnnotatedGroup
 from grouppref.stats import bt
 from grouppref.stats.uncertainty import disagreement, expected_pair_error, smallest_margin, top_n
-from tests.factories import make_group
-from tests.test_label_push_pull import write_stage
-
-ROOT = Path(__file__).resolve().parents[1]
-IDENTITY = [0, 1, 2, 3]
-
-
-# -- constructed groups --------------------------------------------------------------------
-def ranked(i: int, orders: dict[str, list[int]], rm_scores: list[float] | None = None,
-           k: int = 4) -> AnnotatedGroup:
-    """Group ``i`` with one strict ranking per automatic ranker (``rm``: reward_model with
-    ``rm_scores``, ``rule``: rule, ``judge``: llm_judge); orders list candidate indices."""
-    g = make_group(k, prompt_text=f"Prompt {i}: name a colour.",
-                   texts=[f"answer {i}.{j}" for j in range(k)])
-    ids = g.candidate_ids()
-    kinds = {"rm": "reward_model", "rule": "rule", "judge": "llm_judge"}
-    rankings = []
-    for name, order in orders.items():
-        scores = None
-        if name == "rm" and rm_scores is not None:
-            scores = {ids[j]: s for j, s in enumerate(rm_scores)}
-        rankings.append(Ranking(annotator=Annotator(id=name, kind=kinds[name]),
-                                group_id=g.group_id, tiers=[[ids[j]] for j in order],
-                                scores=scores))
-    return AnnotatedGroup(**g.model_dump(), rankings=rankings)
-
-
-def panel() -> list[AnnotatedGroup]:
-    """Nine groups: six unanimous, three with growing disagreement (6: mild, 7: more,
-    8: the most); the reward model's scores are close in groups 2 (gap 0.05) and 4 (gap
-    0.02), well apart elsewhere."""
-    same = dict.fromkeys(("rm", "rule", "judge"), IDENTITY)
-    wide = [3.0, 2.0, 1.0, 0.0]
-    groups = [ranked(i, same, wide) for i in range(6)]
-    groups[2] = ranked(2, same, [3.0, 2.95, 1.0, 0.0])
-    groups[4] = ranked(4, same, [3.0, 2.0, 1.02, 1.0])
-    groups.append(ranked(6, {"rm": IDENTITY, "rule": [0, 1, 3, 2], "judge": IDENTITY}, wide))
-    groups.append(ranked(7, {"rm": IDENTITY, "rule": [1, 0, 2, 3], "judge": [0, 1, 3, 2]},
-                         wide))
-    groups.append(ranked(8, {"rm": IDENTITY, "rule": [3, 2, 1, 0], "judge": [2, 3, 0, 1]},
-                         wide))
-    return groups
+from tests.support.labelling import write_stage
+from tests.support.selection import _one_line, _push, panel
 
 
 def ids_of(groups: list[AnnotatedGroup], idx: list[int]) -> list[str]:
@@ -88,6 +46,8 @@ def test_disagreement_is_one_minus_textbook_kendall_w_with_ties() -> None:
     included = torch.ones(200, 4, dtype=torch.bool)
     got = disagreement(ranks, included)
     want = [1 - kendall_w_reference(ranks[b].numpy()) for b in range(200)]
+    # float64 Kendall's W of 4 rankers x <= 6 items vs a reference, values in [0, 1]: sums of ~30 exact
+    # integers, one division: ~eps64
     np.testing.assert_allclose(got.numpy(), np.clip(want, 0, 1), atol=1e-12)
     # undefined W (one ranking; or every ranking one tier) counts as fully uncertain
     one = included.clone()
@@ -138,6 +98,8 @@ def test_smallest_margin_is_the_smallest_adjacent_gap() -> None:
     for b in range(50):
         s = np.sort(scores[b][valid[b]])
         want = np.diff(s).min() if s.size >= 2 else np.inf
+        # a difference of two float64 scores, the same arithmetic: float64, a few operations: approx's
+        # default rel 1e-6 is ~1e9 eps64
         assert got[b].item() == pytest.approx(want)
 
 
@@ -172,6 +134,8 @@ def test_rm_margin_picks_the_closest_reward_scores() -> None:
                         "rank")
     assert sel.ids == ids_of(groups, [4, 2])  # gap 0.02, then 0.05 (same scale for all)
     std = np.std([s for g in groups for s in g.rankings[0].scores.values()], ddof=1)
+    # a float64 gap over a float64 std: float64, a few operations: approx's default rel 1e-6 is ~1e9
+    # eps64
     assert sel.selected[0].uncertainty == pytest.approx(-0.02 / std)
 
 
@@ -185,23 +149,6 @@ def test_random_is_seeded_and_reproducible() -> None:
     assert all(g.uncertainty is None for g in a.selected) and a.seed == 7
     every = select_groups(groups, PushConfig(), "rank")
     assert every.select == "all" and every.ids == [g.group_id for g in groups]
-
-
-# -- bad input through the CLI --------------------------------------------------------------
-def _push(run: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``grouppref label push`` against a closed port: every error here must come first."""
-    return subprocess.run([sys.executable, "-m", "grouppref", "label", "push", str(run),
-                           "--api-url", "http://127.0.0.1:9", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(run.parent),
-                               "ARGILLA_API_KEY": "unused-key-1234"})
-
-
-def _one_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip() and "Saving the" not in ln]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize(("args", "expected"), [

@@ -25,18 +25,11 @@ from grouppref.labeling.stage import WaitingForLabels, run_label
 from grouppref.pipeline.report.config import ReportConfig
 from grouppref.pipeline.report.stage import render_report
 from grouppref.runs.store import RunStore
-from grouppref.schemas import AnnotatedGroup
 from grouppref.schemas.label_reports import LabelSelection
-from tests.test_label_push_pull import annotator_http, annotator_records, respond, write_stage
-from tests.test_label_select import panel, ranked
+from tests.support.labelling import annotator_http, annotator_records, respond, write_stage
+from tests.support.selection import run_groups
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_groups() -> list[AnnotatedGroup]:
-    """The nine K=4 groups of :func:`panel` (6, 7, 8 disagree) and three unanimous K=3 ones."""
-    same = dict.fromkeys(("rm", "rule", "judge"), [0, 1, 2])
-    return panel() + [ranked(20 + i, same, [2.0, 1.0, 0.0], k=3) for i in range(3)]
 
 
 def records_in(client: Any, workspace: str, name: str) -> set[str] | None:

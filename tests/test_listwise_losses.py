@@ -42,7 +42,7 @@ from grouppref.train.rm_loop import train_reward_model
 from grouppref.train.rm_trainer import reward_loss
 from grouppref.train.trainer import train
 from grouppref.train.trim import trim_for_loss
-from tests.test_trainer import PLAIN, synthetic_groups
+from tests.support.training import PLAIN, synthetic_groups
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
@@ -142,8 +142,8 @@ def test_lipo_matches_the_paper_loop(seed: int, gamma: float, normalise: bool) -
     ours, g_ours = _value_and_grad(lambda x: lipo_lambda_loss(
         x, labels, valid, target_margin=gamma, normalise=normalise), s)
     ref, g_ref = _value_and_grad(lambda x: _naive_lipo(x, labels, valid, gamma, normalise), s)
-    assert torch.allclose(ours, ref, atol=ATOL, rtol=0)
-    assert torch.allclose(g_ours, g_ref, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0)
+    torch.testing.assert_close(g_ours, g_ref, atol=ATOL, rtol=0)
     assert (g_ours[~valid] == 0).all()  # padding gets no gradient
 
 
@@ -167,9 +167,9 @@ def test_lipo_at_k2_is_dpo_up_to_a_constant() -> None:
     valid = torch.ones(8, 2, dtype=torch.bool)
     dpo = dpo_loss(s, order, valid)
     constant = 1 - 1 / math.log2(3)  # ≈ 0.3691
-    assert torch.allclose(lipo_lambda_loss(s, labels, valid), dpo, atol=ATOL, rtol=0)
-    assert torch.allclose(lipo_lambda_loss(s, labels, valid, normalise=False), constant * dpo,
-                          atol=ATOL, rtol=0)
+    torch.testing.assert_close(lipo_lambda_loss(s, labels, valid), dpo, atol=ATOL, rtol=0)
+    torch.testing.assert_close(lipo_lambda_loss(s, labels, valid, normalise=False), constant * dpo,
+                               atol=ATOL, rtol=0)
 
 
 # -- InfoNCA / NCA ------------------------------------------------------------------------
@@ -178,13 +178,14 @@ def test_lipo_at_k2_is_dpo_up_to_a_constant() -> None:
 def test_soft_targets_infonca_and_nca_match_the_paper_loops(seed: int, alpha: float) -> None:
     s, _, r, valid = _random_batch(seed)
     q = soft_targets(r, valid, alpha)
-    assert torch.allclose(q, torch.tensor(_naive_q(r, valid, alpha), dtype=q.dtype), atol=ATOL)
+    torch.testing.assert_close(q, torch.tensor(_naive_q(r, valid, alpha), dtype=q.dtype), atol=ATOL,
+                               rtol=0)
     q_list = q.tolist()
     for ours_fn, naive_fn in ((infonca_loss, _naive_infonca), (nca_loss, _naive_nca)):
         ours, g_ours = _value_and_grad(lambda x, f=ours_fn: f(x, q, valid), s)
         ref, g_ref = _value_and_grad(lambda x, f=naive_fn: f(x, q_list, valid), s)
-        assert torch.allclose(ours, ref, atol=ATOL, rtol=0), ours_fn.__name__
-        assert torch.allclose(g_ours, g_ref, atol=ATOL, rtol=0), ours_fn.__name__
+        torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0, msg=ours_fn.__name__)
+        torch.testing.assert_close(g_ours, g_ref, atol=ATOL, rtol=0, msg=ours_fn.__name__)
         assert (g_ours[~valid] == 0).all()
 
 
@@ -193,8 +194,8 @@ def test_infonca_is_shift_invariant_and_dpo_at_k2() -> None:
     onehot = torch.tensor([[1.0, 0.0]] * 5, dtype=torch.float64)
     valid = torch.ones(5, 2, dtype=torch.bool)
     dpo = dpo_loss(s, torch.tensor([[0, 1]] * 5), valid)
-    assert torch.allclose(infonca_loss(s, onehot, valid), dpo, atol=ATOL, rtol=0)
-    assert torch.allclose(infonca_loss(s - 3.0, onehot, valid), dpo, atol=ATOL, rtol=0)
+    torch.testing.assert_close(infonca_loss(s, onehot, valid), dpo, atol=ATOL, rtol=0)
+    torch.testing.assert_close(infonca_loss(s - 3.0, onehot, valid), dpo, atol=ATOL, rtol=0)
 
 
 def _trl_nca_pair():
@@ -235,12 +236,12 @@ def test_nca_at_k2_with_one_hot_targets_is_trl_nca_pair() -> None:
     q = torch.tensor([[1.0, 0.0]] * 16, dtype=torch.float64)
     ours = nca_loss(s, q, torch.ones(16, 2, dtype=torch.bool))
     theirs = trl_nca(beta, log_ratios[:, 0], log_ratios[:, 1])
-    assert torch.allclose(ours, theirs, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0)
     # and through the strengths: a tiny temperature makes softmax(θ/α) one-hot on the best
     q_soft = soft_targets(torch.tensor([[1.0, -1.0]] * 16, dtype=torch.float64),
                           torch.ones(16, 2, dtype=torch.bool), temperature=1e-3)
-    assert torch.allclose(nca_loss(s, q_soft, torch.ones(16, 2, dtype=torch.bool)), theirs,
-                          atol=ATOL, rtol=0)
+    torch.testing.assert_close(nca_loss(s, q_soft, torch.ones(16, 2, dtype=torch.bool)), theirs,
+                               atol=ATOL, rtol=0)
 
 
 # -- the targets in the batch, the dispatch, the settings ---------------------------------
@@ -297,7 +298,7 @@ def test_reward_model_loss_uses_the_same_dispatch(loss: str) -> None:
                 "nca": lambda: nca_loss(s, soft_targets(batch.strengths, batch.valid, 0.5), batch.valid),
                 "infonca": lambda: infonca_loss(s, soft_targets(batch.strengths, batch.valid, 0.5),
                                                 batch.valid)}[loss]()
-    assert torch.allclose(reward_loss(s, batch, config), expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(reward_loss(s, batch, config), expected, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("settings,message", [
@@ -335,7 +336,7 @@ def test_reference_free_step_reads_no_reference(loss: str, pair_targets: str) ->
                             for b in range(s.shape[0])])
     else:
         want = score_loss(loss, s, batch, pair_targets=pair_targets, target_margin=gamma)
-    assert torch.allclose(got, want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
 
 
 def _naive_logp(model, prompt_ids: list[int], resp: list[int]) -> float:

@@ -8,7 +8,7 @@ import math
 import httpx
 import pytest
 
-from tests.llama_server import MODEL_ALIAS
+from tests.support.llama_server import MODEL_ALIAS
 
 
 def test_server_lists_the_embedded_model_under_its_alias(llama_server: str) -> None:
@@ -34,4 +34,6 @@ def test_chat_completion_returns_one_logprob_per_generated_token(llama_server: s
         assert math.isfinite(t["logprob"]) and t["logprob"] <= 0.0
         assert len(t["top_logprobs"]) == 3
         # greedy decoding: the chosen token is the most probable alternative
+        # one server's two reports of one float32 log-prob (sampled token vs its top list: computed
+        # apart); 1e-4 as MODEL_ATOL
         assert t["logprob"] == pytest.approx(max(alt["logprob"] for alt in t["top_logprobs"]), abs=1e-4)

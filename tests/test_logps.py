@@ -13,10 +13,12 @@ from grouppref.train import logps as logps_mod
 from grouppref.train import packing, taken
 from grouppref.train.data import GroupBatch, TokenizedGroup, collate_groups
 from grouppref.train.logps import group_logps, taken_logps
+from tests.support.logps import PAD, _groups, _value_and_grads
+from tests.support.tolerances import MODEL_ATOL, MODEL_RTOL
 
-ATOL = 1e-4
-RTOL = 1e-4
-PAD = 0
+# packed / shared-prefix vs naive per-candidate passes: the same fp32 math summed in another
+# order (tests/support/tolerances.py: MODEL_* for log-probs, GRAD_* for their gradients)
+ATOL, RTOL = MODEL_ATOL, MODEL_RTOL
 
 
 @pytest.fixture(scope="module")
@@ -24,28 +26,6 @@ def model(tiny_lm_dir):
     from transformers import LlamaForCausalLM
 
     return LlamaForCausalLM.from_pretrained(tiny_lm_dir, dtype=torch.float32).train()
-
-
-def _groups() -> list[TokenizedGroup]:
-    """Three groups: prompts of 5, 11 and 1 tokens; K = 3, 2, 4; responses of 1 to 9 tokens."""
-    return make_groups([("a", 5, [3, 9, 1]), ("b", 11, [4, 2]), ("c", 1, [2, 5, 7, 6])], seed=7)
-
-
-def make_groups(spec: list[tuple[str, int, list[int]]], seed: int) -> list[TokenizedGroup]:
-    """Groups of random token ids: (group id, prompt length, response lengths) each."""
-    g = torch.Generator().manual_seed(seed)
-
-    def ids(n: int) -> list[int]:
-        return torch.randint(3, 5000, (n,), generator=g).tolist()
-
-    def group(gid: str, p: int, lens: list[int]) -> TokenizedGroup:
-        k = len(lens)
-        return TokenizedGroup(group_id=gid, prompt_ids=ids(p), cand_ids=[ids(n) for n in lens],
-                              p_ij=[[0.5] * k for _ in range(k)], w_ij=[[0.0] * k for _ in range(k)],
-                              order=list(range(k)), ref_logps=None, behavior_logps=[None] * k,
-                              split=None)
-
-    return [group(*row) for row in spec]
 
 
 def _naive(model, groups: list[TokenizedGroup]) -> torch.Tensor:
@@ -72,16 +52,6 @@ def _repad(batch: GroupBatch, prompt_left: bool, resp_right: bool) -> GroupBatch
     c_ids, c_mask = flip(batch.cand_ids, batch.cand_mask, not resp_right)
     return dataclasses.replace(batch, prompt_ids=p_ids, prompt_mask=p_mask, cand_ids=c_ids,
                                cand_mask=c_mask)
-
-
-def _value_and_grads(model, fn) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    model.zero_grad()
-    logps = fn()
-    # A weighted sum so every candidate's gradient matters with a different weight.
-    weights = torch.arange(1, logps.numel() + 1, dtype=logps.dtype).reshape(logps.shape) / logps.numel()
-    (logps * weights).sum().backward()
-    grads = [p.grad.detach().clone() for p in model.parameters()]
-    return logps.detach(), grads
 
 
 def _assert_same(got, want) -> None:
@@ -156,6 +126,8 @@ def test_taken_logps_equals_log_softmax_with_grads():
     (grad,) = torch.autograd.grad((got * weights).sum(), logits)
     want = logits.log_softmax(-1)[rows, targets]
     (want_grad,) = torch.autograd.grad((want * weights).sum(), logits)
+    # assert_close's float32 defaults (rtol 1.3e-6 = 11 eps, atol 1e-5): a log-softmax over 50
+    # logits of ~4·N(0,1) in another order differs by a few eps · max|logit| ~ 2e-6
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(grad, want_grad)
 
@@ -173,6 +145,8 @@ def test_head_taken_logps_equals_head_then_log_softmax_with_grads(monkeypatch):
     got_grads = torch.autograd.grad((got * weights).sum(), (hidden, weight))
     want = (hidden @ weight.T).log_softmax(-1)[rows, targets]
     want_grads = torch.autograd.grad((want * weights).sum(), (hidden, weight))
+    # float32 defaults (see above): the chunks sum the same 50 exps in 5 parts, the 16-wide
+    # matmul is the same; a few eps · max|logit| apart
     torch.testing.assert_close(got, want)
     for a, b in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(a, b)

@@ -23,7 +23,10 @@ from grouppref.train.losses import (
     sft_loss,
 )
 
+# TRL's float32 losses vs ours in float32: a few ops on values ~1, ~10 eps32 = 1.2e-6; 1e-5 with room
 TRL_ATOL = 1e-5
+# float64 vectorised loss vs a naive loop over <= K^2 pairs: ~1e-15; 1e-6 also covers float32 scalars
+# (~1 * eps32 * ops)
 ATOL = 1e-6
 
 
@@ -80,6 +83,8 @@ def test_gspo_worked_example_and_padding():
     p = torch.tensor([[[0.5, 1.0, 0.5], [0.0, 0.5, 0.5], [0.5, 0.5, 0.5]]])
     w = torch.tensor([[[0.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 1.0, 0.0]]])
     valid = torch.tensor([[True, True, False]])  # the padded third slot must not count
+    # float32 result of a few ops vs float64 math: assert_close's float32 default (rtol 1.3e-6 ~ 11
+    # eps32)
     torch.testing.assert_close(gspo_loss(s, p, w, valid), torch.tensor([math.log1p(math.exp(-1))]))
 
 
@@ -114,6 +119,8 @@ def test_plackett_luce_matches_naive_per_position():
     order = torch.tensor([[3, 1, 4, 0, 2], [2, 0, 1, 3, 4], [1, 0, 2, 3, 4]])
     got = plackett_luce_loss(s, order, valid)
     want = [_naive_pl(s[b], order[b].tolist(), int(valid[b].sum())) for b in range(3)]
+    # float64 Plackett-Luce over <= 5 items vs a naive loop: ~10 log-sum-exps of ~1: ~1e-15, 1e-10 with
+    # room
     torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), atol=1e-10, rtol=0)
 
 
@@ -141,6 +148,7 @@ def test_k2_losses_agree():
     p = torch.tensor([[[0.5, 0.0], [1.0, 0.5]], [[0.5, 1.0], [0.0, 0.5]]])
     w = torch.tensor([[[0.0, 1.0], [1.0, 0.0]]]).expand(2, 2, 2)
     want = -F.logsigmoid(torch.tensor([0.9, -0.9]))
+    # float32, a few ops on values ~1: assert_close's float32 defaults (~11 eps32 relative)
     torch.testing.assert_close(plackett_luce_loss(s, order, valid), want)
     torch.testing.assert_close(dpo_loss(s, order, valid), want)
     torch.testing.assert_close(gspo_loss(s, p, w, valid), want)
@@ -160,6 +168,7 @@ def test_dpo_uses_best_and_last_valid():
 def test_implicit_rewards_and_length_normalisation():
     pol, ref = torch.tensor([[-10.0, -4.0]]), torch.tensor([[-12.0, -3.0]])
     n = torch.tensor([[4, 2]])
+    # exact in float32 (small binary fractions), assert_close's defaults as an upper bound
     torch.testing.assert_close(implicit_rewards(pol, ref, 0.5), torch.tensor([[1.0, -0.5]]))
     # β (π − ref)/n = 0.5 * [2/4, −1/2]
     torch.testing.assert_close(implicit_rewards(pol, ref, 0.5, n, length_normalise=True),
@@ -176,6 +185,7 @@ def test_importance_weights_clip_unknown_and_detached():
     n = torch.tensor([[5, 5, 5, 5]])
     rho = importance_weights(pol, beh, n, clip=(0.5, 2.0))
     # exp(0.2) = 1.2214 inside the clip; exp(−1) → 0.5 (low); exp(1) → 2.0 (high); NaN → 1.
+    # float32 exp vs float64 exp rounded to float32: <= 1 ulp (assert_close float32 rtol = 11 ulp)
     torch.testing.assert_close(rho, torch.tensor([[math.exp(0.2), 0.5, 2.0, 1.0]]))
     assert not rho.requires_grad
     with pytest.raises(ConfigError, match="clip"):
@@ -186,6 +196,7 @@ def test_sft_loss_is_per_token_nll_of_best():
     pol = torch.tensor([[-6.0, -3.0, -9.0]])
     n = torch.tensor([[3, 2, 3]])
     order = torch.tensor([[2, 0, 1]])
+    # exact in float32
     torch.testing.assert_close(sft_loss(pol, n, order), torch.tensor([3.0]))  # 9 / 3
 
 
@@ -195,6 +206,7 @@ def test_pair_accuracy_weighted_with_ties():
     w = torch.tensor([[[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]]])
     valid = torch.ones(1, 3, dtype=torch.bool)
     # (0,1) right, weight 1; (0,2) wrong (2 ≻ 0 wanted), weight 2; (1,2) tie → ½, weight 1.
+    # exact in float32 (a binary fraction)
     torch.testing.assert_close(pair_accuracy(s, p, w, valid), torch.tensor([1.5 / 4]))
     assert torch.isnan(pair_accuracy(s, torch.full_like(p, 0.5), w, valid)).all()
 

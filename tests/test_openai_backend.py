@@ -1,7 +1,7 @@
 """``generate`` through OpenAI-compatible servers: against a real llama.cpp server
-(``python -m llama_cpp.server`` serving the embedded SmolLM2 GGUF, tests/llama_server.py) for
+(``python -m llama_cpp.server`` serving the embedded SmolLM2 GGUF, tests/support/llama_server.py) for
 generation, checks, keys, log-probs and a server killed mid-stage; against a small fake
-(tests/fake_openai_server.py, named as such) only for the 429 / 503 / refusal paths."""
+(tests/support/fake_openai_server.py, named as such) only for the 429 / 503 / refusal paths."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from grouppref.pipeline.generate.stage import run_generate
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, ChatMessage, Prompt
 from grouppref.schemas.reports import ServerUsage
-from tests.fake_openai_server import MODEL as FAKE_MODEL
-from tests.fake_openai_server import SLOW, SLOW_S, TOKEN_LOGPROBS, fake_openai_server
-from tests.llama_server import MODEL_ALIAS, running_llama_server
+from tests.support.fake_openai_server import MODEL as FAKE_MODEL
+from tests.support.fake_openai_server import SLOW, SLOW_S, TOKEN_LOGPROBS, fake_openai_server
+from tests.support.llama_server import MODEL_ALIAS, running_llama_server
 
 REPO = Path(__file__).resolve().parents[1]
 # llama.cpp samples with top_k 40, min_p 0.05 and repeat_penalty 1.1 unless told otherwise;
@@ -80,6 +80,8 @@ def test_chat_and_text_prompts_through_llama_server(tmp_path: Path, llama_server
             answer = httpx.post(llama_server + path, json=body, timeout=300).json()
             again = parse_sample(answer, path, want_logprobs=True)
             assert again.text == c.text and again.num_tokens == c.num_tokens
+            # the same server answer parsed twice: the same float64 sum of the same JSON numbers,
+            # ~eps64; 1e-9 only for the order of the sum
             assert c.behavior_logp == pytest.approx(again.logp, abs=1e-9)
     usage = _usage(stage)
     sampled = stage.manifest.stats["sampled"]
@@ -322,6 +324,8 @@ def test_retries_429_and_503_then_succeeds_and_counts_them() -> None:
             [usage] = pool.usage()
     assert isinstance(answer, dict)
     sample = parse_sample(answer, "/chat/completions", want_logprobs=True)
+    # a float64 sum of the fake's few given numbers: float64, a few operations: approx's default rel
+    # 1e-6 is ~1e9 eps64
     assert sample.text == "answer 7" and sample.logp == pytest.approx(sum(TOKEN_LOGPROBS))
     assert (usage.requests, usage.succeeded, usage.retried) == (3, 1, 2)
     assert usage.failures == {"429": 1, "503": 1}

@@ -5,24 +5,21 @@ Every command runs as a child process with stdout and stderr piped (not a termin
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import grouppref as run_cli
+
 ROOT = Path(__file__).resolve().parents[1]
-CODE = "import sys\nfrom grouppref import cli\nsys.argv = ['grouppref', *sys.argv[1:]]\ncli.main()\n"
 LONG_ID = "simulated-annotator-with-a-rather-long-identifier-0001"
 # what a progress bar line has (a table's heavy border has the bar's "━" too)
 PROGRESS = ("/s ", "/s\n", " 0:00:", "Saving the dataset", "Loading weights")
-
-
-def grouppref(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "40"}  # a narrow "terminal" that a pipe must ignore
-    return subprocess.run([sys.executable, "-c", CODE, *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=600)
+# cli.main() in a child on a narrow "terminal" (COLUMNS=40) that a pipe must ignore
+grouppref = functools.partial(run_cli, env={**os.environ, "COLUMNS": "40"}, main_in_child=True)
 
 
 def clean(result: subprocess.CompletedProcess[str]) -> list[str]:

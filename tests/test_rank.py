@@ -20,7 +20,7 @@ from grouppref.pipeline.rank.settings import parse_ranker_spec
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, CandidateGroup
-from tests.factories import make_annotated, make_group, make_ranking
+from tests.support.factories import make_annotated, make_group, make_ranking
 
 
 def write_generate(root: Path, groups: list[Any], record_type: type = CandidateGroup) -> RunStore:
@@ -99,6 +99,7 @@ def test_rank_stage_end_to_end(tmp_path: Path, tiny_reward_model_dir: Path,
         sd = math.sqrt(sum((v - m) ** 2 for v in s.values()) / len(s))
         z[key] = {cid: (v - m) / sd for cid, v in s.items()}
     for cid in g0:
+        # float64 z-scores of a few values and a weighted mean, recomputed here in another order
         assert ens[cid] == pytest.approx((z["reward:rm"][cid] + 2 * z["rule:verify"][cid]) / 3,
                                          abs=1e-9)
     no_ref = by_annotator(records[GROUPS[2].group_id])

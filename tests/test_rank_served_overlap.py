@@ -3,7 +3,7 @@
 the in-process rankers run while the requests are in flight, and the stage's output equals
 the judges scoring one after another (rankings, part-rejects, usage counts).
 
-The server here is a FAKE (:class:`VaryingFake`, built on tests/test_served_overlap.py's
+The server here is a FAKE (:class:`VaryingFake`, built on tests/support/served_fakes.py's
 in-flight fake), used ONLY to count requests in flight across servers, which real servers do
 not report. The real llama.cpp judge tests are in tests/test_judge_server.py. No wall-clock
 threshold: counts and the order of events only.
@@ -13,76 +13,28 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from grouppref.errors import ConfigError
-from grouppref.models.openai import merge_usage
 from grouppref.models.server_settings import ServerSettings
 from grouppref.pipeline.rank.config import RankConfig
-from grouppref.pipeline.rank.rankers import RuleRanker, build_ranker
-from grouppref.pipeline.rank.settings import annotator_for
+from grouppref.pipeline.rank.rankers import RuleRanker
 from grouppref.pipeline.rank.shard_scoring import shared_server_settings
-from grouppref.pipeline.rank.stage import rank_group, run_rank
+from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
-from grouppref.schemas import AnnotatedGroup, from_row
-from tests.factories import JUDGED_ROWS, imported_run
-from tests.fake_http import judge_answer
-from tests.test_served_overlap import MODELS, InFlightFake, Request, serve_fake
-
-UNRATABLE = "London."  # a rubric answer about this candidate is not a rating (a part-reject)
-
-
-@dataclass
-class VaryingFake(InFlightFake):
-    """The in-flight FAKE with answers made from a hash of (model, question), so scores differ
-    between candidates: verdict log-probs for one-token questions, ``Rating: N`` for rubric
-    questions (not a rating for a question about :data:`UNRATABLE`). A request stops counting
-    as in flight when its answer is made, before it is sent, so the count is never more than
-    the client has in flight."""
-
-    def answer(self, path: str, body: dict[str, Any], request: Request) -> dict[str, Any]:
-        if request.start:  # not a probe (probes are answered outside the accounting)
-            InFlightFake.leave(self, request)
-        return judge_answer(body, unratable=UNRATABLE)
-
-    def leave(self, request: Request) -> None:
-        """Counted in :meth:`answer`."""
-
-
-def _judge_of(request: Request) -> str:
-    if request.prompt.endswith("Answer with A or B."):
-        return "pairwise"
-    return "rubric" if "Rate the response" in request.prompt else "pointwise"
-
-
-def _max_overlap(requests: list[Request]) -> int:
-    """Most of ``requests`` in flight at once (the fake's event clock)."""
-    events = sorted([(r.start, 1) for r in requests] + [(r.end, -1) for r in requests])
-    now = most = 0
-    for _, step in events:
-        now += step
-        most = max(most, now)
-    return most
-
-
-def _judge(mode: str, model: str, url: str, concurrency: int) -> dict[str, Any]:
-    return {"kind": "judge", "backend": "openai", "model": model, "mode": mode,
-            "server": {"base_url": url, "concurrency": concurrency}}
-
-
-@pytest.fixture
-def groups_run(tmp_path: Path) -> RunStore:
-    """Two hand-written groups of K = 3 in a run (the rankers' input)."""
-    return imported_run(tmp_path, JUDGED_ROWS)
-
-
-def _servers(fake: VaryingFake, n: int, stack: ExitStack) -> list[str]:
-    """``n`` loopback servers sharing ``fake`` (its counts are across all of them)."""
-    return [stack.enter_context(serve_fake(fake)) for _ in range(n)]
+from tests.support.served_fakes import (
+    MODELS,
+    VaryingFake,
+    _judge,
+    _judge_of,
+    _max_overlap,
+    _one_after_another,
+    _servers,
+    _without_times,
+)
 
 
 @pytest.mark.parametrize(("c1", "c2"), [(3, 5), (2, 2)])
@@ -117,43 +69,6 @@ def test_judges_on_one_server_share_its_largest_limit(groups_run: RunStore) -> N
     assert any(fake.in_flight_together(a, b) for a in point for b in rubric)
     [usage] = stage.manifest.stats["servers"]  # one (server, model): both judges' requests
     assert usage["requests"] == 1 + 6 + 6  # /models once per server; no probe
-
-
-def _one_after_another(store: RunStore, config: RankConfig
-                       ) -> tuple[list[AnnotatedGroup], list[tuple[Any, ...]], list[dict[str, Any]]]:
-    """The stage's rankings, part-rejects and usage computed as before: each ranker with its
-    own connection pool scoring a shard's groups, one ranker after another."""
-    keep = AnnotatedGroup.model_fields
-    groups = [from_row(AnnotatedGroup, {k: v for k, v in row.items() if k in keep})
-              for row in store.load_dataset(config.input_stage)]
-    rankers = [build_ranker(s) for s in config.rankers]
-    try:
-        for ranker in rankers:
-            ranker.check()
-            ranker.load()
-        size = config.shard_size  # the shards' groups are scored together, as in the stage
-        shards = [groups[at:at + size] for at in range(0, len(groups), size)]
-        outcomes = [[o for shard in shards for o in r.score(shard)] for r in rankers]
-    finally:
-        for ranker in rankers:
-            if hasattr(ranker, "close"):
-                ranker.close()
-    annotators = [annotator_for(s) for s in config.rankers]
-    records, rejects = [], []
-    for j, group in enumerate(groups):
-        record, part = rank_group(group, [o[j] for o in outcomes], config, annotators, j + 1)
-        records.append(record)
-        rejects += [(r.row, r.group_id, r.field, r.reason, r.scope) for r in part]
-    usage = merge_usage([], [u for r in rankers if hasattr(r, "usage") for u in r.usage()])
-    return records, rejects, usage
-
-
-def _without_times(group: AnnotatedGroup) -> dict[str, Any]:
-    """The group as a dict, without its rankings' ``created_at``."""
-    row = group.model_dump()
-    for ranking in row["rankings"]:
-        ranking.pop("created_at")
-    return row
 
 
 def _counts(usage: list[dict[str, Any]]) -> list[dict[str, Any]]:

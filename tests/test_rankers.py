@@ -37,8 +37,9 @@ from grouppref.pipeline.rank.settings import (
     parse_weights,
     ranker_keys,
 )
-from tests.factories import make_group
+from tests.support.factories import make_group
 
+# MODEL_ATOL's derivation (tests/support/tolerances.py)
 ATOL = 1e-4  # fp32 forward passes, batched (padded) vs one sequence alone
 
 
@@ -99,6 +100,7 @@ def test_rule_ranker_weighted_sum_and_missing_reference() -> None:
     no_ref = make_group(prompt_text="other", texts=["a", "b"])
     out = RuleRanker(settings).score([with_ref, no_ref])
     # "Paris": 0.5*(-|5-10|/10) + 2*(1/2) + 1 = 1.75; the other: 0.5*(-16/10) + 2*(1/2) + 0 = 0.2
+    # float64 rule scores, a few ops on exact decimals: ~eps64
     assert out[0] == pytest.approx([1.75, 0.2], abs=1e-12)
     assert out[1] == Skip("the prompt has no reference answer")
 
@@ -128,6 +130,7 @@ def test_ensemble_scores_against_naive() -> None:
 
     rows = [z(r) for r in s.tolist()]
     naive = [sum(wr * rows[r][k] for r, wr in enumerate(w.tolist())) / 8.0 for k in range(3)]
+    # float64 z-scores of 3 values, weighted sum of 8: ~10 eps64
     assert rs.ensemble_scores(s, w).tolist() == pytest.approx(naive, abs=1e-12)
 
 
@@ -136,13 +139,15 @@ def test_pairwise_scores_cancel_position_bias() -> None:
     # d[i, j] = t[i, j] + b. s_0 = ((2+.7)-(-2+.7) + (4+.7)-(-4+.7)) / 4 = (4 + 8) / 4 = 3
     t = torch.tensor([[0.0, 2.0, 4.0], [-2.0, 0.0, 1.0], [-4.0, -1.0, 0.0]])
     d = t + 0.7
+    # float32 means of 2-4 exact small numbers: ~eps32 * 8 = 1e-6
     assert rs.pairwise_scores(d).tolist() == pytest.approx([3.0, -0.5, -2.5], abs=1e-6)
 
 
 def test_verdict_log_odds_is_log_softmax_difference() -> None:
     logits = torch.randn(3, 11, generator=torch.Generator().manual_seed(0))
     ref = logits.log_softmax(-1)[:, 4] - logits.log_softmax(-1)[:, 7]
-    assert torch.allclose(rs.verdict_log_odds(logits, 4, 7), ref, atol=1e-6)
+    # float32 log-odds (~1) from one log-softmax over 11 logits in two ways: ~10 eps32
+    torch.testing.assert_close(rs.verdict_log_odds(logits, 4, 7), ref, atol=1e-6, rtol=0)
 
 
 def test_padded_batches_positions() -> None:
@@ -350,6 +355,8 @@ def test_similarity_matches_manual_mean_pooling() -> None:
     m = batch["attention_mask"][..., None].float()
     e = (h * m).sum(1) / m.sum(1)  # (N, H)
     want = torch.nn.functional.cosine_similarity(e[1:], e[:1], dim=-1)
+    # float32 cosines (<= 1) of mean-pooled 32-wide embeddings, batched vs alone: sqrt(32) * eps32 * few
+    # ~ 1e-6; 1e-5 with room
     assert got == pytest.approx(want.tolist(), abs=1e-5)
     assert ranker.score([make_group(texts=["a", "b"])])[0] == \
         Skip("the prompt has no reference answer")

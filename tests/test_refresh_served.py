@@ -2,7 +2,7 @@
 requests of two served judges are in flight together, the outputs equal the rankers scoring
 one after another, and the judges' connection pool is closed between rounds.
 
-The servers are the in-flight FAKE of tests/test_rank_served_overlap.py (:class:`VaryingFake`),
+The servers are the in-flight FAKE of tests/support/served_fakes.py (:class:`VaryingFake`),
 used ONLY to count requests in flight across servers, which real servers do not report. The
 real llama.cpp judge tests are in tests/test_judge_server.py; the real refresh rounds (tiny
 Llama, real sampler) in tests/test_refresh.py. No wall-clock threshold: counts only.
@@ -20,7 +20,7 @@ from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, from_row
 from grouppref.train.config import DataConfig, TrainConfig
 from grouppref.train.refresh_round import RefreshPlan, rank_groups
-from tests.test_rank_served_overlap import (  # noqa: F401  (groups_run: a pytest fixture)
+from tests.support.served_fakes import (
     MODELS,
     VaryingFake,
     _judge,
@@ -29,7 +29,6 @@ from tests.test_rank_served_overlap import (  # noqa: F401  (groups_run: a pytes
     _one_after_another,
     _servers,
     _without_times,
-    groups_run,
 )
 
 RULE = {"kind": "rule", "checks": [{"check": "length", "target": 6}]}
@@ -54,7 +53,7 @@ def _groups(store: RunStore, stage: str) -> list[AnnotatedGroup]:
 
 @pytest.mark.slow  # about 30 s: the fake answers the last held requests after an idle second
 def test_two_served_judges_overlap_in_a_refresh_round(
-        groups_run: RunStore) -> None:  # noqa: F811 (the imported fixture)
+        groups_run: RunStore) -> None:
     # pointwise: 6 questions at concurrency 3 on one server; pairwise: 12 at 2 on the other.
     # One judge after another, the fakes would see at most 3 in flight.
     fake = VaryingFake(hold=5)

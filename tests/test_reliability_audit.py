@@ -14,7 +14,6 @@ import itertools
 import math
 from pathlib import Path
 
-import choix
 import numpy as np
 import pytest
 import torch
@@ -24,8 +23,6 @@ from grouppref.labeling.select import select_groups
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
 from grouppref.pipeline.report.selection import audit_note, describe_selection
-from grouppref.pipeline.simulate.config import AnnotatorSpec
-from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.schemas.label_reports import LabelSelection, SelectedGroup
 from grouppref.schemas.reports import AnnotatorReliability
@@ -38,12 +35,10 @@ from grouppref.stats.reliability import (
     reliability_slots,
 )
 from grouppref.stats.uncertainty import disagreement
-from tests.factories import make_group
-from tests.test_label_push_pull import write_stage
-from tests.test_label_select import _one_line, _push, panel
-
-ALPHA = 0.1
-K = 4
+from tests.support.factories import make_group
+from tests.support.labelling import write_stage
+from tests.support.reliability import ALPHA, K, loo_counts_reference, selected_panel
+from tests.support.selection import _one_line, _push, panel
 
 
 # -- the math against independent references --------------------------------------------------
@@ -70,46 +65,6 @@ def test_reliability_slots_match_a_loop() -> None:
     assert count.tolist() == ref_count.tolist()
 
 
-def selected_panel(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """40 groups: three machines (0-2, flip 0.25) rank all; human 3 ranks 24 (16 targeted,
-    8 uniform); human 4 ranks 10 without markers. ``ranks`` (B, 5, K), ``ann``, ``design``."""
-    rng = np.random.default_rng(seed)
-    b, a = 40, 5
-    ranks = torch.full((b, a, K), -1, dtype=torch.long)
-    ann = torch.full((b, a), -1, dtype=torch.long)
-    design = torch.full((b, a), UNMARKED, dtype=torch.long)
-    specs = [AnnotatorSpec(id=f"m{i}", flip_rate=0.25) for i in range(3)]
-    specs += [AnnotatorSpec(id="h", flip_rate=0.1), AnnotatorSpec(id="h2", flip_rate=0.1)]
-    for g in range(b):
-        scores = rng.normal(size=K).tolist()
-        who = [0, 1, 2] + ([3] if g < 24 else []) + ([4] if g >= 30 else [])
-        for s, m in enumerate(who):
-            order = simulate_order(scores, specs[m], rng)
-            ranks[g, s, torch.tensor(order)] = torch.arange(K)
-            ann[g, s] = m
-            if m == 3:
-                design[g, s] = TARGETED if g < 16 else UNIFORM
-    return ranks, ann, design
-
-
-def loo_counts_reference(ranks: np.ndarray, ann: np.ndarray, g: int, s: int) -> tuple[int, int]:
-    """Pairs slot ``s`` of group ``g`` orders strictly the same / the other way as choix's fit
-    of the group's other rankings (weights 1), over the pairs both order strictly."""
-    data = []
-    for o in range(ranks.shape[1]):
-        if o != s and ann[g, o] >= 0:
-            data += [(i, j) for i, j in itertools.permutations(range(K), 2)
-                     if ranks[g, o, i] < ranks[g, o, j]]
-    theta = choix.opt_pairwise(K, data, alpha=ALPHA, tol=1e-12)
-    c = d = 0
-    for i, j in itertools.combinations(range(K), 2):
-        mine = np.sign(ranks[g, s, j] - ranks[g, s, i])  # +1: i before j
-        cons = 0 if abs(theta[i] - theta[j]) < 1e-6 else np.sign(theta[i] - theta[j])
-        if mine and cons:
-            c, d = c + (mine == cons), d + (mine != cons)
-    return c, d
-
-
 def loo_tau_reference(ranks: np.ndarray, ann: np.ndarray, g: int, s: int) -> float | None:
     """Tau of slot ``s`` of group ``g`` against choix's fit of the group's other rankings
     (weights 1): ``(c - d) / (c + d)`` of :func:`loo_counts_reference`."""
@@ -129,6 +84,8 @@ def test_tau_on_audit_groups_matches_choix_and_a_pair_count() -> None:
                 if x == who and (who != 3 or dz[g, s] == UNIFORM)]
         taus = [t for t in taus if t is not None]
         assert len(taus) == int(rel.groups[who]) == {3: 8, 4: 10}.get(who, 40)
+        # the stage's vectorised float64 (bt.DTYPE) means of <= 40 Kendall taus in [-1, 1] vs numpy's:
+        # ~40 eps64; 1e-6 also holds a float32 store of the report (~6e-8)
         assert float(rel.tau[who]) == pytest.approx(np.mean(taus), abs=1e-6)
         assert float(rel.tau_se[who]) == pytest.approx(np.std(taus, ddof=1) / math.sqrt(len(taus)),
                                                        abs=1e-6)
@@ -209,11 +166,14 @@ def human_report(tmp_path: Path, name: str, marks: dict[str, str | None],
 def test_stage_judges_a_selected_human_on_its_audit_groups(tmp_path: Path) -> None:
     old = human_report(tmp_path, "old", {"hard": None, "easy": None})
     assert old.reliability_groups == "all" and old.groups == 16
+    # a mean of +-1 over 16 groups: a binary fraction, float64, a few operations: approx's default rel
+    # 1e-6 is ~1e9 eps64
     assert old.tau == pytest.approx((10 * -1 + 6 * 1) / 16)
     assert old.dropped and old.annotator_weight == 0.0  # as before: judged on the hard groups
 
     fixed = human_report(tmp_path, "audit", {"hard": "uncertain", "easy": "audit"})
     assert fixed.reliability_groups == "audit" and fixed.groups == 6
+    # a mean of 1s: float64, a few operations: approx's default rel 1e-6 is ~1e9 eps64
     assert fixed.tau == pytest.approx(1.0) and not fixed.unreliable
     assert fixed.annotator_weight == pytest.approx(1.0)
     assert fixed.votes == 16 * 6  # every ranking still counts in the fit
@@ -236,6 +196,7 @@ def test_report_names_the_audit_share_the_rankings_carry(tmp_path: Path) -> None
     settings = read_report(store).settings
     assert settings is not None and settings.reliability_weight == "log_odds"
     assert (settings.audit_groups, settings.targeted_groups) == (6, 10)
+    # k / n: float64, a few operations: approx's default rel 1e-6 is ~1e9 eps64
     assert settings.audit_share == pytest.approx(6 / 16)
     assert "audit share 0.38 (6 audit of 16 selected groups)" in settings.describe()
 
@@ -256,6 +217,7 @@ def test_audit_share_draws_uniformly_and_fills_with_the_most_uncertain() -> None
     rest = sorted((i for i in range(len(groups)) if i not in audit), key=lambda i: -float(u[i]))
     targeted = [ids.index(g.group_id) for g in sel.selected if g.role == "uncertain"]
     assert [float(u[i]) for i in targeted] == [float(u[i]) for i in rest[:2]]
+    # the same float32 value read twice (float -> JSON -> float): exact, approx as an upper bound
     assert sel.threshold == pytest.approx(float(u[targeted[-1]]))
     assert "2 of them are audit groups drawn uniformly from all groups (--audit-share 0.5)" \
         in describe_selection(sel)

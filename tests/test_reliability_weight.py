@@ -20,9 +20,9 @@ from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats.reliability import UNIFORM, estimate_reliability, log_odds_weight
-from tests.factories import make_group
-from tests.test_label_push_pull import write_stage
-from tests.test_reliability_audit import ALPHA, K, loo_counts_reference, selected_panel
+from tests.support.factories import make_group
+from tests.support.labelling import write_stage
+from tests.support.reliability import ALPHA, K, loo_counts_reference, selected_panel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,9 +43,11 @@ def test_log_odds_weight_matches_the_beta_posterior_reference() -> None:
     for m, floor in [(2.0, 0.02), (10.0, 0.05), (0.5, 0.001)]:
         got = log_odds_weight(d, n, prior_pairs=m, min_rate=floor)
         want = [weight_reference(x, y, m, floor) for x, y in cases]
+        # float64 log-odds of a few counts, vectorised vs a loop: ~10 eps64 * |log| (< 5)
         assert got.tolist() == pytest.approx(want, abs=1e-12)
     w = log_odds_weight(d, n)
     assert float(w[0]) == 0.0  # no votes: the prior's 0.5, weight 0
+    # float64, a few operations: approx's default rel 1e-6 is ~1e9 eps64
     assert float(w[2]) == pytest.approx(math.log(49))  # a perfect record is capped
     assert float(w[1]) < float(w[2])  # three perfect votes are worth less than 10 000
     assert float(w[7]) == 0.0 and float(w[9]) == 0.0  # worse than chance: 0, never negative
@@ -65,8 +67,11 @@ def test_estimator_weights_are_the_log_odds_of_votes_against_the_loo_consensus()
             if x == who and (who != 3 or dz[g, s] == UNIFORM):
                 cg, dg = loo_counts_reference(r, a, g, s)
                 c, d = c + cg, d + dg
+        # a ratio of counts: float64, a few operations: approx's default rel 1e-6 is ~1e9 eps64
         assert float(rel.loo_disagreement[who]) == pytest.approx(d / (c + d))
         want = weight_reference(d, c + d)
+        # float64 (bt.DTYPE) log-odds of the same counts, vectorised vs the reference: ~10 eps64 * |log|
+        # (< 5); 1e-9 with room
         assert float(rel.annotator_weight[who]) == pytest.approx(want, abs=1e-9)
     tau = estimate_reliability(ranks, ann, kw, **args)  # the default: clip(tau, 0, 1)
     assert torch.equal(tau.annotator_weight, kw * tau.tau.clamp(0, 1))

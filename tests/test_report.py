@@ -29,7 +29,7 @@ from grouppref.pipeline.report.stage import reject_kind, render_report, run_repo
 from grouppref.runner import load_run_config, run_pipeline
 from grouppref.runs.store import RunStore
 from grouppref.schemas.reports import AggregateReport, AggregateSummary
-from tests.browser import chromium_page
+from tests.support.browser import chromium_page
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "import.yaml"

@@ -4,49 +4,8 @@ tests/test_label_audit_push.py with :func:`selection_rows`."""
 
 from __future__ import annotations
 
-from html.parser import HTMLParser
-
 from grouppref.pipeline.report.selection import SHOWN, selection_table
 from grouppref.schemas.label_reports import LabelSelection, SelectedGroup
-
-
-class _Table(HTMLParser):
-    """The cells of the first table after the element with id ``labeling``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen = self.inside = False
-        self.rows: list[list[str]] = []
-        self._cell: list[str] | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if ("id", "labeling") in attrs:
-            self.seen = True
-        elif tag == "table" and self.seen and not self.rows:
-            self.inside = True
-        elif self.inside and tag == "tr":
-            self.rows.append([])
-        elif self.inside and tag in ("td", "th"):
-            self._cell = []
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "table":
-            self.inside = False
-        elif self.inside and tag in ("td", "th") and self._cell is not None:
-            self.rows[-1].append("".join(self._cell).strip())
-            self._cell = None
-
-    def handle_data(self, data: str) -> None:
-        if self._cell is not None:
-            self._cell.append(data)
-
-
-def selection_rows(html: str) -> list[dict[str, str]]:
-    """The rows of the report's "which groups people saw" table, by column name."""
-    parser = _Table()
-    parser.feed(html)
-    header, *rows = parser.rows
-    return [dict(zip(header, row, strict=True)) for row in rows]
 
 
 def _selection(uncertain: int, audit: int) -> LabelSelection:

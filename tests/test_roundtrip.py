@@ -32,7 +32,7 @@ from grouppref.runner import load_run_config, run_pipeline
 from grouppref.runs.store import RunStore
 from grouppref.schemas import ValidatedGroup
 from grouppref.train.sources import load_groups
-from tests.test_validate import make_validated, write_aggregate
+from tests.support.validated import make_validated, write_aggregate
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLIT = ValidateConfig(test_fraction=0.3, seed=0)
@@ -259,6 +259,8 @@ def test_aggregate_source_refits_the_rankings_of_an_export(import_run: RunStore,
         assert [(p.winner, p.loser) for p in group.pairs] == [(p.winner, p.loser)
                                                               for p in want.pairs]
         for p, q in zip(group.pairs, want.pairs, strict=True):
+            # the pair targets through Parquet/Arrow (float64, exact) or TRL's float32 columns (~eps32 *
+            # 1 = 1.2e-7 relative, inside approx's default for the weight); p in [0, 1]
             assert p.p == pytest.approx(q.p, abs=1e-9) and p.weight == pytest.approx(
                 q.weight, abs=1e-9)
     run_export(import_run, ExportConfig(format="trl-pairs", to_dir=str(tmp_path / "pairs")))
@@ -303,6 +305,7 @@ def test_export_train_one_step_eval(runs: dict[bool, RunStore], tmp_path: Path, 
     assert evaluated["split"] == "test" and evaluated["groups"] == held
     assert evaluated["metrics"]["baseline"]["pair_accuracy"] == 0.5  # its own reference
     # the eval stage scores what training logged at its end on the same held-out groups
+    # a share of pairs: equal unless a margin within float32 noise of 0 flips
     assert evaluated["metrics"]["model"]["pair_accuracy"] == pytest.approx(
         stats["eval"]["pair_accuracy"], abs=1e-6)
 

@@ -33,7 +33,7 @@ from grouppref.schemas import (
     to_dataset,
     to_row,
 )
-from tests.factories import make_annotated, make_group, make_ranking
+from tests.support.factories import make_annotated, make_group, make_ranking
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,10 @@ from grouppref.models.openai_api import CHAT, RequestRefused, error_message, ret
 from grouppref.models.server_settings import ServerSettings
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.stage import run_rank
-from tests.factories import imported_run
-from tests.fake_http import JsonHandler, chat_completion, serve
-from tests.llama_server import MODEL_ALIAS, posted_bodies, running_llama_server
-from tests.test_judge_server_check import GROUPS, _judge
+from tests.support.factories import imported_run
+from tests.support.fake_http import JsonHandler, chat_completion, serve
+from tests.support.judges import GROUPS, _judge
+from tests.support.llama_server import MODEL_ALIAS, posted_bodies, running_llama_server
 
 REPO = Path(__file__).resolve().parents[1]
 BODY = {"model": MODEL_ALIAS, "messages": [{"role": "user", "content": "Say yes."}],
@@ -204,5 +205,9 @@ def test_retry_after_in_seconds_or_as_an_http_date() -> None:
 
     assert retry_after_seconds("3") == 3.0 and retry_after_seconds(None) is None
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
-    assert 50 < retry_after_seconds(formatdate(__import__("time").time() + 60, usegmt=True)) <= 60
+    # a date 60 s ahead: what is left is 60 s less the time the call itself took (measured
+    # here, so a stalled machine cannot fail it) and the date's 1 s resolution
+    before = time.time()
+    left = retry_after_seconds(formatdate(before + 60, usegmt=True))
+    assert 60 - (time.time() - before) - 1 <= left <= 60
     assert retry_after_seconds("later") is None

@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,125 +28,16 @@ from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas import Prompt
-from tests.factories import JUDGED_ROWS, imported_run
-from tests.fake_http import JsonHandler, chat_completion, prompt_of, serve
-from tests.fake_openai_server import MODEL as FAKE_MODEL
-from tests.fake_openai_server import SLOW, _answer, fake_openai_server
-
-MODELS = ("fake-a", "fake-b")
-IDLE_S = 2.5  # a held request is answered after this long without a new arrival (a loaded CI
-# machine once stalled the client > 1 s between two requests of one burst)
-GATE_S = 30.0  # the longest a gated request waits for its gate (a guard against a deadlock)
-DUPLICATE = "DUPLICATE"  # a prompt holding this gets one text for its first K answers
-PROBES = ("Say OK.", "Answer with Yes or No.")  # generate's and the judge's probe: not counted
-VERDICTS = (("Yes", -0.4), ("No", -1.2), ("A", -0.6), ("B", -0.9))
-
-
-@dataclass
-class Request:
-    """One request as the fake saw it: its prompt, its number among that prompt's requests
-    (0-based), and when it arrived and was answered (the fake's event counter)."""
-
-    prompt: str
-    nth: int
-    start: int
-    end: int = -1
-
-
-@dataclass
-class InFlightFake:
-    """A FAKE OpenAI-compatible server for in-flight accounting only (see the module docstring).
-
-    Attributes:
-        hold (int): answer held requests once this many are in flight.
-        k (int): answers per prompt that a ``DUPLICATE`` prompt repeats.
-    """
-
-    hold: int
-    k: int = 0
-    now: int = 0
-    max_in_flight: int = 0
-    requests: list[Request] = field(default_factory=list)
-    _clock: int = 0
-    _release: int = 0  # bumped each time ``hold`` requests are in flight: releases them all
-    _last_arrival: float = 0.0
-    _per_prompt: Counter[str] = field(default_factory=Counter)
-    _cond: threading.Condition = field(default_factory=threading.Condition)
-    gate: threading.Event | None = None  # when given, held requests also wait for it (GATE_S)
-
-    def arrive(self, prompt: str) -> Request:
-        with self._cond:
-            self._clock += 1
-            self.now += 1
-            self.max_in_flight = max(self.max_in_flight, self.now)
-            request = Request(prompt, self._per_prompt[prompt], self._clock)
-            self._per_prompt[prompt] += 1
-            self.requests.append(request)
-            self._last_arrival = time.monotonic()
-            generation = self._release
-            self._cond.notify_all()  # (wait_in_flight)
-            if self.now >= self.hold:
-                self._release += 1
-                self._cond.notify_all()
-            while (self._release == generation
-                   and time.monotonic() - self._last_arrival < IDLE_S):
-                self._cond.wait(timeout=0.05)
-            deadline = time.monotonic() + GATE_S
-            while self.gate is not None and not self.gate.is_set() and time.monotonic() < deadline:
-                self._cond.wait(timeout=0.05)
-            return request
-
-    def wait_in_flight(self, timeout: float) -> int:
-        """Requests in flight once there is one (or ``timeout`` seconds passed)."""
-        with self._cond:
-            self._cond.wait_for(lambda: self.now > 0, timeout=timeout)
-            return self.now
-
-    def leave(self, request: Request) -> None:
-        with self._cond:
-            self._clock += 1
-            self.now -= 1
-            request.end = self._clock
-
-    def answer(self, path: str, body: dict[str, Any], request: Request) -> dict[str, Any]:
-        """Generate: the fake's usual seeded text (one text for a DUPLICATE prompt's first K);
-        judge (one token asked for): "Yes", with the pointwise and pairwise verdicts among the top
-        log-probs."""
-        if body.get("max_tokens") == 1:
-            tops = [{"token": t, "logprob": lp} for t, lp in VERDICTS]
-            return chat_completion("Yes", {"content": [
-                {"token": "Yes", "logprob": -0.4, "top_logprobs": tops}]}, "length")
-        answer = _answer(path, body)
-        if DUPLICATE in request.prompt and request.nth < self.k:
-            answer["choices"][0]["message"]["content"] = "the same answer"
-        return answer
-
-    def in_flight_together(self, a: Request, b: Request) -> bool:
-        return a.start < b.end and b.start < a.end
-
-
-def _handler(fake: InFlightFake) -> type[JsonHandler]:
-    class Handler(JsonHandler):
-        models = MODELS
-
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            body = self.read_json()
-            if prompt_of(body) in PROBES:  # answered at once, outside the accounting
-                self.send_json(fake.answer(self.path, body, Request("", fake.k, 0)))
-                return
-            request = fake.arrive(prompt_of(body))
-            try:
-                self.send_json(fake.answer(self.path, body, request))
-            finally:
-                fake.leave(request)
-
-    return Handler
-
-
-def serve_fake(fake: InFlightFake) -> AbstractContextManager[str]:
-    """The base URL of ``fake`` served on a free loopback port (several servers may share one
-    fake: its counts are then across them)."""
-    return serve(_handler(fake))
+from tests.support.factories import JUDGED_ROWS, imported_run
+from tests.support.fake_openai_server import MODEL as FAKE_MODEL
+from tests.support.fake_openai_server import SLOW, fake_openai_server
+from tests.support.served_fakes import (
+    DUPLICATE,
+    GATE_S,
+    MODELS,
+    InFlightFake,
+    serve_fake,
+)
 
 
 @contextmanager

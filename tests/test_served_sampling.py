@@ -1,7 +1,7 @@
 """Served ``generate`` samples with temperature and top_p alone: the samplers a server applies
 by default beyond them (llama.cpp: top_k 40, min_p 0.05, repeat_penalty 1.1) are switched off
 in every request, for the servers ``GET /models`` names. Against the real llama.cpp server
-(tests/llama_server.py); the other servers' ``/models`` entries are written as their sources
+(tests/support/llama_server.py); the other servers' ``/models`` entries are written as their sources
 publish them."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from grouppref.pipeline.generate.config import GenerateConfig, ModelShare, Neutr
 from grouppref.pipeline.generate.stage import run_generate
 from grouppref.runs.store import RunStore
 from grouppref.schemas import ChatMessage, Prompt
-from tests.llama_server import MODEL_ALIAS, posted_bodies
+from tests.support.judges import LLAMA_NEUTRAL
+from tests.support.llama_server import MODEL_ALIAS, posted_bodies
 
-LLAMA_NEUTRAL = {"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0}
 PROMPTS = [Prompt(prompt_id="chat", messages=[ChatMessage(role="user", content="Say hi.")])]
 
 

@@ -6,8 +6,7 @@ of this run, and the report leaves them out."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import functools
 from pathlib import Path
 
 import datasets
@@ -23,16 +22,12 @@ from grouppref.runs.freshness import read_run_record, run_manifests, stale_cause
 from grouppref.runs.store import RunStore
 from grouppref.train.config import TrainConfig
 from grouppref.train.stage import run_train
+from tests.support.cli import grouppref as run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE = "import sys\nfrom grouppref import cli\nsys.argv = ['grouppref', *sys.argv[1:]]\ncli.main()\n"
 BELOW_GENERATE = ["rank", "simulate", "aggregate", "validate"]
-
-
-def grouppref(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The real command line in a child process (stdout and stderr apart, exit code)."""
-    return subprocess.run([sys.executable, "-c", CODE, *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=600)
+# the real command line: cli.main() in a child process
+grouppref = functools.partial(run_cli, main_in_child=True)
 
 
 def generate_config(tmp_path: Path, tiny: Path, k: int) -> Path:

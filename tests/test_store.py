@@ -16,7 +16,7 @@ from grouppref.errors import StageError
 from grouppref.runs.hashing import fingerprint_file
 from grouppref.runs.store import RunStore
 from grouppref.schemas import CandidateGroup, Reject
-from tests.factories import make_group
+from tests.support.factories import make_group
 
 TOY_STAGE = textwrap.dedent(
     """
@@ -24,7 +24,7 @@ TOY_STAGE = textwrap.dedent(
     import sys, time
     from grouppref.runs.store import RunStore
     from grouppref.schemas import CandidateGroup, Reject
-    from tests.factories import make_group
+    from tests.support.factories import make_group
 
     store = RunStore(sys.argv[1])
     delay = float(sys.argv[2])

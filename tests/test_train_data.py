@@ -12,7 +12,7 @@ from grouppref.errors import ConfigError, RowError
 from grouppref.schemas import Agreement, ChatMessage, PairPreference, Prompt, ValidatedGroup
 from grouppref.train.config import DataConfig
 from grouppref.train.data import collate_groups, tokenize_group, tokenize_groups
-from tests.factories import make_annotated, make_group
+from tests.support.factories import make_annotated, make_group
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,7 @@ def test_pair_matrices_order_and_eos(tokenizer):
                            [(2, 0, 0.6, 0.5), (2, 1, 0.9, 1.0)], strengths=[0.1, -1.0, 0.4])
     tok = tokenize_group(group, tokenizer, DataConfig(chat_template=False))
     assert tok.order == [2, 0, 1]
+    # 1 - 0.6 and 1 - 0.9 in float64: ~eps64; the rest exact
     assert tok.p_ij == [[0.5, 0.5, pytest.approx(0.4)], [0.5, 0.5, pytest.approx(0.1)], [0.6, 0.9, 0.5]]
     assert tok.w_ij == [[0.0, 0.0, 0.5], [0.0, 0.0, 1.0], [0.5, 1.0, 0.0]]
     assert all(c[-1] == tokenizer.eos_token_id for c in tok.cand_ids)

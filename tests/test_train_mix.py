@@ -18,14 +18,14 @@ from grouppref.errors import ConfigError
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.stage import run_aggregate
 from grouppref.runs.store import RunStore
-from grouppref.schemas import AnnotatedGroup, Annotator, Ranking, ValidatedGroup
+from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.train.config import TrainConfig
 from grouppref.train.data import consensus_kinds
 from grouppref.train.mix import MixConfig, MixSampler, check_sources
 from grouppref.train.trainer import train
-from tests.factories import make_group, make_ranking
-from tests.test_simulate import write_stage
-from tests.test_trainer import PLAIN, _write_validate, synthetic_group
+from tests.support.factories import make_group, make_ranking
+from tests.support.simulate import write_stage
+from tests.support.training import PLAIN, _write_validate, mixed_groups, synthetic_group
 
 LINEAR = "human=0.8,auto=0.2 -> human=0,auto=1"
 STEPS = "human=1,auto=0 @0; human=0.5,auto=0.5 @10; human=0,auto=1 @20"
@@ -47,11 +47,14 @@ def test_parse_both_forms_and_interpolate() -> None:
     linear = MixConfig.model_validate(LINEAR)  # a bare string is the schedule
     assert [p.shares for p in linear.schedule] == [{"human": 0.8, "auto": 0.2},
                                                    {"human": 0.0, "auto": 1.0}]
+    # linear interpolation of given shares: float64, a few operations: approx's default rel 1e-6 is ~1e9
+    # eps64
     assert linear.shares_at(0, 41)["human"] == pytest.approx(0.8)
     assert linear.shares_at(20, 41)["human"] == pytest.approx(0.4)
     assert linear.shares_at(40, 41)["human"] == pytest.approx(0.0)
     steps = MixConfig(schedule=STEPS)
     assert [p.step for p in steps.schedule] == [0, 10, 20]
+    # float64, a few operations: approx's default rel 1e-6 is ~1e9 eps64
     assert steps.shares_at(5, 1000) == pytest.approx({"human": 0.75, "auto": 0.25})
     assert steps.shares_at(500, 1000) == {"human": 0.0, "auto": 1.0}  # held after the last point
     assert MixConfig(schedule="auto=1").shares_at(7, 9) == {"human": 0.0, "auto": 1.0}
@@ -144,30 +147,22 @@ def test_aggregate_records_the_kinds_its_consensus_used(tmp_path: Path) -> None:
     assert consensus_kinds(old) == ("human", "llm_judge")
 
 
-def _mixed_groups(n_human: int, n_auto: int, n_test: int) -> list[ValidatedGroup]:
-    rng = random.Random(3)
-    out = []
-    for i in range(n_human + n_auto + n_test):
-        g = synthetic_group(i, "test" if i >= n_human + n_auto else "train", rng)
-        kind = "human" if i < n_human else "reward_model"
-        ranking = g.rankings[0].model_copy(update={"annotator": Annotator(id="a", kind=kind)})
-        out.append(g.model_copy(update={"rankings": [ranking], "consensus_kinds": [kind]}))
-    return out
-
-
 def test_trainer_logs_the_realised_mix(tiny_lm_dir: Path, tmp_path: Path) -> None:
     config = TrainConfig(model=str(tiny_lm_dir), beta=0.5, lr=5e-3, batch_size=4, max_steps=6,
                          logging_steps=2, grad_accum=2, data=PLAIN,
                          mix={"schedule": "human=1,auto=0 -> human=0,auto=1"})
-    result = train(config, _mixed_groups(8, 24, 4), tmp_path / "out")
+    result = train(config, mixed_groups(8, 24, 4), tmp_path / "out")
     lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     train_lines = [x for x in lines if x["split"] == "train"]
     assert [x["step"] for x in train_lines] == [2, 4, 6]
     # updates 0..5 have human shares 1, .8, .6, .4, .2, 0: windows of two updates
     expected = [0.9, 0.5, 0.1]
     for line, share in zip(train_lines, expected, strict=True):
+        # the schedule's float64 share: float64, a few operations: approx's default rel 1e-6 is ~1e9
+        # eps64
         assert line["mix_target_human"] == pytest.approx(share)
         assert line["mix_human"] == pytest.approx(share, abs=1 / 16 + 1e-9)  # 16 groups/window
+        # two counts over one total: float64, a few operations: approx's default rel 1e-6 is ~1e9 eps64
         assert line["mix_human"] + line["mix_auto"] == pytest.approx(1.0)
     assert result.stats.train["mix_human"] == train_lines[-1]["mix_human"]
 
@@ -198,16 +193,20 @@ def test_cli_mix_errors_are_one_line(tiny_lm_dir: Path, tmp_path: Path) -> None:
 def test_resume_draws_the_same_batches(tiny_lm_dir: Path, tmp_path: Path) -> None:
     """5 updates straight == 2, checkpoint, resume to 5 (crossing an epoch), with a by-steps
     schedule (it does not depend on the run's length, which the two runs set differently)."""
-    from tests.test_trainer import _final_params
+    import torch
 
-    groups = _mixed_groups(8, 16, 0)  # 24 groups, batch 4 x accumulation 2: 3 updates / epoch
+    from tests.support.training import _final_params
+
+    groups = mixed_groups(8, 16, 0)  # 24 groups, batch 4 x accumulation 2: 3 updates / epoch
     base = dict(model=str(tiny_lm_dir), lr=1e-3, lr_scheduler="constant", batch_size=4,
                 grad_accum=2, logging_steps=1, data=PLAIN,
                 mix={"schedule": "human=1 @0; human=0.25,auto=0.75 @3"})
     straight = train(TrainConfig(**base, max_steps=5), groups, tmp_path / "a")
     train(TrainConfig(**base, max_steps=2, save_steps=2), groups, tmp_path / "b")
     resumed = train(TrainConfig(**base, max_steps=5), groups, tmp_path / "b", resume=True)
-    assert _final_params(straight.model).allclose(_final_params(resumed.model), atol=1e-6)
+    # exact: the resume restores weights, Adam's moments, the mix sampler and the RNG bit for bit
+    # and replays the same kernels on the same batches (one thread, one machine)
+    assert torch.equal(_final_params(straight.model), _final_params(resumed.model))
 
     def shares(out: Path) -> list[float]:
         lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -220,13 +219,13 @@ DDP_SCRIPT = """
 import os, sys, torch
 from grouppref.train.config import DataConfig, TrainConfig
 from grouppref.train.trainer import train
-from tests.test_train_mix import _mixed_groups
+from tests.support.training import mixed_groups
 
 model, out = sys.argv[1], sys.argv[2]
 config = TrainConfig(model=model, beta=0.5, lr=5e-3, lr_scheduler="constant", batch_size=2,
                      max_steps=4, logging_steps=1, data=DataConfig(chat_template=False),
                      mix={"schedule": "human=1 @0; auto=1 @2"})
-result = train(config, _mixed_groups(6, 10, 0), out)
+result = train(config, mixed_groups(6, 10, 0), out)
 params = torch.cat([p.detach().flatten() for p in result.model.parameters()])
 torch.save(params, os.path.join(out, f"replica-{os.environ['RANK']}.pt"))
 """
@@ -238,7 +237,7 @@ def test_ddp_two_processes_follow_the_schedule(tiny_lm_dir: Path, tmp_path: Path
     human, 1 half, from 2 on all automatic), logged over both ranks; the replicas agree."""
     import torch
 
-    from tests.test_ddp import torchrun_cpu
+    from tests.support.ddp import torchrun_cpu
 
     out = torchrun_cpu(tmp_path, DDP_SCRIPT, tiny_lm_dir)
     assert torch.equal(torch.load(out / "replica-0.pt"), torch.load(out / "replica-1.pt"))

@@ -25,6 +25,7 @@ def test_curriculum_quick(tmp_path: Path) -> None:
     last = {m: result["summary"][m][str(cfg["steps"])] for m in curriculum.METHODS}
     assert last["human_only"]["human_share"]["mean"] == 1.0
     assert last["auto_only"]["human_share"]["mean"] == 0.0
+    # a drawn share of 8 groups an update: within one group (1/8) of the target
     assert last["all_mixed"]["human_share"]["mean"] == pytest.approx(share, abs=1 / 8)
     # linear 0.8 -> 0 over 6 updates: mean scheduled share 0.4
     assert last["curriculum"]["human_share"]["mean"] == pytest.approx(0.4, abs=1 / 48 + 1e-9)

@@ -21,18 +21,8 @@ from typer.testing import CliRunner
 from grouppref.commands import train as train_commands
 from grouppref.errors import ConfigError, StageError
 from grouppref.models.loading import load_causal_lm, load_tokenizer
-from grouppref.runs.store import RunStore, Shard
 from grouppref.schemas import (
-    Agreement,
-    Annotator,
-    Candidate,
-    CandidateSource,
-    PairPreference,
-    Prompt,
-    Ranking,
     ValidatedGroup,
-    make_candidate_id,
-    make_group_id,
 )
 from grouppref.train.config import DataConfig, LoraSettings, TrainConfig
 from grouppref.train.data import collate_groups, tokenize_groups
@@ -45,39 +35,18 @@ from grouppref.train.reference import (
     with_reference,
 )
 from grouppref.train.trainer import split_groups, train
+from tests.support.tolerances import MODEL_ATOL, MODEL_RTOL, assert_trained_close
+from tests.support.training import (
+    PLAIN,
+    WORDS,
+    _final_params,
+    _write_validate,
+    synthetic_group,
+    synthetic_groups,
+)
 
-WORDS = ["apple", "river", "stone", "cloud", "green", "table", "music", "light", "paper", "horse",
-         "glass", "smile", "winter", "garden", "bread", "ocean", "candle", "forest", "silver"]
-PLAIN = DataConfig(chat_template=False)
-ATOL = 1e-4
+ATOL = MODEL_ATOL  # fp32 log-probs of one model computed two ways (tests/support/tolerances.py)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
-
-
-def synthetic_group(i: int, split: str, rng: random.Random,
-                    texts: list[str] | None = None) -> ValidatedGroup:
-    """Group i: candidates 0, 1 ("sunny ...") beat candidates 2, 3 ("rainy ...")."""
-    prompt = Prompt(prompt_id=f"p{i}", text=f"Describe the {rng.choice(WORDS)} number {i}.")
-    gid = make_group_id(prompt)
-    w = rng.sample(WORDS, 4)
-    texts = texts or [f"sunny {w[0]}", f"sunny {w[1]}", f"rainy {w[2]}", f"rainy {w[3]}"]
-    cands = [Candidate(candidate_id=make_candidate_id(gid, t), text=t, behavior_logp=-5.0,
-                       source=CandidateSource(kind="model", model="synthetic")) for t in texts]
-    ids = [c.candidate_id for c in cands]
-    good, bad = ids[:2], ids[2:]
-    pairs = [PairPreference(winner=g, loser=b, p=1.0, weight=1.0, votes_for=3.0)
-             for g in good for b in bad]
-    ranking = Ranking(annotator=Annotator(id="rule", kind="rule"), group_id=gid,
-                      tiers=[good, bad])
-    return ValidatedGroup(
-        group_id=gid, prompt=prompt, candidates=cands, rankings=[ranking], consensus=[good, bad],
-        strengths={c: 1.0 if c in good else -1.0 for c in ids}, pairs=pairs,
-        agreement=Agreement(num_annotators=1), split=split)
-
-
-def synthetic_groups(n_train: int, n_test: int, seed: int = 0) -> list[ValidatedGroup]:
-    rng = random.Random(seed)
-    return ([synthetic_group(i, "train", rng) for i in range(n_train)]
-            + [synthetic_group(n_train + i, "test", rng) for i in range(n_test)])
 
 
 def naive_eval(model_dir: Path, ref_dir: Path, groups: list[ValidatedGroup],
@@ -122,6 +91,7 @@ def test_known_preference_raises_held_out_pair_accuracy(trained) -> None:
     assert result.stats.steps == 12  # 48 groups / batch 8 = 6 steps per epoch, 2 epochs
     # policy == reference: every reward is 0 up to float noise from different batch padding
     # (measured exactly 0.5 / 0.0 here), and a tie counts 1/2.
+    # ties count 1/2; 0.1 lets a few pairs whose zero margin rounds to +-1e-7 count either way
     assert start["pair_accuracy"] == pytest.approx(0.5, abs=0.1)
     assert abs(start["margin"]) < ATOL and start["kl"] < ATOL
     assert end["pair_accuracy"] >= 0.9  # measured 1.0
@@ -149,7 +119,10 @@ def test_metrics_log_and_saved_model(trained, tiny_lm_dir: Path) -> None:
     assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
     # The saved model, scored the slow way, reproduces the logged held-out numbers.
     acc, margin = naive_eval(out, tiny_lm_dir, [g for g in groups if g.split == "test"], 0.5)
+    # a share of pairs: equal unless a margin within fp32 noise of 0 flips (they are ~7 here)
     assert acc == pytest.approx(final["eval"]["pair_accuracy"], abs=ATOL)
+    # the margin is a difference of log-prob sums (~-30 each, ~5 tokens of MODEL_ATOL noise
+    # each side) averaged: ~1e-3 absolute on a margin of ~7, 1e-3 relative covers it 7x
     assert margin == pytest.approx(final["eval"]["margin"], rel=1e-3)
 
 
@@ -167,7 +140,8 @@ def test_reference_cache_is_reused_and_matches_a_direct_pass(trained, tiny_lm_di
         direct = group_logps(model, collate_groups(groups, tok.pad_token_id), share_prefix=False)
     for i, g in enumerate(second):
         assert g.ref_logps == first[i].ref_logps
-        assert torch.allclose(torch.tensor(g.ref_logps), direct[i], atol=ATOL)
+        # the cache's batches of 3 vs one batch of all: other padding, other reduction order
+        torch.testing.assert_close(torch.tensor(g.ref_logps), direct[i], atol=ATOL, rtol=MODEL_RTOL)
     other, info3 = ensure_reference(groups, **{**kwargs, "data_config": DataConfig(
         chat_template=False, max_response_length=100)})
     assert not info3.cached and info3.key != info1.key  # the DataConfig is part of the key
@@ -202,10 +176,6 @@ def test_groups_left_with_one_candidate_are_rejected_and_counted(tiny_lm_dir: Pa
         split_groups(groups[-1:], tok, config)
 
 
-def _final_params(model) -> torch.Tensor:
-    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
-
-
 def test_resume_continues_exactly(tiny_lm_dir: Path, tmp_path: Path) -> None:
     """5 steps straight == 2 steps, checkpoint (mid-epoch), resume to 5 (crossing an epoch)."""
     groups = synthetic_groups(24, 0, seed=1)  # 6 micro-batches of 4, grad_accum 2: 3 steps/epoch
@@ -217,7 +187,9 @@ def test_resume_continues_exactly(tiny_lm_dir: Path, tmp_path: Path) -> None:
         train(TrainConfig(**base, max_steps=5, beta=0.2), groups, tmp_path / "b", resume=True)
     resumed = train(TrainConfig(**base, max_steps=5), groups, tmp_path / "b", resume=True)
     assert resumed.stats.steps == 5
-    assert torch.allclose(_final_params(straight.model), _final_params(resumed.model), atol=1e-6)
+    # exact: the resume restores weights, Adam's moments, the sampler and the RNG bit for bit,
+    # then runs the same kernels on the same batches as the straight run (one thread, one machine)
+    assert torch.equal(_final_params(straight.model), _final_params(resumed.model))
     steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5]
 
@@ -254,12 +226,16 @@ def test_gradient_checkpointing_with_shared_prefix_equals_the_run_without(
     assert [r["step"] for r in lines] == [r["step"] for r in ref_lines] == [1, 2, 3]
     for got, want in zip(lines, ref_lines, strict=True):
         for key in ("loss", "grad_norm", "margin", "kl"):
+            # the recompute replays the forward's kernels (measured bit-identical on Intel);
+            # rel 1e-5 = ~100 float32 roundings of slack for a backward summed in another order
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (got["step"], key)
     assert ref_lines[-1]["grad_norm"] > 0
+    # a share of pairs (multiples of 1/pairs): equal, approx's rel 1e-6 only absorbs the float sum
     assert ckpt.stats.eval["pair_accuracy"] == pytest.approx(plain.stats.eval["pair_accuracy"])
     weights, ref_weights = _final_params(ckpt.model), _final_params(plain.model)
     assert not torch.equal(ref_weights, _final_params(load_causal_lm(str(tiny_lm_dir))))
-    assert torch.allclose(weights, ref_weights, atol=1e-6)
+    # 3 Adam steps at lr 1e-3 (tests/support/tolerances.py; bit-identical on Intel, measured)
+    assert_trained_close(weights, ref_weights, steps=3, lr=1e-3)
 
 
 def test_checkpointing_with_shared_prefix_needs_an_sdpa_model(tiny_lm_dir: Path) -> None:
@@ -307,16 +283,6 @@ def test_lora_trains_adapters_only(tiny_lm_dir: Path, tmp_path: Path, save: str)
     assert result.stats.steps == 2
 
 
-def _write_validate(run: Path, groups: list[ValidatedGroup]) -> RunStore:
-    """A run whose validate stage holds ``groups`` (written through the real store)."""
-    store = RunStore(run)
-    stage = store.open_stage("validate", {"test": True}, input_fingerprint="synthetic",
-                             record_type=ValidatedGroup)
-    stage.write_shard(Shard(index=0, start=0, items=groups), groups, [])
-    stage.finish(inputs=len(groups))
-    return store
-
-
 def test_cli_train_then_eval_on_a_run(tiny_lm_dir: Path, tmp_path: Path) -> None:
     rng = random.Random(5)
     long = "rainy " + " ".join(WORDS)
@@ -348,7 +314,9 @@ def test_cli_train_then_eval_on_a_run(tiny_lm_dir: Path, tmp_path: Path) -> None
     # The eval stage scores exactly what training logged at its end on the same groups.
     trained_eval = manifest.stats["eval"]
     for key in ("pair_accuracy", "margin", "logp_pair_accuracy"):
+        # the eval stage's batches vs the trainer's: fp32 log-probs in another padding
         assert report["metrics"]["model"][key] == pytest.approx(trained_eval[key], abs=ATOL)
+    # one float64 subtraction: approx's rel 1e-6 is ~1e10 eps64
     assert report["delta"]["pair_accuracy"] == pytest.approx(
         report["metrics"]["model"]["pair_accuracy"] - 0.5)
 
@@ -405,7 +373,7 @@ def test_loss_variants_train(tiny_lm_dir: Path, tmp_path: Path, extra: dict) -> 
     if "importance_clip" in extra:
         # every behavior_logp is -5 over ~3 tokens, far above the policy's log-probs: rho hits
         # the lower clip
-        assert last["rho"] == pytest.approx(0.5)
+        assert last["rho"] == pytest.approx(0.5)  # the clip's float32 0.5 (exact), a mean of them
     assert last["margin"] > 0  # 3 steps already separate best from worst
 
 

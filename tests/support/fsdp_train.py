@@ -112,7 +112,7 @@ def full_state(model, world: int) -> dict[str, torch.Tensor]:
 def launch(run: Callable[[str, str, int, int], list[float]]) -> None:
     """The torchrun entry point of a harness: ``run(MODEL_DIR, OUT_DIR, rank, world)`` in a gloo
     process group (argv: ``MODEL_DIR OUT_DIR``); rank 0 writes its losses to OUT/losses.json."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model_dir, out_dir = sys.argv[1], sys.argv[2]
     torch.distributed.init_process_group("gloo")

@@ -1,6 +1,6 @@
 """A small FAKE OpenAI-compatible server for the retry paths (429, 503, refusals) that a real
 server cannot be made to produce on demand. It is named as a fake and used *in addition to*
-the real llama.cpp server (tests/llama_server.py), never instead of it: every test that
+the real llama.cpp server (tests/support/llama_server.py), never instead of it: every test that
 claims server support runs against llama.cpp.
 
 It answers ``GET /v1/models`` (one model, ``fake``) and ``POST /v1/chat/completions`` /

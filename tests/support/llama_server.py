@@ -30,7 +30,7 @@ import pytest
 
 from grouppref.labeling.server import processes as procs
 from grouppref.models.loading import embedded_gguf
-from tests.suite_setup import missing_requirement
+from tests.support.suite_setup import missing_requirement
 
 MODEL_ALIAS = "smollm2"
 HOST = "127.0.0.1"

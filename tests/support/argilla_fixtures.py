@@ -26,7 +26,7 @@ import pytest
 
 from grouppref.labeling.server.embedded import EmbeddedArgilla
 from grouppref.labeling.server.processes import free_port
-from tests.suite_setup import APT_HINT, missing_requirement
+from tests.support.suite_setup import APT_HINT, missing_requirement
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def torchrun(script: Path | str, args: list[str], nproc: int = 2, timeout: float = 600) -> str:

@@ -4,7 +4,7 @@ handler that lists its models on ``GET``, serving a handler on a free loopback p
 judge's answer made from a hash of the question.
 
 These are FAKES for counting requests in flight, which real servers do not report; every test
-that claims server support runs against llama.cpp (tests/llama_server.py).
+that claims server support runs against llama.cpp (tests/support/llama_server.py).
 """
 
 from __future__ import annotations
