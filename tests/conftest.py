@@ -22,6 +22,7 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 # fails collection, so a new test file cannot be forgotten.
 TIERS = {
     "test_aggregate.py": "integration",  # one CLI run in a subprocess
+    "test_api.py": "unit",  # one subprocess: the import of grouppref.api alone
     "test_architecture.py": "integration",  # imports the package in subprocesses
     "test_argilla_lifecycle.py": "system",  # two real Argilla server starts
     "test_argilla_load.py": "system",  # the real embedded Argilla
@@ -71,6 +72,7 @@ TIERS = {
     "test_rank_served_overlap.py": "integration",  # fake HTTP servers
     "test_rankers.py": "integration",
     "test_readers.py": "unit",
+    "test_recipe_study.py": "system",  # the recipe study end to end on SmolLM2 and TRL
     "test_refresh.py": "system",  # torchrun
     "test_refresh_served.py": "integration",
     "test_reliability_audit.py": "unit",
