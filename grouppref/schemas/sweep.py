@@ -14,7 +14,8 @@ class SweepTrial(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     number: int
-    state: Literal["complete", "pruned", "failed", "interrupted", "running", "waiting"]
+    state: Literal["complete", "pruned", "failed", "interrupted", "duplicate", "running",
+                   "waiting"]
     params: dict[str, Any] = Field(description="The swept settings of the trial.")
     value: float | None = Field(default=None, description="Mean held-out metric over seeds.")
     seed_values: list[float] = Field(default_factory=list,
@@ -29,6 +30,8 @@ class SweepTrial(BaseModel):
                               "trial trained on (a group of k costs k).")
     error: str | None = Field(default=None, description="Why a failed trial failed, one line.")
     seconds: float | None = None
+    duplicate_of: int | None = Field(default=None, description="A grid point drawn twice "
+                                     "(two workers at once): the trial that measures it.")
 
 
 class SweepSetting(BaseModel):

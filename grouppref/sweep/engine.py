@@ -228,13 +228,19 @@ class Sweep:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)  # our own lines say it
-        try:
-            study = optuna.create_study(
-                storage=self._storage(), sampler=self._sampler(), pruner=self._pruner(),
-                study_name=self.name, direction=self.config.direction, load_if_exists=True)
-        except Exception as e:  # a bad URL, a missing driver, an unreachable server
-            raise ConfigError(f"cannot open the study at {redact_credentials(self.url)}: "
-                              f"{one_line(e)}") from e
+        for attempt in range(4):
+            try:
+                study = optuna.create_study(
+                    storage=self._storage(), sampler=self._sampler(), pruner=self._pruner(),
+                    study_name=self.name, direction=self.config.direction, load_if_exists=True)
+                break
+            except Exception as e:  # a bad URL, a missing driver, an unreachable server
+                # two workers starting at once race to create the tables: try again
+                if attempt < 3 and "IntegrityError" in type(e).__name__ + repr(e):
+                    time.sleep(1.0 + attempt)
+                    continue
+                raise ConfigError(f"cannot open the study at {redact_credentials(self.url)}: "
+                                  f"{one_line(e)}") from e
         attrs = study.user_attrs
         if "key" not in attrs:
             study.set_user_attr("key", self.key)
@@ -268,12 +274,26 @@ class Sweep:
                 self.progress(f"trial {t.number} was interrupted: queued again")
 
     def done(self, study: Any) -> int:
-        """Trials that count towards ``total``: complete, pruned, or failed with a reason."""
+        """Trials that count towards ``total``: complete, pruned, or failed with a reason (not
+        a grid point drawn twice)."""
         from optuna.trial import TrialState
 
-        return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                   or (t.state == TrialState.FAIL and "error" in t.user_attrs)
+        return sum((t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                    or (t.state == TrialState.FAIL and "error" in t.user_attrs))
+                   and "duplicate_of" not in t.user_attrs
                    for t in study.get_trials(deepcopy=False))
+
+    @staticmethod
+    def _twin(trial: Any, params: dict[str, Any]) -> int | None:
+        """An earlier trial of the same grid point that measures (or measured) it."""
+        from optuna.trial import TrialState
+
+        for t in trial.study.get_trials(deepcopy=False, states=(
+                TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)):
+            if (t.number < trial.number and t.params == params
+                    and "duplicate_of" not in t.user_attrs):
+                return t.number
+        return None
 
     # -- one trial ------------------------------------------------------------------------
     def objective(self, trial: Any) -> float:
@@ -282,6 +302,11 @@ class Sweep:
         from grouppref.train.trainer import train
 
         params = suggest(trial, self.dims)
+        if self.config.sampler == "grid" and (twin := self._twin(trial, params)) is not None:
+            # workers that draw at once, or one that starts while the last point still runs,
+            # may get a grid point another trial has: that trial measures it
+            trial.set_user_attr("duplicate_of", twin)
+            raise optuna.TrialPruned(f"the same grid point as trial {twin}")
         shown = " ".join(f"{k}={_short(v)}" for k, v in params.items())
         self.progress(f"trial {trial.number} ({self.done(trial.study) + 1} of {self.total}) "
                       f"started: {shown or '(base settings)'}")
@@ -347,6 +372,12 @@ class Sweep:
                                             "maximize" else value < self.best))
             self.best = value if better else self.best
             what = f"{self.config.metric} {value:.4g}"
+        elif "duplicate_of" in trial.user_attrs:
+            self.progress(f"trial {trial.number} skipped: the same grid point as trial "
+                          f"{trial.user_attrs['duplicate_of']}")
+            if done >= self.total:
+                study.stop()
+            return
         elif trial.state == TrialState.PRUNED:
             what = f"pruned at {trial.user_attrs.get('last_intermediate', float('nan')):.4g}"
         else:
@@ -367,12 +398,14 @@ class Sweep:
         completed = [t.value for t in study.trials if t.value is not None]
         if completed:
             self.best = (max if self.config.direction == "maximize" else min)(completed)
-        left = self.total - self.done(study)
+        left: int | None = self.total - self.done(study)
         if max_trials is not None:
             left = min(left, max_trials)
+        elif self.config.sampler == "grid":
+            left = None if left > 0 else 0  # the grid sampler stops when every point ran
         self.progress(f"study {self.name} at {redact_credentials(self.url)}: "
                       f"{self.done(study)} of {self.total} trials done")
-        if left > 0:
+        if left is None or left > 0:
             study.optimize(self.objective, n_trials=left, catch=(Exception,),
                            callbacks=[self._after], gc_after_trial=True)
         summary = summarize(study, self)

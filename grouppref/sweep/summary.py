@@ -37,13 +37,15 @@ _STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "RUNNING": "running",
 
 def _trial(t: Any) -> SweepTrial:
     attrs = t.user_attrs
-    state = _STATES.get(t.state.name) or ("failed" if "error" in attrs else "interrupted")
+    state = ("duplicate" if "duplicate_of" in attrs else _STATES.get(t.state.name)
+             or ("failed" if "error" in attrs else "interrupted"))
     return SweepTrial(number=t.number, state=state, params=dict(t.params), value=t.value,
                       seed_values=list(attrs.get("seed_values", [])),
                       last_intermediate=attrs.get("last_intermediate"),
                       steps=attrs.get("steps"), groups=attrs.get("groups"),
                       tokens=attrs.get("tokens"), reads=attrs.get("reads"),
-                      error=attrs.get("error"), seconds=attrs.get("seconds"))
+                      error=attrs.get("error"), seconds=attrs.get("seconds"),
+                      duplicate_of=attrs.get("duplicate_of"))
 
 
 def summarize(study: Any, sweep: Any) -> SweepSummary:
@@ -103,8 +105,11 @@ def markdown(summary: SweepSummary) -> str:
                                  "note"]) + " |",
               "|" + "---|" * (len(keys) + 7)]
     for t in summary.trials:
-        note = t.error or (f"last intermediate {_fmt(t.last_intermediate)}"
-                           if t.state == "pruned" else "")
+        note = t.error or ""
+        if t.state == "duplicate":
+            note = f"the same grid point as trial {t.duplicate_of}"
+        elif t.state == "pruned":
+            note = f"last intermediate {_fmt(t.last_intermediate)}"
         lines.append("| " + " | ".join([str(t.number), t.state,
                                         *(_fmt(t.params.get(k)) for k in keys), _fmt(t.value),
                                         _fmt(t.steps), _fmt(t.tokens), _fmt(t.reads),
