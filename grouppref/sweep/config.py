@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from grouppref.config import validate
 from grouppref.schemas import MAX_K, MIN_K
 from grouppref.train.config import TrainConfig
 
@@ -197,3 +198,27 @@ class SweepConfig(BaseModel):
 
     def default_amount(self) -> int:
         return self.amount if self.amount is not None else 20
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """``data[a][b] = value`` for ``a.b`` (sections made as needed)."""
+    *path, last = dotted.split(".")
+    node = data
+    for part in path:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
+
+
+def trial_train_config(base: TrainConfig, params: dict[str, Any]) -> TrainConfig:
+    """``base`` with the swept train settings of ``params`` (``k`` and ``budget`` left out).
+
+    Raises:
+        ConfigError: the combination is not a valid train config (one line per problem).
+    """
+    data = base.model_dump(mode="json")
+    for key, value in params.items():
+        if key not in ("k", "budget"):
+            set_dotted(data, key, value)
+    return validate(TrainConfig, data, "trial")

@@ -26,7 +26,7 @@ from grouppref.errors import ConfigError
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.schemas import ValidatedGroup
 from grouppref.schemas.sweep import SweepSummary
-from grouppref.sweep.config import Dimension, SweepConfig
+from grouppref.sweep.config import Dimension, SweepConfig, trial_train_config
 from grouppref.sweep.subsample import subsample_group
 from grouppref.train.config import TrainConfig
 
@@ -47,32 +47,6 @@ def one_line(e: BaseException) -> str:
     """An exception as one line (type and first line of its message), credentials removed."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return redact_credentials(f"{type(e).__name__}: {text}" if text else type(e).__name__)
-
-
-def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    """``data[a][b] = value`` for ``a.b`` (sections made as needed)."""
-    *path, last = dotted.split(".")
-    node = data
-    for part in path:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[last] = value
-
-
-def trial_train_config(base: TrainConfig, params: dict[str, Any]) -> TrainConfig:
-    """``base`` with the swept train settings of ``params`` (``k`` and ``budget`` left out).
-
-    Raises:
-        ConfigError: the combination is not a valid train config (one line per problem).
-    """
-    from grouppref.config import validate
-
-    data = base.model_dump(mode="json")
-    for key, value in params.items():
-        if key not in ("k", "budget"):
-            set_dotted(data, key, value)
-    return validate(TrainConfig, data, "trial")
 
 
 @dataclass

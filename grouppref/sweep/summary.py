@@ -14,6 +14,7 @@ import yaml
 from grouppref.config import redact_credentials
 from grouppref.runs.hashing import canonical_json
 from grouppref.schemas.sweep import SweepSetting, SweepSummary, SweepTrial
+from grouppref.sweep.config import trial_train_config
 
 # two-sided 95% quantiles of Student's t, by degrees of freedom (then the normal's 1.96)
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
@@ -175,8 +176,6 @@ def plot(summary: SweepSummary, path: Path) -> Path | None:
 def best_yaml(summary: SweepSummary, sweep: Any) -> str | None:
     """The best setting as a train config file: the base settings with the best swept values
     (the sweep's short budget left out); its group size and budget in comments."""
-    from grouppref.sweep.engine import trial_train_config
-
     if summary.best is None:
         return None
     config = trial_train_config(sweep.config.train, summary.best)
