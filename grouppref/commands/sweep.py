@@ -41,7 +41,7 @@ def _run_sweep(config: SweepConfig, extras: dict[str, Any], force: bool) -> None
     from grouppref.sweep.run import sweep_data
 
     summary = sweep_data(extras["data"], config, extras["out"], max_trials=extras["max_trials"],
-                         allow_stale=extras["allow_stale"],
+                         allow_stale=extras["allow_stale"], force=force,
                          progress=lambda line: err.print(esc(line)))
     print_summary(summary, extras["out"])
 
@@ -103,7 +103,8 @@ sweep = config_command(
                              _params, multiple=True, metavar="KEY=SPEC"),
             "train": Custom("--train-config", help_of(SweepConfig, "train"), _train_file,
                             metavar="FILE")},
-    force_help=None)
+    force_help="In a run: open RUN/sweep again even when it is complete (trials done stay "
+    "done; another search space is another study anyway).")
 
 
 def register(app: typer.Typer) -> None:

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from grouppref.config import validate
+from grouppref.runs.stage import StageSpec
 from grouppref.schemas import MAX_K, MIN_K
 from grouppref.train.config import TrainConfig
 
@@ -222,3 +223,8 @@ def trial_train_config(base: TrainConfig, params: dict[str, Any]) -> TrainConfig
         if key not in ("k", "budget"):
             set_dotted(data, key, value)
     return validate(TrainConfig, data, "trial")
+
+
+SWEEP = StageSpec(name="sweep", config=SweepConfig, entry="grouppref.sweep.run:run_sweep_stage",
+                  summary="Sweep group size and training settings on RUN/validate "
+                  "(RUN/sweep: summary, plot, best.yaml).", reads=lambda config: ("validate",))
