@@ -241,7 +241,7 @@ def test_resume_after_a_stop_and_a_kill(tiny_lm_dir: Path, tmp_path: Path) -> No
     assert (out / "trials" / "0000" / "seed-0" / "metrics.json").stat().st_mtime_ns == done_at
     rerun = CliRunner().invoke(app, args)  # nothing left: the table again, no training
     assert rerun.exit_code == 0 and "4 of 4 trials done" in rerun.stderr
-    assert "started" not in rerun.stderr
+    assert ") started:" not in rerun.stderr
 
 
 def test_two_workers_share_one_postgresql_study(
@@ -281,3 +281,48 @@ def test_a_bad_storage_url_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot open the study") as e:
         sweep.open_study()
     assert "secret" not in str(e.value)
+
+
+def test_sweep_stage_of_a_run_in_inspect_and_the_report(tiny_lm_dir: Path, tmp_path: Path) -> None:
+    from grouppref.pipeline.report.stage import run_report
+    from grouppref.runs.store import RunStore, Shard
+
+    groups = [ranked_group(i, "train") for i in range(12)] + [
+        ranked_group(100 + i, "test") for i in range(6)]
+    store = RunStore(tmp_path / "run")
+    stage = store.open_stage("validate", {"test": True}, input_fingerprint="synthetic",
+                             record_type=ValidatedGroup)
+    stage.write_shard(Shard(index=0, start=0, items=groups), groups, [])
+    stage.finish(inputs=len(groups))
+    base = _base(tmp_path, tiny_lm_dir)
+    args = ["sweep", str(store.root), "--train-config", str(base), "--param", "k=2,3",
+            "--amount", "2", "--evals", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    manifest = store.require("sweep")
+    assert manifest.status == "complete" and manifest.inputs == {
+        "validate": store.require("validate").output_fingerprint}
+    assert (store.stage_dir("sweep") / "best.yaml").exists()
+    again = CliRunner().invoke(app, args)  # cached: same settings, same RUN/validate
+    assert again.exit_code == 0 and "unchanged settings and input" in again.stderr
+    assert ") started:" not in again.stderr and "best: " in again.stdout
+    shown = CliRunner().invoke(app, ["inspect", str(store.root)])
+    assert shown.exit_code == 0 and "sweep" in shown.stdout
+    page = Path(run_report(store).outputs["html"]).read_text()
+    assert "Sweep: group size and recipe" in page and "equal optimizer steps" in page
+    assert "data:image/png;base64," in page
+
+
+def test_the_run_step_starts_from_the_runs_train_section() -> None:
+    from grouppref.runner import PIPELINE, STAGES, RunConfig
+
+    config = RunConfig.model_validate({
+        "run_dir": "r", "validate": {"source": "ds"}, "train": {"lr": 1e-3, "loss": "dpo"},
+        "sweep": {"params": {"k": [2, 4]}, "budget": "annotation", "amount": 64}})
+    step = next(s for s in PIPELINE if s.stage == "sweep")
+    [section] = step.sections(config)
+    assert section.train.lr == 1e-3 and section.train.loss == "dpo"
+    assert STAGES.index("sweep") == STAGES.index("train") - 1
+    own = RunConfig.model_validate({"run_dir": "r", "validate": {"source": "ds"},
+                                    "train": {"lr": 1e-3}, "sweep": {"train": {"lr": 2e-3}}})
+    assert next(s for s in PIPELINE if s.stage == "sweep").sections(own)[0].train.lr == 2e-3

@@ -43,7 +43,12 @@ def _run_sweep(config: SweepConfig, extras: dict[str, Any], force: bool) -> None
     summary = sweep_data(extras["data"], config, extras["out"], max_trials=extras["max_trials"],
                          allow_stale=extras["allow_stale"], force=force,
                          progress=lambda line: err.print(esc(line)))
-    print_summary(summary, extras["out"])
+    where = extras["out"]
+    if where is None:  # a run: RUN/sweep
+        from grouppref.runs.store import RunStore
+
+        where = RunStore(extras["data"]).stage_dir("sweep")
+    print_summary(summary, where)
 
 
 def print_summary(summary: SweepSummary, where: Path | None) -> None:
