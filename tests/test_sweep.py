@@ -326,3 +326,21 @@ def test_the_run_step_starts_from_the_runs_train_section() -> None:
     own = RunConfig.model_validate({"run_dir": "r", "validate": {"source": "ds"},
                                     "train": {"lr": 1e-3}, "sweep": {"train": {"lr": 2e-3}}})
     assert next(s for s in PIPELINE if s.stage == "sweep").sections(own)[0].train.lr == 2e-3
+
+
+def test_the_median_pruner_stops_a_trial_behind_the_median(
+        tiny_lm_dir: Path, tmp_path: Path) -> None:
+    data, base, out = _dataset(tmp_path), _base(tmp_path, tiny_lm_dir), tmp_path / "sweep"
+    # sampler seed 1 draws lr 5e-3 first (checked below); lr 1e-9 leaves the rewards near 0,
+    # held-out accuracy near 0.5, below trial 0's at the same evaluation
+    result = CliRunner().invoke(app, [
+        "sweep", str(data), "--out", str(out), "--train-config", str(base), "--param",
+        "lr=5e-3,1e-9", "--amount", "6", "--evals", "3", "--startup-trials", "1",
+        "--seed", "1"])
+    assert result.exit_code == 0, result.output
+    first, second = _summary(out)["trials"]
+    assert first["params"]["lr"] == 5e-3 and first["state"] == "complete"
+    assert second["state"] == "pruned" and second["last_intermediate"] < first["value"]
+    assert second["value"] is None and "trial 1 pruned" in result.stdout
+    metrics = (out / "trials" / "0001" / "seed-1" / "metrics.jsonl").read_text().splitlines()
+    assert max(json.loads(x)["step"] for x in metrics) < 6  # stopped before its last step

@@ -369,7 +369,8 @@ class Sweep:
 
         study = self.open_study()
         self._requeue_interrupted(study)
-        completed = [t.value for t in study.trials if t.value is not None]
+        completed = [t.value for t in study.trials
+                     if t.value is not None and t.state.name == "COMPLETE"]
         if completed:
             self.best = (max if self.config.direction == "maximize" else min)(completed)
         left: int | None = self.total - self.done(study)

@@ -40,7 +40,8 @@ def _trial(t: Any) -> SweepTrial:
     attrs = t.user_attrs
     state = ("duplicate" if "duplicate_of" in attrs else _STATES.get(t.state.name)
              or ("failed" if "error" in attrs else "interrupted"))
-    return SweepTrial(number=t.number, state=state, params=dict(t.params), value=t.value,
+    value = t.value if state == "complete" else None  # Optuna keeps a pruned one's last
+    return SweepTrial(number=t.number, state=state, params=dict(t.params), value=value,
                       seed_values=list(attrs.get("seed_values", [])),
                       last_intermediate=attrs.get("last_intermediate"),
                       steps=attrs.get("steps"), groups=attrs.get("groups"),
