@@ -344,3 +344,37 @@ def test_the_median_pruner_stops_a_trial_behind_the_median(
     assert second["value"] is None and "trial 1 pruned" in result.stdout
     metrics = (out / "trials" / "0001" / "seed-1" / "metrics.jsonl").read_text().splitlines()
     assert max(json.loads(x)["step"] for x in metrics) < 6  # stopped before its last step
+
+
+def test_budgets_of_equal_annotation_cost_and_equal_tokens(tiny_lm_dir: Path) -> None:
+    from grouppref.sweep.engine import plan_seed
+    from grouppref.train.config import TrainConfig
+
+    groups = [ranked_group(i, "train") for i in range(16)] + [ranked_group(100, "test")]
+    config = TrainConfig(model=str(tiny_lm_dir), batch_size=2, epochs=2,
+                         data={"chat_template": False})
+    pairs = plan_seed(groups, config, 2, 0, "annotation", 20)
+    fours = plan_seed(groups, config, 4, 0, "annotation", 20)
+    assert (pairs.train_groups, pairs.reads, pairs.steps) == (10, 20, 10)  # 2 epochs of 5
+    assert (fours.train_groups, fours.reads, fours.steps) == (5, 20, 6)  # 2 epochs of 3
+    assert len(pairs.groups) == 11 and pairs.groups[-1].k == 4  # held-out groups stay whole
+    assert plan_seed(groups, config, 2, 0, "annotation", 20).groups == pairs.groups  # seeded
+    small, large = (plan_seed(groups, config, k, 0, "tokens", 2000) for k in (2, 4))
+    assert small.steps > large.steps  # fewer tokens per group: more steps for the same tokens
+    for plan in (small, large):
+        assert abs(plan.tokens - 2000) < 2000 / plan.steps  # within one step of the budget
+    with pytest.raises(ConfigError, match="buys no group"):
+        plan_seed(groups, config, 4, 0, "annotation", 3)
+
+
+def test_a_sweep_whose_every_trial_fails_is_an_error(tiny_lm_dir: Path, tmp_path: Path) -> None:
+    from grouppref.errors import StageError
+
+    data, base, out = _dataset(tmp_path), _base(tmp_path, tiny_lm_dir), tmp_path / "sweep"
+    result = CliRunner().invoke(app, ["sweep", str(data), "--out", str(out), "--train-config",
+                                      str(base), "--param", "loss=dpo,lipo", "--param",
+                                      "pair_targets=hard"])
+    assert isinstance(result.exception, StageError)  # one line and exit code 2 from the CLI
+    message = str(result.exception)
+    assert "every trial failed (2)" in message and "applies to loss 'gspo'" in message
+    assert [t["state"] for t in _summary(out)["trials"]] == ["failed", "failed"]

@@ -15,7 +15,7 @@ from grouppref.commands.options import Custom, Extra, config_command, help_of
 from grouppref.commands.output import err, esc, out
 from grouppref.commands.train import DataArg
 from grouppref.config import read_config_file
-from grouppref.errors import ConfigError
+from grouppref.errors import ConfigError, StageError
 from grouppref.schemas.sweep import SweepSummary
 from grouppref.sweep.config import SweepConfig, parse_param
 
@@ -49,6 +49,10 @@ def _run_sweep(config: SweepConfig, extras: dict[str, Any], force: bool) -> None
 
         where = RunStore(extras["data"]).stage_dir("sweep")
     print_summary(summary, where)
+    failed = [t for t in summary.trials if t.state == "failed"]
+    if failed and not any(t.state in ("complete", "pruned") for t in summary.trials):
+        raise StageError(f"every trial failed ({len(failed)}), e.g. trial {failed[0].number}: "
+                         f"{failed[0].error}")
 
 
 def print_summary(summary: SweepSummary, where: Path | None) -> None:
