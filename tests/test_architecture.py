@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "grouppref"
 TESTS = ROOT.parent / "tests"
 LAYERS = ["errors", "schemas", "config", "runs", "stats", "models", "readers", "pipeline",
-          "labeling", "train", "runner", "api", "commands", "cli"]
+          "labeling", "train", "sweep", "runner", "api", "commands", "cli"]
 TOP = {"__init__": "errors", "__main__": "cli"}
 
 
@@ -92,11 +92,12 @@ def test_no_import_cycles():
     assert cycles == []
 
 
-HEAVY = ("torch", "transformers", "datasets", "accelerate")
+HEAVY = ("torch", "transformers", "datasets", "accelerate", "optuna")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["schema", "Prompt"], ["train", "--help"],
-                                  ["generate", "--help"], ["label", "push", "--help"]])
+                                  ["generate", "--help"], ["label", "push", "--help"],
+                                  ["sweep", "--help"]])
 def test_light_commands_do_not_import_torch(argv: list[str], tmp_path: Path):
     """``--help``, ``schema`` and every command's ``--help`` start without the ML stack."""
     code = (

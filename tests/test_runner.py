@@ -132,7 +132,8 @@ def test_second_run_is_cached_and_force_reruns_one_stage(tmp_path: Path) -> None
     first = run_pipeline(cfg)
     chain = ["import", "rank", "simulate", "aggregate", "validate", "export"]
     assert first.status == "done" and first.ran == [*chain, "report"]
-    assert first.skipped == ["prompts", "generate", "label", "train_rm", "train", "eval"]
+    assert first.skipped == ["prompts", "generate", "label", "train_rm", "sweep", "train",
+                             "eval"]
     assert store.manifest("aggregate").config["input_stage"] == "simulate"
     before = manifests(store)
     pairs = (tmp_path / "out" / "pairs" / "train.parquet").stat().st_mtime_ns

@@ -24,7 +24,7 @@ AllowStale = Annotated[bool, typer.Option(
     "changed after it ran); what is written says so.")]
 # the order of `grouppref run` (kept here so that `inspect` does not import the runner)
 PIPELINE_ORDER = ("prompts", "generate", "import", "rank", "simulate", "label", "aggregate",
-                  "validate", "export", "train_rm", "train", "eval", "report")
+                  "validate", "export", "train_rm", "sweep", "train", "eval", "report")
 
 
 def schema(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -71,6 +71,7 @@ class _Run(LoopRun):
     objective: Objective
     refresh: Any = None  # a grouppref.train.refresh.Refresher when config.refresh is set
     mix: MixSampler | None = None  # the batch sampler when config.mix is set
+    on_eval: Any = None  # called as on_eval(step, metrics) after each held-out evaluation
 
 
 # -- one step ---------------------------------------------------------------------------------
@@ -104,6 +105,8 @@ def _log_eval(run: _Run) -> dict[str, float]:
                        share_prefix=run.config.share_prefix,
                        autocast_dtype=autocast_dtype(run.config.mixed_precision))
     run.log.write(run.state.step, run.state.epoch_progress(run.steps_per_epoch), "eval", metrics)
+    if run.on_eval is not None:  # e.g. a sweep's pruner (it may raise to stop the run)
+        run.on_eval(run.state.step, metrics)
     return metrics
 
 
@@ -203,7 +206,8 @@ def _finish(run: _Run, prep: Prepared, t0: float) -> TrainResult:
 
 def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | Path, *,
           resume: bool | str | Path = False, reference_cache: Path | None = None,
-          refresh_dir: Path | None = None) -> TrainResult:
+          refresh_dir: Path | None = None,
+          on_eval: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
     """Train ``config.model`` on ``groups`` with the configured group loss.
 
     Args:
@@ -219,6 +223,9 @@ def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | 
             (default ``out_dir/reference``).
         refresh_dir (Path | None): where refresh rounds are written (default
             ``out_dir/refresh``; see :mod:`grouppref.train.refresh`).
+        on_eval (Callable | None): called as ``on_eval(step, metrics)`` after every held-out
+            evaluation (start, every ``eval_steps``, end); an exception it raises ends the run
+            (``grouppref sweep`` prunes trials this way).
 
     Returns:
         TrainResult: the trained model, tokenizer, final metrics and rejects.
@@ -235,6 +242,7 @@ def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | 
     prep = prepare_data(config, groups, out_dir, resume)  # fails before any model loads
     policy = load_policy(config, prep, cache_dir)
     run = _start_run(config, prep, policy, out_dir, cache_dir, refresh_dir or out_dir / "refresh")
+    run.on_eval = on_eval
     if run.held_out and run.state.step == 0:
         _log_eval(run)
     _loop(run)

@@ -42,6 +42,7 @@ from grouppref.pipeline.report.parts import (
 )
 from grouppref.pipeline.report.reward_model import section_reward_model
 from grouppref.pipeline.report.selection import describe_selection, read_selection, selection_table
+from grouppref.pipeline.report.sweep import section_sweep
 from grouppref.runs.freshness import rerun_chain, run_manifests, stale_causes, stale_note, step_of
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.manifest import Manifest, read_rejects
@@ -311,7 +312,8 @@ def render_report(store: RunStore, config: ReportConfig,
     sections = [_stale_box(stale) if stale else "", section_counts(view, config.max_reject_reasons)]
     groups = _validated(view)
     sections += [section_selection(view), section_agreement(groups), section_noise(view),
-                 section_reward_model(view.manifest("train_rm")), section_training(view),
+                 section_reward_model(view.manifest("train_rm")),
+                 section_sweep(view.manifest("sweep")), section_training(view),
                  section_eval(view)]
     body = "".join(s for s in sections if s)
     nav = " &middot; ".join(f"<a href='#{a}'>{t}</a>" for a, t in NAV)
