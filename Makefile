@@ -21,9 +21,21 @@ $(STAMP): pyproject.toml requirements/lock.txt
 	$(PIP) install -q --no-deps -c requirements/lock.txt lm_eval
 	touch $(STAMP)
 
+# llama.cpp built for any x86-64 CPU (GGML_NATIVE=OFF): a native build on a CPU that reports
+# AMX (Sapphire Rapids VMs) dies with a general-protection fault in libggml-cpu on the first
+# completion, and pip's wheel cache would hand that build to every later venv on the machine.
+# The portable wheel is built once into LLAMA_WHEELS and installed from there.
+# the serve extra's pin in pyproject.toml
+LLAMA_VERSION := 0.3.36
+LLAMA_WHEELS ?= $(HOME)/.cache/grouppref/llama-portable-$(LLAMA_VERSION)
+
 $(SERVE_STAMP): $(STAMP)
-	@echo "installing llama-cpp-python[server] (the first time pip builds it from source: ~7 min on 2 cores)" >&2
-	$(PIP) install -q -c requirements/lock.txt -e ".[serve]"
+	@echo "installing llama-cpp-python[server] (the first time it is built from source: ~7-20 min on 2 cores)" >&2
+	ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1 || \
+	  CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) wheel -q --no-deps --no-cache-dir -w $(LLAMA_WHEELS) \
+	  "llama-cpp-python==$(LLAMA_VERSION)"
+	$(PIP) install -q --force-reinstall --no-deps $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+	$(PIP) install -q -c requirements/lock.txt --find-links $(LLAMA_WHEELS) -e ".[serve]"
 	touch $(SERVE_STAMP)
 
 install: $(STAMP) $(SERVE_STAMP)

@@ -58,7 +58,8 @@ def test_bad_choices_name_the_key_and_the_allowed_values(tmp_path: Path) -> None
         "'rule', 'similarity', 'judge'",
         f"{path}: rank.rankers.1.checks.0.unit: Input should be 'chars' or 'words'; got 'bytes'",
         f"{path}: rank.rankers.2.kind: Field required",
-        f"{path}: train.loss: Input should be 'gspo', 'plackett_luce', 'dpo' or 'sft'; got 'dpo2'"]
+        f"{path}: train.loss: Input should be 'gspo', 'plackett_luce', 'dpo', 'lipo', 'nca', "
+        "'infonca' or 'sft'; got 'dpo2'"]
 
 
 def test_generate_and_import_exclude_each_other(tmp_path: Path) -> None:
