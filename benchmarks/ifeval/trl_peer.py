@@ -5,7 +5,7 @@ trl-pairs --pairs best_worst|consensus --chat always``: chat turns, so TRL appli
 chat template the package's trainer does), then ``DPOTrainer`` trains the same start model
 with the same optimizer settings as the package's runs: AdamW at a constant rate, no warm-up,
 gradient clipping at 1.0, dropout off, β, the sigmoid loss, reference log-probs precomputed,
-fp32 on the CPU (bf16 autocast on a GPU, as the package's runs there). Weights are saved at
+in the precision the package's runs use (fp32, or bf16 autocast). Weights are saved at
 the curve steps (``save_only_model``), so the curve folders load like any model.
 """
 
@@ -31,10 +31,11 @@ def export_pairs(run_dir: Path, pairs: str, work: Path) -> Path:
 
 def train_trl(run_dir: Path, base: str, folder: Path, *, pairs: str, lr: float, seed: int,
               steps: int, batch: int, beta: float, curve: tuple[int, ...], max_new_tokens: int,
-              work: Path, device: str = "cpu") -> dict[str, Any]:
+              work: Path, device: str = "cpu", bf16: bool = False) -> dict[str, Any]:
     """Train with ``DPOTrainer``; the final model in ``folder``, ``folder/step-N`` for the curve.
 
-    On ``cuda`` in bf16 autocast, as the package's trainer runs there (``mixed_precision``).
+    ``bf16``: bf16 autocast (on the GPU or the CPU), as the package's trainer runs with
+    ``mixed_precision: bf16``; otherwise fp32.
 
     Returns:
         dict: steps, pairs in the data, tokens trained (prompt twice + both responses per pair,
@@ -52,7 +53,7 @@ def train_trl(run_dir: Path, base: str, folder: Path, *, pairs: str, lr: float, 
     out = folder / "trl-out"
     gpu = device.startswith("cuda")
     config = DPOConfig(
-        output_dir=str(out), use_cpu=not gpu, bf16=gpu, fp16=False, seed=seed, data_seed=seed,
+        output_dir=str(out), use_cpu=not gpu, bf16=bf16, fp16=False, seed=seed, data_seed=seed,
         learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
         weight_decay=0.0, beta=beta, loss_type=["sigmoid"], precompute_ref_log_probs=True,
         precompute_ref_batch_size=32, per_device_train_batch_size=batch,
