@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from benchmarks.ifeval.build import build, write_jsonl
 
@@ -147,26 +147,54 @@ def base_model(model: str | None, out: Path) -> str:
     return resolve_model(model)
 
 
-def make_data(base: str, out: Path, scale: Scale, device: str) -> tuple[list[Any], dict[str, Any]]:
-    """Prompts, then generate -> rank -> aggregate -> validate with the package's stages."""
+class DataScale(Protocol):
+    """The sizes the data stages read from a scale (this module's and the study's)."""
+
+    k: int
+    gen_batch: int
+    shard: int
+    max_new_tokens: int
+    temperature: float
+
+
+DATA_STAGES = ("generate", "rank", "aggregate", "validate")
+
+
+def run_data_stages(base: str, run_dir: Path, prompts: Path, scale: DataScale,
+                    device: str) -> dict[str, Any]:
+    """generate -> rank -> aggregate -> validate of ``prompts`` into ``run_dir`` with the
+    package's stages (``pipeline.yaml``, sized by ``scale``); returns each stage's counts."""
     from grouppref.config import read_config_file, validate
     from grouppref.runner import RunConfig, run_pipeline
-    from grouppref.train.sources import load_groups
 
-    train, test = build(scale.train, scale.test, seed=0, held_out_topics=40)
-    write_jsonl(out / "prompts" / "train.jsonl", train)
-    write_jsonl(out / "prompts" / "test.jsonl", test)
     data = read_config_file(PIPELINE)
-    data["run_dir"] = str(out / "run")
-    data["prompts"]["source"] = str(out / "prompts" / "train.jsonl")
+    data["run_dir"] = str(run_dir)
+    data["prompts"]["source"] = str(prompts)
     data["generate"].update(k=scale.k, batch_size=scale.gen_batch, shard_size=scale.shard,
                             max_new_tokens=scale.max_new_tokens, device=device,
                             temperature=scale.temperature, models=[{"name": base}])
     data["report"] = None
     run_pipeline(validate(RunConfig, data, str(PIPELINE)), until="validate")
+    return stage_counts(run_dir)
+
+
+def stage_counts(run_dir: Path) -> dict[str, Any]:
+    """Each data stage's counts (inputs, outputs, rejected, partial) in ``run_dir``."""
+    from grouppref.runs.store import RunStore
+
+    store = RunStore(run_dir)
+    return {stage: store.require(stage).counts.model_dump() for stage in DATA_STAGES}
+
+
+def make_data(base: str, out: Path, scale: Scale, device: str) -> tuple[list[Any], dict[str, Any]]:
+    """Prompts, then the data stages (:func:`run_data_stages`)."""
+    from grouppref.train.sources import load_groups
+
+    train, test = build(scale.train, scale.test, seed=0, held_out_topics=40)
+    write_jsonl(out / "prompts" / "train.jsonl", train)
+    write_jsonl(out / "prompts" / "test.jsonl", test)
+    info = run_data_stages(base, out / "run", out / "prompts" / "train.jsonl", scale, device)
     source = load_groups(out / "run")
-    info = {stage: source.store.require(stage).counts.model_dump()
-            for stage in ("generate", "rank", "aggregate", "validate")}
     return source.groups, {"stage_counts": info, "groups": len(source.groups),
                            "train_prompts": len(train), "test_prompts": len(test)}
 

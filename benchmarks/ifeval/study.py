@@ -39,11 +39,12 @@ from typing import Any
 
 from benchmarks.ifeval.build import build, write_jsonl
 from benchmarks.ifeval.experiment import (
-    PIPELINE,
     Log,
     _free_memory,
     base_model,
     compact,
+    run_data_stages,
+    stage_counts,
     tokens_per_group,
 )
 
@@ -111,8 +112,7 @@ SCALES = {
 
 def make_data(base: str, data: Path, scale: Scale, device: str) -> dict[str, Any]:
     """Prompts (three splits) in ``data/prompts``; the training groups in ``data/run``."""
-    from grouppref.config import read_config_file, validate
-    from grouppref.runner import RunConfig, run_pipeline
+    from grouppref.runs.store import RunStore
 
     train, test, val = build(scale.train, scale.test, seed=0,
                              held_out_topics=scale.held_out_topics, n_val=scale.val,
@@ -122,28 +122,15 @@ def make_data(base: str, data: Path, scale: Scale, device: str) -> dict[str, Any
         if not path.exists() or path.read_text() != "".join(json.dumps(r, ensure_ascii=False)
                                                             + "\n" for r in rows):
             write_jsonl(path, rows)
-    from grouppref.runs.store import RunStore
-
-    store = RunStore(data / "run")
-    done = store.manifest("validate")
+    prompts = {"train": len(train), "val": len(val), "test": len(test)}
+    done = RunStore(data / "run").manifest("validate")
     if done is not None and done.status == "complete":
         # committed data is the study's input as it stands: the model's input fingerprint
         # (a hash of the files the GGUF is converted into) need not match on another machine,
         # and re-generating would change the data every later session continues on
-        return {"stage_counts": {s: store.require(s).counts.model_dump()
-                                 for s in ("generate", "rank", "aggregate", "validate")},
-                "prompts": {"train": len(train), "val": len(val), "test": len(test)}}
-    config = read_config_file(PIPELINE)
-    config["run_dir"] = str(data / "run")
-    config["prompts"]["source"] = str(data / "prompts" / "train.jsonl")
-    config["generate"].update(k=scale.k, batch_size=scale.gen_batch, shard_size=scale.shard,
-                              max_new_tokens=scale.max_new_tokens, device=device,
-                              temperature=scale.temperature, models=[{"name": base}])
-    config["report"] = None
-    run_pipeline(validate(RunConfig, config, str(PIPELINE)), until="validate")
-    return {"stage_counts": {s: store.require(s).counts.model_dump()
-                             for s in ("generate", "rank", "aggregate", "validate")},
-            "prompts": {"train": len(train), "val": len(val), "test": len(test)}}
+        return {"stage_counts": stage_counts(data / "run"), "prompts": prompts}
+    counts = run_data_stages(base, data / "run", data / "prompts" / "train.jsonl", scale, device)
+    return {"stage_counts": counts, "prompts": prompts}
 
 
 def read_split(data: Path, name: str) -> list[dict[str, Any]]:
