@@ -40,6 +40,7 @@ TIERS = {
     "test_constraints.py": "unit",
     "test_constraints_ifeval.py": "unit",
     "test_ddp.py": "system",  # torchrun
+    "test_data_equivalence.py": "integration",  # every data stage on fixtures and hostile input
     "test_demo.py": "system",  # the whole demo pipeline
     "test_evidence_quick.py": "integration",  # the evidence scripts end to end at toy sizes
     "test_examples.py": "system",  # example configs end to end, real Argilla
