@@ -117,17 +117,19 @@ def make_data(base: str, data: Path, scale: Scale, device: str) -> dict[str, Any
     train, test, val = build(scale.train, scale.test, seed=0,
                              held_out_topics=scale.held_out_topics, n_val=scale.val,
                              val_topics=scale.val_topics)
+    changed = False
     for name, rows in (("train", train), ("val", val), ("test", test)):
         path = data / "prompts" / f"{name}.jsonl"
         if not path.exists() or path.read_text() != "".join(json.dumps(r, ensure_ascii=False)
                                                             + "\n" for r in rows):
             write_jsonl(path, rows)
+            changed = True
     prompts = {"train": len(train), "val": len(val), "test": len(test)}
     done = RunStore(data / "run").manifest("validate")
-    if done is not None and done.status == "complete":
-        # committed data is the study's input as it stands: the model's input fingerprint
-        # (a hash of the files the GGUF is converted into) need not match on another machine,
-        # and re-generating would change the data every later session continues on
+    if not changed and done is not None and done.status == "complete":
+        # committed data with unchanged prompts is the study's input as it stands: the model's
+        # input fingerprint (a hash of the files the GGUF is converted into) need not match on
+        # another machine, and re-generating would change the data later sessions continue on
         return {"stage_counts": stage_counts(data / "run"), "prompts": prompts}
     counts = run_data_stages(base, data / "run", data / "prompts" / "train.jsonl", scale, device)
     return {"stage_counts": counts, "prompts": prompts}

@@ -208,9 +208,17 @@ def digest(value: Any) -> dict[str, Any]:
 _STARTED: list[datetime] = []  # when the snapshot began
 
 
+def _rounded(value: float) -> float:
+    """A float to 9 significant digits: the fits' last bits differ between CPUs (Intel, AMD:
+    other SIMD kernels), the equivalence this snapshot checks is not in them."""
+    return float(f"{value:.9g}")
+
+
 def _stable(value: Any) -> Any:
     """``value`` with the times stamped during the snapshot (a ranking read without
-    ``created_at`` gets the time it was read) written ``<NOW>``."""
+    ``created_at`` gets the time it was read) written ``<NOW>``, floats :func:`_rounded`."""
+    if isinstance(value, float):
+        return _rounded(value)
     if isinstance(value, dict):
         return {k: "<NOW>" if k == "created_at" and _recent(v) else _stable(v)
                 for k, v in value.items()}
@@ -333,7 +341,10 @@ def snapshot(work: Path) -> dict[str, Any]:
 
 
 def _clean(value: Any) -> Any:
-    """Drop what differs from run to run (times, package versions, temporary paths)."""
+    """Drop what differs from run to run (times, package versions, temporary paths) and round
+    floats (:func:`_rounded`)."""
+    if isinstance(value, float):
+        return _rounded(value)
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()
                 if k not in ("seconds", "started_at", "finished_at", "created", "versions")}
