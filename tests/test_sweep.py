@@ -264,8 +264,16 @@ def test_two_workers_share_one_postgresql_study(
         assert url.split("@")[0].split(":")[-1] not in stdout + stderr  # no password shown
     ran = [len(list((tmp_path / f"worker{i}" / "trials").glob("*"))) for i in range(2)]
     assert all(n >= 1 for n in ran), ran  # both workers trained
-    final = [_summary(tmp_path / f"worker{i}") for i in range(2)]
-    last = max(final, key=lambda s: len(s["trials"]))
+    # each worker's summary is the study as it stood when that worker stopped (the other's
+    # last trial may still have been running); the same command once more, with every grid
+    # point done, trains nothing and writes the whole study's summary
+    again = subprocess.run(_cli(*_sweep_args(data, tmp_path / "final", base, "--storage", url,
+                                             "--study", "shared")),
+                           env=_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert not (tmp_path / "final" / "trials").exists() or not any(
+        (tmp_path / "final" / "trials").iterdir())  # nothing trained again
+    last = _summary(tmp_path / "final")
     complete = [tuple(sorted(t["params"].items())) for t in last["trials"]
                 if t["state"] == "complete"]
     assert len(complete) == 4 and len(set(complete)) == 4, complete  # each grid point once
