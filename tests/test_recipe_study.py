@@ -58,3 +58,18 @@ def test_study_screens_chooses_a_rate_runs_seeds_and_resumes(tmp_path: Path, mon
     study.main(args)  # a restart: every task is in results.json
     assert json.loads((tmp_path / "out" / "results.json").read_text())["tasks"] == \
         json.loads(before)["tasks"]
+    # grown by a seed and sampled answers: the finished tasks stay, seed 2 trains, and the
+    # sampled evaluation runs where a model is on disk (seed 0 kept, seed 2 new; seed 1 gone)
+    study.main([*args, "--seeds", "3", "--samples", "2", "--methods", "gspo_hard"])
+    grown = json.loads((tmp_path / "out" / "results.json").read_text())
+    changed = [k for k, v in json.loads(before)["tasks"].items() if grown["tasks"].get(k) != v]
+    assert changed == []
+    chosen = f"gspo_hard-lr{study.lr_tag(results['chosen_lr']['gspo_hard'])}"
+    assert f"eval:test:full:{chosen}-seed2" in grown["tasks"]
+    sampled = {k for k in grown["tasks"] if k.startswith("eval:test:sampled:")}
+    assert sampled == {f"eval:test:sampled:{chosen}-seed{s}" for s in (0, 2)} | {
+        "eval:test:sampled:base"}
+    assert all(len(p["s"]) == 2 for p in grown["tasks"][f"eval:test:sampled:{chosen}-seed2"]
+               ["per_prompt"])
+    assert "| gspo_hard | 0.001 | 3 |" in markdown(grown) or "| gspo_hard | 0.005 | 3 |" in \
+        markdown(grown)

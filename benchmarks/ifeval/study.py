@@ -14,8 +14,12 @@ the same command skips every finished task):
    are evaluated greedily on ``val``. The learning rate with the best final ``val`` rate is the
    method's (ties: the smaller rate).
 3. **seeds**: each method at its chosen rate for every seed, evaluated on ``test`` (greedy +
-   S samples, constraint checks, KL to the start, answer length); seed 0 reuses the screen's
-   model and also evaluates its curve checkpoints on ``test`` (greedy).
+   the scale's S samples, constraint checks, KL to the start, answer length); seed 0 reuses the
+   screen's model and also evaluates its curve checkpoints on ``test`` (greedy). ``--seeds N``
+   adds seeds to a finished study and ``--samples S`` evaluates S sampled answers per prompt
+   (and the KL along them) as a task of its own, ``eval:test:sampled:NAME``, for every seed
+   whose model is on disk (a seed trained in this run; an earlier run's deleted models are not
+   re-trained for it, and the tables say how many seeds each sampled rate rests on).
 
 Methods train through :func:`grouppref.train.trainer.train` (``engine: grouppref``) or through
 TRL's ``DPOTrainer`` on what ``grouppref export --format trl-pairs`` writes
@@ -139,11 +143,21 @@ def read_split(data: Path, name: str) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (data / "prompts" / f"{name}.jsonl").read_text().splitlines()]
 
 
+# settings that decide how many tasks run, not what a task computes (each sampled evaluation's
+# spec holds its S): a study re-run with more seeds or samples keeps its finished tasks
+RUN_ONLY = ("seeds", "samples")
+
+
+def _task_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in json.loads(json.dumps(settings)).items() if k not in RUN_ONLY}
+
+
 class Results:
     """``results.json``: finished tasks by name, rewritten atomically after each one.
 
     A task's record keeps the settings it ran with (``spec``), so a method whose settings
-    changed since is run again and the others are kept when :data:`METHODS` grows.
+    changed since is run again and the others are kept when :data:`METHODS` grows. Tasks of a
+    file whose scale settings differ (but for :data:`RUN_ONLY`) are dropped.
     """
 
     def __init__(self, path: Path, header: dict[str, Any]) -> None:
@@ -151,8 +165,10 @@ class Results:
         self.data: dict[str, Any] = {**header, "tasks": {}}
         if path.exists():
             old = json.loads(path.read_text())
-            if old.get("scale_settings") == json.loads(json.dumps(header["scale_settings"])):
+            if _task_settings(old.get("scale_settings", {})) == _task_settings(
+                    header["scale_settings"]):
                 self.data["tasks"] = old.get("tasks", {})
+                self.data["chosen_lr"] = old.get("chosen_lr", {})
 
     def get(self, name: str, spec: dict[str, Any]) -> dict[str, Any] | None:
         task = self.data["tasks"].get(name)
@@ -179,6 +195,8 @@ class Study:
         self.args, self.scale, self.log = args, scale, log
         self.out: Path = args.out
         self.data_dir: Path = args.data
+        self.n_seeds: int = args.seeds or scale.seeds
+        self.n_samples: int = args.samples or 0  # the scale's own S are in the full evaluation
 
     # -- set-up ---------------------------------------------------------------------------
     def setup(self) -> None:
@@ -197,19 +215,23 @@ class Study:
         self.reference = load_causal_lm(self.base, device=a.device)
         self.results = Results(self.out / "results.json", {
             "study": "recipe", "scale": a.scale, "scale_settings": asdict(self.scale),
+            "seeds_run": self.n_seeds, "samples_run": self.n_samples,
             "methods": METHODS, "model": a.model or "embedded", "device": a.device,
             "data": info, "prompts": {s: [{"prompt_id": p["prompt_id"],
                                            "kinds": p["metadata"]["kinds"].split("+")}
                                           for p in rows] for s, rows in self.splits.items()}})
 
     # -- evaluation -----------------------------------------------------------------------
-    def evaluate(self, model: Any, split: str, name: str, *, full: bool) -> list[dict[str, Any]]:
-        """Greedy on ``split``; ``full``: also S samples and the KL to the start."""
+    def evaluate(self, model: Any, split: str, name: str, *, full: bool,
+                 samples: int | None = None) -> list[dict[str, Any]]:
+        """Greedy on ``split``; ``full``: also ``samples`` (default: the scale's S) sampled
+        answers and the KL to the start."""
         from benchmarks.ifeval.evaluate import evaluate
 
+        samples = self.scale.samples if samples is None else samples
         models = [model] if model is self.reference or not full else [model, self.reference]
         got = evaluate(models, self.tokenizer, self.splits[split],
-                       samples=self.scale.samples if full else 0,
+                       samples=samples if full else 0,
                        temperature=self.scale.temperature,
                        max_new_tokens=self.scale.max_new_tokens, seed=0,
                        chunk=self.scale.chunk, device=self.args.device)
@@ -240,6 +262,32 @@ class Study:
         self.log(f"{key}: greedy {s['greedy']:.3f} all-met {s['greedy_all']:.3f} "
                  f"sampled {s['sampled']:.3f} KL {s['kl']:.2f} ({record['seconds']}s)")
         return record
+
+    def sampled_task(self, name: str, spec: dict[str, Any], model_dir: Path | None) -> None:
+        """``--samples S`` answers per test prompt at the scale's temperature, with the KL to
+        the start along each (``eval:test:sampled:NAME``; the greedy answer is decoded again
+        beside them). Cached in results.json; skipped when the model is not on disk."""
+        from benchmarks.ifeval.report import run_summary
+        from grouppref.models.loading import load_causal_lm
+
+        key = f"eval:test:sampled:{name}"
+        spec = {**spec, "split": "test", "samples": self.n_samples,
+                "temperature": self.scale.temperature}
+        if self.results.get(key, spec) is not None or (
+                model_dir is not None and not (model_dir / "config.json").exists()):
+            return
+        t = time.time()
+        model = self.reference if model_dir is None else load_causal_lm(
+            str(model_dir), device=self.args.device)
+        answers = self.evaluate(model, "test", f"{name}.sampled", full=True,
+                                samples=self.n_samples)
+        record = {"spec": spec, "per_prompt": answers, "seconds": round(time.time() - t, 1)}
+        del model
+        _free_memory()
+        self.results.put(key, record)
+        s = run_summary(record)
+        self.log(f"{key}: sampled {s['sampled']:.3f} all-met {s['sampled_all']:.3f} "
+                 f"KL {s['kl']:.2f} ({record['seconds']}s)")
 
     # -- training -------------------------------------------------------------------------
     def spec(self, method: str, lr: float, seed: int) -> dict[str, Any]:
@@ -342,12 +390,17 @@ class Study:
             if other != lr and not self.args.keep_models:
                 shutil.rmtree(self.out / "models" / f"{method}-lr{lr_tag(other)}-seed0",
                               ignore_errors=True)
-        for seed in range(METHODS[method].get("seeds", self.scale.seeds)):
+        for seed in range(METHODS[method].get("seeds", self.n_seeds)):
             name, spec = f"{method}-lr{lr_tag(lr)}-seed{seed}", self.spec(method, lr, seed)
+            folder = self.out / "models" / name
             if self.evaluated(name, spec, "test", full=True, curve=seed == 0):
+                if self.n_samples:  # a model kept from before (seed 0, --keep-models)
+                    self.sampled_task(name, spec, folder)
                 continue
             name, folder = self.train_task(method, lr, seed)
             self.eval_task(name, spec, folder, "test", full=True)
+            if self.n_samples:
+                self.sampled_task(name, spec, folder)
             if seed == 0:
                 for step in self.scale.curve:
                     if (folder / f"step-{step}").exists():
@@ -363,6 +416,8 @@ class Study:
         self.eval_task("base", {"method": "base"}, None, "val", full=False)
         if "seeds" in phases:
             self.eval_task("base", {"method": "base"}, None, "test", full=True)
+            if self.n_samples:
+                self.sampled_task("base", {"method": "base"}, None)
         for method in methods:  # one method whole before the next: a cut-short run keeps
             if "screen" in phases:  # complete comparisons
                 self.screen(method)
@@ -381,6 +436,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scale", choices=sorted(SCALES), default="cpu")
     ap.add_argument("--phases", default="data,screen,seeds")
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--seeds", type=int, default=None, help="Training seeds per method on test "
+                    "(default: the scale's); more seeds extend a finished study.")
+    ap.add_argument("--samples", type=int, default=None, help="Sampled test answers per prompt, "
+                    "a task of its own per seed whose model is on disk, for a scale whose test "
+                    "evaluation is greedy only (cpu-short).")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--mixed-precision", choices=("no", "bf16"), default=None,
                     help="Training precision of both engines (default: bf16 on a GPU, fp32 on "

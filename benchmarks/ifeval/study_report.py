@@ -72,14 +72,22 @@ def screen_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def test_runs(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """Per method, its test runs at the chosen rate (as report.method_stats reads them)."""
+def seeds_of(results: dict[str, Any], method: str, lr: float) -> list[int]:
+    """The seeds with a test evaluation at ``lr`` (a study may have grown by ``--seeds``)."""
+    prefix = f"eval:test:full:{method}-lr{lr_tag(lr)}-seed"
+    return sorted(int(k[len(prefix):]) for k in results["tasks"]
+                  if k.startswith(prefix) and k[len(prefix):].isdigit())
+
+
+def test_runs(results: dict[str, Any], kind: str = "full") -> dict[str, list[dict[str, Any]]]:
+    """Per method, its test runs at the chosen rate (as report.method_stats reads them):
+    ``full`` the greedy evaluations, ``sampled`` the ``--samples`` ones (fewer seeds where an
+    earlier run's models were gone)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for method, lr in results.get("chosen_lr", {}).items():
-        seeds = results["methods"][method].get("seeds", results["scale_settings"]["seeds"])
-        for seed in range(seeds):
+        for seed in seeds_of(results, method, lr):
             name = f"{method}-lr{lr_tag(lr)}-seed{seed}"
-            got, train = task(results, f"eval:test:full:{name}"), task(results, f"train:{name}")
+            got, train = task(results, f"eval:test:{kind}:{name}"), task(results, f"train:{name}")
             if got is not None and train is not None:
                 out.setdefault(method, []).append({**got, "tokens_trained": train["tokens_trained"],
                                                    "seed": seed})
@@ -97,13 +105,21 @@ def length_controlled(results: dict[str, Any], record: dict[str, Any]) -> float:
 def main_table(results: dict[str, Any]) -> list[str]:
     base = task(results, "eval:test:full:base")
     lines = ["| method | lr | seeds | greedy (± seeds) | ± prompts | Δ vs untrained (± prompts) | "
-             "sampled (± seeds) | greedy all-met | sampled all-met | KL to start | greedy length "
-             "| length-controlled | tokens trained |", "|---" * 13 + "|"]
+             "sampled (± seeds; seeds) | greedy all-met | sampled all-met | KL to start | "
+             "greedy length | length-controlled | tokens trained |", "|---" * 13 + "|"]
     rows = {"base": [base]} if base else {}
     rows.update(test_runs(results))
+    sampled_rows = test_runs(results, "sampled")
+    if (base_sampled := task(results, "eval:test:sampled:base")) is not None:
+        sampled_rows["base"] = [base_sampled]
     for method, runs in rows.items():
         s = method_stats([{**r, "tokens_trained": r.get("tokens_trained", 0)} for r in runs],
                          None if method == "base" else base)
+        if method in sampled_rows:  # the sampled rates from the --samples evaluations
+            sampled = method_stats([{**r, "tokens_trained": r.get("tokens_trained", 0)}
+                                    for r in sampled_rows[method]], None)
+            s["sampled"], s["sampled_all"] = sampled["sampled"], sampled["sampled_all"]
+            s["sampled"]["n"] = sampled["seeds"]
         g = s["greedy"]
         delta = f"{g['delta']:+.3f} ± {g['delta_ci']:.3f}" if "delta" in g else "-"
         length = _mean([_mean([p["len_g"] for p in r["per_prompt"]]) for r in runs])
@@ -112,7 +128,9 @@ def main_table(results: dict[str, Any]) -> list[str]:
         lc_cell = f"{_mean(lc):.3f}" + ("" if math.isnan(lc_ci) else f" ± {lc_ci:.3f}")
         lr = results.get("chosen_lr", {}).get(method, "-")
         lines.append(f"| {method} | {lr} | {s['seeds']} | {_fmt(g)} | {g['prompt_ci']:.3f} | "
-                     f"{delta} | {_fmt(s['sampled'])} | {_fmt(s['greedy_all'])} | "
+                     f"{delta} | {_fmt(s['sampled'])}"
+                     + (f" ({s['sampled']['n']})" if "n" in s["sampled"] else "")
+                     + f" | {_fmt(s['greedy_all'])} | "
                      f"{_fmt(s['sampled_all'])} | {_fmt(s['kl'])} | {length:.1f} | {lc_cell} | "
                      f"{s['tokens_trained']:.0f} |")
     return lines
