@@ -54,8 +54,8 @@ from pathlib import Path
 import httpx
 
 from grouppref.models.loading import embedded_gguf
-from grouppref.models.openai_api import CHAT, endpoint, parse_sample, sample_body
 from grouppref.models.seeds import derive_seed
+from grouppref.models.served.protocol import CHAT, endpoint, parse_sample, sample_body
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.generate.served import SEED_MASK
 from grouppref.pipeline.generate.stage import run_generate

@@ -96,10 +96,10 @@ def held_out_accuracy(model, tokenizer, groups) -> float:
     """Mean per-group pair accuracy of ``model`` on ``groups`` (same function for both)."""
     import torch
 
-    from grouppref.train.data import collate_groups
-    from grouppref.train.losses import pair_accuracy
-    from grouppref.train.rm_data import encode_groups
-    from grouppref.train.rm_trainer import reward_scores
+    from grouppref.train.objective.losses import pair_accuracy
+    from grouppref.train.reward_model.encode import encode_groups
+    from grouppref.train.reward_model.model import reward_scores
+    from grouppref.train.tensors.batch import collate_groups
 
     encoded, _ = encode_groups(groups, tokenizer, 10_000)
     model.eval()
@@ -113,9 +113,9 @@ def held_out_accuracy(model, tokenizer, groups) -> float:
 
 
 def run_grouppref(base: str, train, held, args, out: Path) -> dict:
-    from grouppref.train.rm_config import RewardModelConfig
-    from grouppref.train.rm_loop import train_reward_model
-    from grouppref.train.rm_trainer import load_reward_model
+    from grouppref.train.reward_model.model import load_reward_model
+    from grouppref.train.reward_model.trainer import train_reward_model
+    from grouppref.train.settings.reward_model import RewardModelConfig
 
     config = RewardModelConfig(model=base, lr=args.lr, lr_scheduler="constant",
                                max_steps=args.steps, batch_size=args.groups_per_step,
@@ -128,7 +128,7 @@ def run_grouppref(base: str, train, held, args, out: Path) -> dict:
 
 def trl_pairs(groups, tokenizer) -> list[dict]:
     """Every weighted pair of every group as TRL's pre-tokenised (chosen, rejected) row."""
-    from grouppref.train.rm_data import encode_candidate
+    from grouppref.train.reward_model.encode import encode_candidate
 
     rows = []
     for g in groups:
@@ -143,7 +143,7 @@ def run_trl(base: str, train, held, args, out: Path) -> dict:
     from datasets import Dataset
     from trl import RewardConfig, RewardTrainer
 
-    from grouppref.train.rm_trainer import load_reward_model
+    from grouppref.train.reward_model.model import load_reward_model
 
     model, tok = load_reward_model(base, args.seed)  # same seeded head as grouppref's
     pairs_per_step = args.groups_per_step * K * (K - 1) // 2

@@ -1,10 +1,10 @@
 """Training step at the hardware limit: grouppref's step in achieved FLOP/s against the machine's
 matmul peak measured in the same run, and against a plain Hugging Face forward/backward.
 
-The step is the trainer's (``grouppref.train.loop.run_steps``: ``group_logps`` + GSPO loss +
+The step is the trainer's (``grouppref.train.policy.step.run_steps``: ``group_logps`` + GSPO loss +
 backward + fused AdamW). Where ``loop`` cannot be imported (it needs pydantic, e.g. on a bare
 GPU box with only torch + transformers), the script runs the same GSPO step from
-``grouppref.train.logps`` and ``grouppref.train.losses`` (torch-only modules) and says so.
+``grouppref.train.tensors.logps`` and ``grouppref.train.objective.losses`` (torch-only modules) and says so.
 
 Workload: a random-init Llama-shaped model (``--shape``: SmolLM2-135M or a Llama-3.2-1B shape),
 B groups of K candidates, a P-token prompt and T-token responses (no padding), random token ids.
@@ -14,7 +14,7 @@ Engines, each on a fresh model with the same seed, one after the other in this p
 * ``grouppref-cached``: the two-pass KV-cache fallback (prefix sharing as before the packed pass);
 * ``grouppref-unshared``: ``share_prefix=False`` (N rows of prompt + response);
 * ``grouppref-plain-head`` (only when named in ``--engines``): the packed pass with the model's
-  own LM head and ``taken_logps`` instead of the fused head (``train/taken.py``), to measure it;
+  own LM head and ``taken_logps`` instead of the fused head (``train/tensors/token_logps.py``), to measure it;
 * ``grouppref-compiled`` (only when named): the packed pass with each decoder layer compiled as
   ``train --compile`` does (``packing.compile_layers``); its first warm-up steps include the
   compile (printed), so give it ``--warmup`` >= 3;
@@ -65,11 +65,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.matmul_limit import model_peak, model_sustained  # noqa: E402
 from benchmarks.train_peak_report import report  # noqa: E402
-from grouppref.train import logps as logps_mod  # noqa: E402
-from grouppref.train import packing  # noqa: E402
-from grouppref.train.batch import GroupBatch  # noqa: E402
-from grouppref.train.logps import group_logps  # noqa: E402
-from grouppref.train.losses import gspo_loss, implicit_rewards  # noqa: E402
+from grouppref.train.objective.losses import gspo_loss, implicit_rewards
+from grouppref.train.tensors import logps as logps_mod
+from grouppref.train.tensors import packing
+from grouppref.train.tensors.batch import GroupBatch
+from grouppref.train.tensors.logps import group_logps
 
 SHAPES = {  # LlamaConfig fields of the public models (weights random here)
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -111,7 +111,7 @@ def make_batch(shape: dict, args, device: torch.device) -> GroupBatch:
 def gspo_step():
     """The trainer's step and its name: ``loop.run_steps`` or the same GSPO step without loop."""
     try:
-        from grouppref.train.loop import Objective, run_steps
+        from grouppref.train.policy.step import Objective, run_steps
     except ImportError as e:  # pydantic missing (bare GPU box): same math from torch-only modules
         def step(model, optim, batch, share_prefix):
             logps = group_logps(model, batch, share_prefix=share_prefix)
@@ -126,7 +126,7 @@ def gspo_step():
     def step(model, optim, batch, share_prefix):
         run_steps(model, optim, [batch], Objective(), share_prefix=share_prefix)
 
-    return step, "grouppref.train.loop.run_steps"
+    return step, "grouppref.train.policy.step.run_steps"
 
 
 def hf_rows(batch: GroupBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,7 +18,7 @@ Each engine runs in its own subprocess, one after the other, so peak RSS is per 
 pairs/s counts preference pairs trained per second (a group of 4 carries 6); model tokens/s
 counts tokens run through the model; data tokens/s counts the distinct tokens of the groups
 consumed per second (prompt + 4 responses = 320 per group). The grouppref engines run the
-trainer's own step (``grouppref.train.loop.run_steps``).
+trainer's own step (``grouppref.train.policy.step.run_steps``).
 
 Steady state: ``--warmup`` unmeasured steps (default 3), then ``--steps`` measured ones (default
 10). The parent process also measures the machine's fp32 matmul peak with the same number of
@@ -71,7 +71,7 @@ def make_texts(n_groups: int, prompt_len: int, resp_len: int, tokenizer) -> list
 
 def tokenized_groups(texts, tokenizer, prompt_len: int, resp_len: int):
     """TokenizedGroups (candidate 0 best, 3 worst; all 6 pairs with p = 1, w = 1)."""
-    from grouppref.train.data import TokenizedGroup
+    from grouppref.train.tensors.batch import TokenizedGroup
 
     groups = []
     p = [[0.5 if i == j else float(i < j) for j in range(K)] for i in range(K)]
@@ -94,9 +94,9 @@ def run_grouppref(args, share_prefix: bool) -> dict:
     import torch
 
     from grouppref.models.loading import load_causal_lm, load_tokenizer
-    from grouppref.train.data import collate_groups
-    from grouppref.train.logps import group_logps
-    from grouppref.train.loop import Objective, run_steps
+    from grouppref.train.policy.step import Objective, run_steps
+    from grouppref.train.tensors.batch import collate_groups
+    from grouppref.train.tensors.logps import group_logps
 
     tokenizer = load_tokenizer(None)
     model = load_causal_lm(None)

@@ -51,19 +51,19 @@ EXPORTS: dict[str, str] = {
     "RunConfig": "grouppref.runner",
     "run_pipeline": "grouppref.runner",
     # training and evaluation (import torch)
-    "TrainConfig": "grouppref.train.config",
-    "DataConfig": "grouppref.train.config",
-    "EvalConfig": "grouppref.train.config",
-    "RewardModelConfig": "grouppref.train.rm_config",
-    "run_train": "grouppref.train.stage",
-    "run_train_rm": "grouppref.train.rm_stage",
-    "train": "grouppref.train.trainer",
-    "load_groups": "grouppref.train.sources",
+    "TrainConfig": "grouppref.train.settings.policy",
+    "DataConfig": "grouppref.train.settings.shared",
+    "EvalConfig": "grouppref.train.settings.evaluation",
+    "RewardModelConfig": "grouppref.train.settings.reward_model",
+    "run_train": "grouppref.train.policy.stage",
+    "run_train_rm": "grouppref.train.reward_model.stage",
+    "train": "grouppref.train.policy.trainer",
+    "load_groups": "grouppref.train.data.sources",
     # the losses, pure functions over implicit rewards
-    **{name: "grouppref.train.losses" for name in (
+    **{name: "grouppref.train.objective.losses" for name in (
         "implicit_rewards", "gspo_loss", "hard_pair_targets", "plackett_luce_loss", "dpo_loss",
         "sft_loss", "importance_weights", "pair_accuracy")},
-    **{name: "grouppref.train.listwise" for name in (
+    **{name: "grouppref.train.objective.listwise" for name in (
         "lipo_lambda_loss", "nca_loss", "infonca_loss", "soft_targets")},
 }
 
@@ -117,9 +117,9 @@ if TYPE_CHECKING:  # the names for type checkers and editors
         Reject,
         ValidatedGroup,
     )
-    from grouppref.train.config import DataConfig, EvalConfig, TrainConfig
-    from grouppref.train.listwise import infonca_loss, lipo_lambda_loss, nca_loss, soft_targets
-    from grouppref.train.losses import (
+    from grouppref.train.data.sources import load_groups
+    from grouppref.train.objective.listwise import infonca_loss, lipo_lambda_loss, nca_loss, soft_targets
+    from grouppref.train.objective.losses import (
         dpo_loss,
         gspo_loss,
         hard_pair_targets,
@@ -129,8 +129,10 @@ if TYPE_CHECKING:  # the names for type checkers and editors
         plackett_luce_loss,
         sft_loss,
     )
-    from grouppref.train.rm_config import RewardModelConfig
-    from grouppref.train.rm_stage import run_train_rm
-    from grouppref.train.sources import load_groups
-    from grouppref.train.stage import run_train
-    from grouppref.train.trainer import train
+    from grouppref.train.policy.stage import run_train
+    from grouppref.train.policy.trainer import train
+    from grouppref.train.reward_model.stage import run_train_rm
+    from grouppref.train.settings.evaluation import EvalConfig
+    from grouppref.train.settings.policy import TrainConfig
+    from grouppref.train.settings.reward_model import RewardModelConfig
+    from grouppref.train.settings.shared import DataConfig

@@ -52,8 +52,9 @@ from grouppref.runs.rejects import all_rejected
 from grouppref.runs.stage import StageSpec, Waiting
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.sweep.config import SWEEP, SweepConfig
-from grouppref.train.config import EVAL, TRAIN, EvalConfig, TrainConfig
-from grouppref.train.rm_config import TRAIN_RM, RewardModelConfig
+from grouppref.train.settings.evaluation import EVAL, EvalConfig
+from grouppref.train.settings.policy import TRAIN, TrainConfig
+from grouppref.train.settings.reward_model import TRAIN_RM, RewardModelConfig
 
 STAGES = ("prompts", "generate", "import", "rank", "simulate", "label", "aggregate", "validate",
           "export", "train_rm", "sweep", "train", "eval", "report")

@@ -2,7 +2,8 @@
 
 Layers, from the ground up (docs/architecture.md): a module may import its own package and
 the packages *below* its own, never one above it. Every import counts, including those inside
-functions and under ``TYPE_CHECKING``.
+functions and under ``TYPE_CHECKING``. The sub-packages of ``grouppref.train`` are layered the
+same way among themselves (``TRAIN_LAYERS``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ TESTS = ROOT.parent / "tests"
 LAYERS = ["errors", "schemas", "config", "runs", "stats", "models", "readers", "pipeline",
           "labeling", "train", "sweep", "runner", "api", "commands", "cli"]
 TOP = {"__init__": "errors", "__main__": "cli"}
+# grouppref.train's sub-packages, from the ground up: the settings (torch-free), tensor code, the
+# objective, the engine both trainers share, their data, evaluation, refresh, the two trainers
+TRAIN_LAYERS = ["settings", "tensors", "objective", "engine", "data", "eval", "refresh",
+                "reward_model", "policy"]
 
 
 def module_name(path: Path) -> str:
@@ -70,6 +75,35 @@ def test_imports_run_one_way():
     assert upward == []
 
 
+def train_layer_of(module: str) -> str | None:
+    """The sub-package of ``grouppref.train`` that ``module`` is in (None outside train/)."""
+    parts = module.split(".")
+    if parts[:2] != ["grouppref", "train"] or len(parts) < 3:
+        return None
+    return parts[2]
+
+
+def test_train_modules_are_in_sub_packages():
+    """train/ holds sub-packages only, each one of TRAIN_LAYERS (no flat modules)."""
+    found = {train_layer_of(m) for m in MODULES} - {None}
+    assert found == set(TRAIN_LAYERS)
+    flat = [p.name for p in (ROOT / "train").glob("*.py") if p.name != "__init__.py"]
+    assert flat == []
+
+
+def test_train_sub_packages_import_one_way():
+    upward = []
+    for module, targets in GRAPH.items():
+        mine = train_layer_of(module)
+        if mine is None:
+            continue
+        for target in targets:
+            theirs = train_layer_of(target)
+            if theirs is not None and TRAIN_LAYERS.index(theirs) > TRAIN_LAYERS.index(mine):
+                upward.append(f"{module} ({mine}) imports {target} ({theirs})")
+    assert upward == []
+
+
 def test_no_import_cycles():
     """Depth-first search for a back edge; every import counts, type-checking ones too."""
     state: dict[str, int] = {}
@@ -96,6 +130,7 @@ HEAVY = ("torch", "transformers", "datasets", "accelerate", "optuna")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["schema", "Prompt"], ["train", "--help"],
+                                  ["train-rm", "--help"], ["eval", "--help"], ["run", "--help"],
                                   ["generate", "--help"], ["label", "push", "--help"],
                                   ["sweep", "--help"]])
 def test_light_commands_do_not_import_torch(argv: list[str], tmp_path: Path):

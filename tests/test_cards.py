@@ -21,9 +21,9 @@ from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.pipeline.validate.stage import run_validate
 from grouppref.runs.store import RunStore
 from grouppref.schemas import ValidatedGroup
-from grouppref.train.config import TrainConfig
-from grouppref.train.model_card import EMBEDDED_HUB_ID, hub_id, public_name
-from grouppref.train.stage import run_train
+from grouppref.train.engine.model_folder import EMBEDDED_HUB_ID, hub_id, public_name
+from grouppref.train.policy.stage import run_train
+from grouppref.train.settings.policy import TrainConfig
 from tests.support.validated import make_validated, write_aggregate
 
 SECRETS = {"api_key": "sk-live-123", "Token": "hf_abcdef", "password": "pw-one",

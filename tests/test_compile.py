@@ -10,9 +10,9 @@ import copy
 import pytest
 import torch
 
-from grouppref.train import packing
-from grouppref.train.data import collate_groups
-from grouppref.train.logps import group_logps
+from grouppref.train.tensors import packing
+from grouppref.train.tensors.batch import collate_groups
+from grouppref.train.tensors.logps import group_logps
 from tests.support.logps import PAD, _groups, _value_and_grads, make_groups
 from tests.support.tolerances import GRAD_ATOL, GRAD_RTOL, MODEL_ATOL, MODEL_RTOL
 
@@ -54,8 +54,8 @@ def test_compiled_layers_equal_eager_with_grads(tiny_lm_dir, fresh_dynamo):
 def test_compile_setting_compiles_each_decoder_layer_only(tiny_lm_dir):
     from transformers import LlamaForCausalLM
 
-    from grouppref.train.config import TrainConfig
-    from grouppref.train.trainer_setup import _prepare_policy
+    from grouppref.train.policy.setup import _prepare_policy
+    from grouppref.train.settings.policy import TrainConfig
 
     model = LlamaForCausalLM.from_pretrained(tiny_lm_dir, dtype=torch.float32)
     assert _prepare_policy(model, TrainConfig()) is model
@@ -68,8 +68,8 @@ def test_compile_setting_compiles_each_decoder_layer_only(tiny_lm_dir):
 
 def test_compile_setting_without_decoder_layers_is_a_config_error():
     from grouppref.errors import ConfigError
-    from grouppref.train.config import TrainConfig
-    from grouppref.train.trainer_setup import _prepare_policy
+    from grouppref.train.policy.setup import _prepare_policy
+    from grouppref.train.settings.policy import TrainConfig
 
     with pytest.raises(ConfigError, match="no decoder layer"):
         _prepare_policy(torch.nn.Sequential(torch.nn.Linear(4, 4)), TrainConfig(compile=True))

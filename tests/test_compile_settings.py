@@ -11,11 +11,12 @@ import copy
 import pytest
 import torch
 
-from grouppref.train import packing
-from grouppref.train.config import LoraSettings, TrainConfig
-from grouppref.train.data import collate_groups
-from grouppref.train.logps import group_logps
-from grouppref.train.prepare import add_lora, enable_checkpointing
+from grouppref.train.engine.prepare import add_lora, enable_checkpointing
+from grouppref.train.settings.policy import TrainConfig
+from grouppref.train.settings.shared import LoraSettings
+from grouppref.train.tensors import packing
+from grouppref.train.tensors.batch import collate_groups
+from grouppref.train.tensors.logps import group_logps
 from tests.support.logps import PAD, _groups
 from tests.support.tolerances import GRAD_ATOL, GRAD_RTOL, MODEL_ATOL, MODEL_RTOL
 
@@ -91,7 +92,7 @@ def test_compile_refuses_the_kv_cache_fallback(tiny_lm_dir):
     from transformers import LlamaForCausalLM
 
     from grouppref.errors import ConfigError
-    from grouppref.train.trainer_setup import check_compile
+    from grouppref.train.policy.setup import check_compile
 
     config = TrainConfig(model=str(tiny_lm_dir), compile=True)
     eager = LlamaForCausalLM.from_pretrained(tiny_lm_dir, attn_implementation="eager")
@@ -109,7 +110,7 @@ def test_compile_refuses_the_kv_cache_fallback(tiny_lm_dir):
 
 def test_compile_refuses_fsdp():
     from grouppref.errors import ConfigError
-    from grouppref.train.trainer_setup import check_compile_distributed
+    from grouppref.train.policy.setup import check_compile_distributed
 
     check_compile_distributed(TrainConfig(compile=True), "MULTI_CPU")  # DDP: tested
     check_compile_distributed(TrainConfig(), "FSDP")
@@ -122,7 +123,7 @@ def test_refresh_generation_runs_compiled_layers_eagerly(tiny_lm_dir, fresh_dyna
     eager: nothing is traced or compiled, and the layers are compiled again afterwards."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from grouppref.train.refresh_round import sampling_mode
+    from grouppref.train.refresh.fresh_groups import sampling_mode
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_lm_dir)
     model = LlamaForCausalLM.from_pretrained(tiny_lm_dir, dtype=torch.float32).train()

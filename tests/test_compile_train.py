@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grouppref.train.config import TrainConfig
-from grouppref.train.trainer import train
+from grouppref.train.policy.trainer import train
+from grouppref.train.settings.policy import TrainConfig
 from tests.support.ddp import torchrun_cpu
 from tests.support.tolerances import assert_trained_close
 from tests.support.training import PLAIN, _final_params, synthetic_groups
@@ -67,8 +67,9 @@ def test_compiled_training_resumes_exactly_and_saves_plain_weights(tiny_lm_dir: 
 
 DDP_SCRIPT = textwrap.dedent("""
     import os, sys, torch
-    from grouppref.train.config import DataConfig, TrainConfig
-    from grouppref.train.trainer import train
+    from grouppref.train.settings.shared import DataConfig
+    from grouppref.train.settings.policy import TrainConfig
+    from grouppref.train.policy.trainer import train
     from tests.support.training import synthetic_groups
 
     model, out = sys.argv[1], sys.argv[2]

@@ -15,9 +15,9 @@ from tests.support.ddp import torchrun_cpu
 
 SCRIPT = textwrap.dedent("""
     import os, sys, torch
-    from grouppref.train.config import TrainConfig
-    from grouppref.train.config import DataConfig
-    from grouppref.train.trainer import train
+    from grouppref.train.settings.policy import TrainConfig
+    from grouppref.train.settings.shared import DataConfig
+    from grouppref.train.policy.trainer import train
     from tests.support.training import synthetic_groups
 
     model, out = sys.argv[1], sys.argv[2]

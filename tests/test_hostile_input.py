@@ -17,12 +17,12 @@ import pytest
 from grouppref.config import read_config_file
 from grouppref.errors import ConfigError, InputFileError
 from grouppref.pipeline.imports.config import ImportConfig
-from grouppref.pipeline.imports.layouts.common import collect_rows
+from grouppref.pipeline.imports.layouts.raw_groups import collect_rows
 from grouppref.pipeline.imports.stage import context, read_import, run_import
 from grouppref.readers.mapping import ColumnMapping
 from grouppref.readers.prompts import read_prompts
 from grouppref.runs.store import RunStore
-from grouppref.train.sources import load_groups
+from grouppref.train.data.sources import load_groups
 from tests.support.cli import grouppref
 
 BOM = b"\xef\xbb\xbf"

@@ -15,7 +15,7 @@ import pytest
 from grouppref.errors import InputFileError
 from grouppref.pipeline.imports.config import ImportConfig
 from grouppref.pipeline.imports.layouts import detect
-from grouppref.pipeline.imports.layouts.common import Imported
+from grouppref.pipeline.imports.layouts.raw_groups import Imported
 from grouppref.pipeline.imports.layouts.transcript import parse_helpsteer, parse_hh
 from grouppref.pipeline.imports.stage import read_import
 from grouppref.schemas import AnnotatedGroup, Ranking

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from grouppref.cli import app
 from grouppref.pipeline.imports.config import ImportConfig
 from grouppref.pipeline.imports.layouts import detect
-from grouppref.pipeline.imports.layouts.common import Imported
+from grouppref.pipeline.imports.layouts.raw_groups import Imported
 from grouppref.pipeline.imports.stage import read_import, run_import
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, ValidatedGroup

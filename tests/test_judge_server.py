@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from grouppref.pipeline.rank.common import RankerInputError
 from grouppref.pipeline.rank.config import RankConfig
+from grouppref.pipeline.rank.outcomes import RankerInputError
 from grouppref.pipeline.rank.server_judge import parse_rating, verdict_log_odds
 from grouppref.pipeline.rank.settings import parse_ranker_spec
 from grouppref.pipeline.rank.stage import run_rank

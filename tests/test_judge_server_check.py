@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from grouppref.models.openai import RequestRefused, ServerError, ServerPool
-from grouppref.models.openai_api import CHAT, validation_problems
-from grouppref.models.server_settings import ServerSettings
+from grouppref.models.served.pool import RequestRefused, ServerError, ServerPool
+from grouppref.models.served.protocol import CHAT, validation_problems
+from grouppref.models.served.settings import ServerSettings
 from grouppref.pipeline.rank.config import STAGE_VERSION, RankConfig
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.schemas import AnnotatedGroup

@@ -22,26 +22,26 @@ from grouppref.errors import ConfigError
 from grouppref.models.loading import load_causal_lm, load_tokenizer
 from grouppref.schemas import ValidatedGroup, to_dataset
 from grouppref.schemas.reports import TrainStats
-from grouppref.train import checkpoint
-from grouppref.train.batch import GroupBatch
-from grouppref.train.config import TrainConfig
-from grouppref.train.data import collate_groups, list_targets, tokenize_groups
-from grouppref.train.dispatch import score_loss
-from grouppref.train.listwise import (
+from grouppref.train.data.tokenize import list_targets, tokenize_groups
+from grouppref.train.engine import checkpoint
+from grouppref.train.objective.candidates import trim_for_loss
+from grouppref.train.objective.dispatch import score_loss
+from grouppref.train.objective.listwise import (
     current_ranks,
     infonca_loss,
     lipo_lambda_loss,
     nca_loss,
     soft_targets,
 )
-from grouppref.train.loop import Objective, group_loss
-from grouppref.train.losses import dpo_loss
-from grouppref.train.refresh_buffer import concat_batches
-from grouppref.train.rm_config import RewardModelConfig
-from grouppref.train.rm_loop import train_reward_model
-from grouppref.train.rm_trainer import reward_loss
-from grouppref.train.trainer import train
-from grouppref.train.trim import trim_for_loss
+from grouppref.train.objective.losses import dpo_loss
+from grouppref.train.policy.step import Objective, group_loss
+from grouppref.train.policy.trainer import train
+from grouppref.train.refresh.buffer import concat_batches
+from grouppref.train.reward_model.model import reward_loss
+from grouppref.train.reward_model.trainer import train_reward_model
+from grouppref.train.settings.policy import TrainConfig
+from grouppref.train.settings.reward_model import RewardModelConfig
+from grouppref.train.tensors.batch import GroupBatch, collate_groups
 from tests.support.training import PLAIN, synthetic_groups
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

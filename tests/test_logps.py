@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from grouppref.errors import ConfigError
-from grouppref.train import logps as logps_mod
-from grouppref.train import packing, taken
-from grouppref.train.data import GroupBatch, TokenizedGroup, collate_groups
-from grouppref.train.logps import group_logps, taken_logps
+from grouppref.train.tensors import logps as logps_mod
+from grouppref.train.tensors import packing
+from grouppref.train.tensors import token_logps as taken
+from grouppref.train.tensors.batch import GroupBatch, TokenizedGroup, collate_groups
+from grouppref.train.tensors.logps import group_logps, taken_logps
 from tests.support.logps import PAD, _groups, _value_and_grads
 from tests.support.tolerances import MODEL_ATOL, MODEL_RTOL
 

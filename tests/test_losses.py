@@ -11,9 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from grouppref.errors import ConfigError
-from grouppref.train.data import TokenizedGroup, collate_groups
-from grouppref.train.logps import group_logps
-from grouppref.train.losses import (
+from grouppref.train.objective.losses import (
     dpo_loss,
     gspo_loss,
     implicit_rewards,
@@ -22,6 +20,8 @@ from grouppref.train.losses import (
     plackett_luce_loss,
     sft_loss,
 )
+from grouppref.train.tensors.batch import TokenizedGroup, collate_groups
+from grouppref.train.tensors.logps import group_logps
 
 # TRL's float32 losses vs ours in float32: a few ops on values ~1, ~10 eps32 = 1.2e-6; 1e-5 with room
 TRL_ATOL = 1e-5
@@ -43,7 +43,8 @@ def _random_group(k: int, seed: int, dtype: torch.dtype = torch.float64):
 
 
 def _naive_gspo(s, p, w, eps=0.0, rho=None):
-    """Double loop over ordered pairs i != j: gspo_loss's formula (train/losses.py), term by term."""
+    """Double loop over ordered pairs i != j: gspo_loss's formula (train/objective/losses.py), term
+    by term."""
     num = den = 0.0
     k = s.shape[1]
     for i in range(k):

@@ -22,7 +22,7 @@ import pytest
 
 from grouppref.errors import InputFileError
 from grouppref.pipeline.imports.config import ImportConfig
-from grouppref.pipeline.imports.layouts.common import Imported
+from grouppref.pipeline.imports.layouts.raw_groups import Imported
 from grouppref.pipeline.imports.stage import read_import
 from grouppref.readers.rows import iter_rows
 

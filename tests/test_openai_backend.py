@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from grouppref.errors import ConfigError
-from grouppref.models.openai import ServerError, ServerPool, backoff_delay
-from grouppref.models.openai_api import parse_sample, sample_body
-from grouppref.models.server_settings import ServerSettings
+from grouppref.models.served.pool import ServerError, ServerPool, backoff_delay
+from grouppref.models.served.protocol import parse_sample, sample_body
+from grouppref.models.served.settings import ServerSettings
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.generate.stage import run_generate
 from grouppref.runs.store import RunStore
@@ -107,8 +107,6 @@ def test_mixed_local_and_served_models_in_one_group(tmp_path: Path, llama_server
     local = next(c for c in group.candidates if c.source.model != MODEL_ALIAS)
     assert served.source.params["backend"] == "openai" and "backend" not in local.source.params
     assert local.source.params["eos"] in (True, False) and served.behavior_logp is not None
-
-
 
 
 def test_duplicate_served_candidates_are_resampled_then_rejected(tmp_path: Path,
@@ -330,7 +328,6 @@ def test_retries_429_and_503_then_succeeds_and_counts_them() -> None:
     assert (usage.requests, usage.succeeded, usage.retried) == (3, 1, 2)
     assert usage.failures == {"429": 1, "503": 1}
     assert [r["body"]["seed"] for r in state.requests] == [7, 7, 7]
-
 
 
 def test_a_request_timeout_is_retried_and_counted() -> None:

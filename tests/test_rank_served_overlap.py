@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from grouppref.errors import ConfigError
-from grouppref.models.server_settings import ServerSettings
+from grouppref.models.served.settings import ServerSettings
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.rankers import RuleRanker
 from grouppref.pipeline.rank.shard_scoring import shared_server_settings

@@ -25,12 +25,14 @@ from grouppref.pipeline.aggregate.stage import run_aggregate
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, ValidatedGroup
 from grouppref.schemas.arrow import to_dataset
-from grouppref.train.config import DataConfig, RefreshConfig, TrainConfig
-from grouppref.train.data import TokenizedGroup, collate_groups
-from grouppref.train.refresh import on_policy_kl
-from grouppref.train.refresh_buffer import FreshBuffer, RhoStats, concat_batches
-from grouppref.train.refresh_round import round_prompts
-from grouppref.train.trainer import train
+from grouppref.train.policy.trainer import train
+from grouppref.train.refresh.buffer import FreshBuffer, RhoStats, concat_batches
+from grouppref.train.refresh.fresh_groups import round_prompts
+from grouppref.train.refresh.refresher import on_policy_kl
+from grouppref.train.settings.policy import TrainConfig
+from grouppref.train.settings.refresh import RefreshConfig
+from grouppref.train.settings.shared import DataConfig
+from grouppref.train.tensors.batch import TokenizedGroup, collate_groups
 from tests.support.ddp import torchrun_cpu
 from tests.support.training import synthetic_groups
 
@@ -337,8 +339,9 @@ def test_cli_refresh_trains_and_reports(tiny_lm_dir: Path, tmp_path: Path,
 # -- distributed ------------------------------------------------------------------------------
 SCRIPT = textwrap.dedent("""
     import json, os, sys, torch
-    from grouppref.train.config import DataConfig, TrainConfig
-    from grouppref.train import trainer
+    from grouppref.train.settings.shared import DataConfig
+    from grouppref.train.settings.policy import TrainConfig
+    from grouppref.train.policy import trainer
     from tests.support.training import synthetic_groups
 
     model, out = sys.argv[1], sys.argv[2]

@@ -18,8 +18,9 @@ from grouppref.pipeline.rank.rankers import build_ranker
 from grouppref.pipeline.rank.settings import annotator_for
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, from_row
-from grouppref.train.config import DataConfig, TrainConfig
-from grouppref.train.refresh_round import RefreshPlan, rank_groups
+from grouppref.train.refresh.fresh_groups import RefreshPlan, rank_groups
+from grouppref.train.settings.policy import TrainConfig
+from grouppref.train.settings.shared import DataConfig
 from tests.support.served_fakes import (
     MODELS,
     VaryingFake,

@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 from grouppref.commands import run as run_commands
 from grouppref.pipeline.aggregate.stage import read_report as read_aggregate_report
 from grouppref.pipeline.report.config import ReportConfig
-from grouppref.pipeline.report.parts import read_metrics
 from grouppref.pipeline.report.reward_model import section_reward_model
 from grouppref.pipeline.report.stage import reject_kind, render_report, run_report
+from grouppref.pipeline.report.training_curves import read_metrics
 from grouppref.runner import load_run_config, run_pipeline
 from grouppref.runs.store import RunStore
 from grouppref.schemas.reports import AggregateReport, AggregateSummary

@@ -31,7 +31,7 @@ from grouppref.readers.published import read_validated
 from grouppref.runner import load_run_config, run_pipeline
 from grouppref.runs.store import RunStore
 from grouppref.schemas import ValidatedGroup
-from grouppref.train.sources import load_groups
+from grouppref.train.data.sources import load_groups
 from tests.support.validated import make_validated, write_aggregate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -312,7 +312,7 @@ def test_export_train_one_step_eval(runs: dict[bool, RunStore], tmp_path: Path, 
 
 def test_a_model_folder_names_reject_files_without_the_machines_paths(tmp_path: Path) -> None:
     from grouppref.schemas import Reject
-    from grouppref.train.model_card import public_rejects
+    from grouppref.train.engine.model_folder import public_rejects
 
     folder = tmp_path / "prefs"
     (folder / "data").mkdir(parents=True)

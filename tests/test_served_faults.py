@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from grouppref.models.gbnf import GrammarError, check_grammar
-from grouppref.models.openai import ServerError, ServerPool, ServerUnreachable
-from grouppref.models.openai_api import CHAT, RequestRefused, error_message, retry_after_seconds
-from grouppref.models.server_settings import ServerSettings
+from grouppref.models.served.grammar import GrammarError, check_grammar
+from grouppref.models.served.pool import ServerError, ServerPool, ServerUnreachable
+from grouppref.models.served.protocol import CHAT, RequestRefused, error_message, retry_after_seconds
+from grouppref.models.served.settings import ServerSettings
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.stage import run_rank
 from tests.support.factories import imported_run

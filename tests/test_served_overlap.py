@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from grouppref.models.openai import ServerPool, gather
-from grouppref.models.server_settings import ServerSettings
+from grouppref.models.served.pool import ServerPool, gather
+from grouppref.models.served.settings import ServerSettings
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.generate.stage import run_generate
 from grouppref.pipeline.rank.config import RankConfig

@@ -13,8 +13,8 @@ from typing import Any, get_args
 import httpx
 import pytest
 
-from grouppref.models.openai import ServerError
-from grouppref.models.openai_api import NEUTRAL_SAMPLING, SERVER_KINDS, server_kind
+from grouppref.models.served.pool import ServerError
+from grouppref.models.served.protocol import NEUTRAL_SAMPLING, SERVER_KINDS, server_kind
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare, NeutralSampling
 from grouppref.pipeline.generate.stage import run_generate
 from grouppref.runs.store import RunStore

@@ -20,8 +20,8 @@ from grouppref.pipeline.report.stage import run_report
 from grouppref.runner import load_run_config, run_pipeline
 from grouppref.runs.freshness import read_run_record, run_manifests, stale_causes
 from grouppref.runs.store import RunStore
-from grouppref.train.config import TrainConfig
-from grouppref.train.stage import run_train
+from grouppref.train.policy.stage import run_train
+from grouppref.train.settings.policy import TrainConfig
 from tests.support.cli import grouppref as run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -356,7 +356,7 @@ def test_the_median_pruner_stops_a_trial_behind_the_median(
 
 def test_budgets_of_equal_annotation_cost_and_equal_tokens(tiny_lm_dir: Path) -> None:
     from grouppref.sweep.engine import plan_seed
-    from grouppref.train.config import TrainConfig
+    from grouppref.train.settings.policy import TrainConfig
 
     groups = [ranked_group(i, "train") for i in range(16)] + [ranked_group(100, "test")]
     config = TrainConfig(model=str(tiny_lm_dir), batch_size=2, epochs=2,

@@ -15,13 +15,14 @@ from typer.testing import CliRunner
 from grouppref.cli import app
 from grouppref.models.loading import load_causal_lm, load_tokenizer
 from grouppref.schemas import ValidatedGroup, to_dataset
-from grouppref.train.config import TrainConfig
-from grouppref.train.data import collate_groups, tokenize_groups
-from grouppref.train.logps import group_logps
-from grouppref.train.loop import Objective, group_loss
-from grouppref.train.losses import gspo_loss, hard_pair_targets
-from grouppref.train.trainer import split_groups
-from grouppref.train.trim import loss_candidates, trim_for_loss
+from grouppref.train.data.tokenize import tokenize_groups
+from grouppref.train.objective.candidates import loss_candidates, trim_for_loss
+from grouppref.train.objective.losses import gspo_loss, hard_pair_targets
+from grouppref.train.policy.step import Objective, group_loss
+from grouppref.train.policy.trainer import split_groups
+from grouppref.train.settings.policy import TrainConfig
+from grouppref.train.tensors.batch import collate_groups
+from grouppref.train.tensors.logps import group_logps
 from tests.support.training import PLAIN, synthetic_group, synthetic_groups
 
 # float32 losses (~1) of <= K^2 = 25 pair terms, vectorised vs a loop: 25 * eps32 = 3e-6 worst;

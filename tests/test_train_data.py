@@ -10,8 +10,9 @@ import torch
 
 from grouppref.errors import ConfigError, RowError
 from grouppref.schemas import Agreement, ChatMessage, PairPreference, Prompt, ValidatedGroup
-from grouppref.train.config import DataConfig
-from grouppref.train.data import collate_groups, tokenize_group, tokenize_groups
+from grouppref.train.data.tokenize import tokenize_group, tokenize_groups
+from grouppref.train.settings.shared import DataConfig
+from grouppref.train.tensors.batch import collate_groups
 from tests.support.factories import make_annotated, make_group
 
 

@@ -19,10 +19,11 @@ from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.stage import run_aggregate
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
-from grouppref.train.config import TrainConfig
-from grouppref.train.data import consensus_kinds
-from grouppref.train.mix import MixConfig, MixSampler, check_sources
-from grouppref.train.trainer import train
+from grouppref.train.data.tokenize import consensus_kinds
+from grouppref.train.policy.mix_sampler import MixSampler, check_sources
+from grouppref.train.policy.trainer import train
+from grouppref.train.settings.mix import MixConfig
+from grouppref.train.settings.policy import TrainConfig
 from tests.support.factories import make_group, make_ranking
 from tests.support.simulate import write_stage
 from tests.support.training import PLAIN, _write_validate, mixed_groups, synthetic_group
@@ -217,8 +218,9 @@ def test_resume_draws_the_same_batches(tiny_lm_dir: Path, tmp_path: Path) -> Non
 
 DDP_SCRIPT = """
 import os, sys, torch
-from grouppref.train.config import DataConfig, TrainConfig
-from grouppref.train.trainer import train
+from grouppref.train.settings.shared import DataConfig
+from grouppref.train.settings.policy import TrainConfig
+from grouppref.train.policy.trainer import train
 from tests.support.training import mixed_groups
 
 model, out = sys.argv[1], sys.argv[2]

@@ -26,10 +26,10 @@ from grouppref.pipeline.rank.rankers import RewardRanker
 from grouppref.pipeline.rank.settings import RewardRankerSettings
 from grouppref.runs.store import RunStore, Shard
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, ValidatedGroup
-from grouppref.train.data import collate_groups
-from grouppref.train.rm_config import RewardModelConfig
-from grouppref.train.rm_data import encode_groups, split_held_out
-from grouppref.train.rm_trainer import load_reward_model, reward_loss, reward_scores
+from grouppref.train.reward_model.encode import encode_groups, split_held_out
+from grouppref.train.reward_model.model import load_reward_model, reward_loss, reward_scores
+from grouppref.train.settings.reward_model import RewardModelConfig
+from grouppref.train.tensors.batch import collate_groups
 from tests.support.tolerances import MODEL_ATOL, MODEL_RTOL
 from tests.support.training import _write_validate, synthetic_groups
 
@@ -131,7 +131,7 @@ def test_rank_with_the_trained_folder(trained) -> None:
 
 def test_plackett_luce_and_hard_targets_losses() -> None:
     """The two other objectives on a hand-made batch: the consensus order scores lower loss."""
-    from grouppref.train.data import TokenizedGroup
+    from grouppref.train.tensors.batch import TokenizedGroup
 
     g = TokenizedGroup(group_id="g", prompt_ids=[], cand_ids=[[1, 2], [3], [4, 5]],
                        p_ij=[[0.5, 0.9, 0.8], [0.1, 0.5, 0.6], [0.2, 0.4, 0.5]],
@@ -245,7 +245,7 @@ def test_an_encoder_trains_too(tmp_path: Path, embedded_model_dir: Path) -> None
     held-out pair accuracy rises on the known-preference task."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from grouppref.train.rm_loop import train_reward_model
+    from grouppref.train.reward_model.trainer import train_reward_model
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
     torch.manual_seed(0)

@@ -153,10 +153,10 @@ def fsdp_train(model_dir: str, out_dir: str, rank: int = 0, world: int = 1) -> l
     """STEPS SGD steps on GLOBAL groups each (this process: its ``GLOBAL / world`` slice), the
     reward model sharded with FSDP2 when ``world > 1``; saves the full model into ``out_dir``
     (main process) and returns the global loss per step."""
-    from grouppref.train.data import collate_groups
-    from grouppref.train.rm_config import RewardModelConfig
-    from grouppref.train.rm_data import encode_groups
-    from grouppref.train.rm_trainer import load_reward_model, reward_loss, reward_scores
+    from grouppref.train.reward_model.encode import encode_groups
+    from grouppref.train.reward_model.model import load_reward_model, reward_loss, reward_scores
+    from grouppref.train.settings.reward_model import RewardModelConfig
+    from grouppref.train.tensors.batch import collate_groups
     from tests.support.fsdp_train import full_state, shard
     from tests.support.training import synthetic_groups
 

@@ -24,10 +24,10 @@ from grouppref.pipeline.rank.rankers import RewardRanker
 from grouppref.pipeline.rank.settings import RewardRankerSettings
 from grouppref.pipeline.report.stage import run_report
 from grouppref.schemas.reports import RewardModelStats
-from grouppref.train.config import LoraSettings
-from grouppref.train.rm_config import RewardModelConfig
-from grouppref.train.rm_loop import train_reward_model
-from grouppref.train.rm_trainer import load_reward_model
+from grouppref.train.reward_model.model import load_reward_model
+from grouppref.train.reward_model.trainer import train_reward_model
+from grouppref.train.settings.reward_model import RewardModelConfig
+from grouppref.train.settings.shared import LoraSettings
 from tests.support.training import _write_validate, synthetic_groups
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

@@ -24,17 +24,19 @@ from grouppref.models.loading import load_causal_lm, load_tokenizer
 from grouppref.schemas import (
     ValidatedGroup,
 )
-from grouppref.train.config import DataConfig, LoraSettings, TrainConfig
-from grouppref.train.data import collate_groups, tokenize_groups
-from grouppref.train.logps import group_logps
-from grouppref.train.loop import Objective, group_loss
-from grouppref.train.reference import (
+from grouppref.train.data.reference import (
     MissingReferenceError,
     ensure_reference,
     require_reference,
     with_reference,
 )
-from grouppref.train.trainer import split_groups, train
+from grouppref.train.data.tokenize import tokenize_groups
+from grouppref.train.policy.step import Objective, group_loss
+from grouppref.train.policy.trainer import split_groups, train
+from grouppref.train.settings.policy import TrainConfig
+from grouppref.train.settings.shared import DataConfig, LoraSettings
+from grouppref.train.tensors.batch import collate_groups
+from grouppref.train.tensors.logps import group_logps
 from tests.support.tolerances import MODEL_ATOL, MODEL_RTOL, assert_trained_close
 from tests.support.training import (
     PLAIN,
@@ -243,7 +245,7 @@ def test_checkpointing_with_shared_prefix_needs_an_sdpa_model(tiny_lm_dir: Path)
     error before the reference pass (the checks of the packed pass are in test_logps.py)."""
     from transformers import LlamaForCausalLM
 
-    from grouppref.train.trainer import check_checkpointing
+    from grouppref.train.policy.trainer import check_checkpointing
 
     both = TrainConfig(model=str(tiny_lm_dir), gradient_checkpointing=True)
     sdpa = LlamaForCausalLM.from_pretrained(tiny_lm_dir, attn_implementation="sdpa")
@@ -334,7 +336,7 @@ def test_load_groups_from_a_saved_dataset_dict(tmp_path: Path) -> None:
     import datasets
 
     from grouppref.schemas import features_for, to_row
-    from grouppref.train.sources import load_groups
+    from grouppref.train.data.sources import load_groups
 
     groups = synthetic_groups(3, 0, seed=4)
     rows = [to_row(g) for g in groups]

@@ -14,8 +14,9 @@ Testbed (one per seed):
 * aggregation with the package's own tensors (:mod:`grouppref.stats.reliability`,
   :func:`grouppref.pipeline.aggregate.fit.fit_groups`): reliability weights, BT ``p_ij``,
   ``w_ij``, consensus order and the noise estimate the aggregate report would show;
-* training with the package's own step (:func:`grouppref.train.loop.run_steps`: the losses
-  of :mod:`grouppref.train.losses` on log-probs from :func:`grouppref.train.logps.group_logps`),
+* training with the package's own step (:func:`grouppref.train.policy.step.run_steps`: the losses
+  of :mod:`grouppref.train.objective.losses` on log-probs from
+  :func:`grouppref.train.tensors.logps.group_logps`),
   fed tensors directly (the synthetic vocabulary has no tokenizer for the record path).
 """
 
@@ -43,14 +44,14 @@ from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.stats import rankstats
 from grouppref.stats.reliability import estimate_reliability, noise_rate
-from grouppref.train.data import GroupBatch
-from grouppref.train.logps import group_logps
-from grouppref.train.loop import Objective, run_steps
+from grouppref.train.policy.step import Objective, run_steps
+from grouppref.train.tensors.batch import GroupBatch
+from grouppref.train.tensors.logps import group_logps
 
 Tensor = torch.Tensor
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "evidence"
 METHODS = ("dpo_one", "dpo_consensus", "gspo_hard", "gspo_soft", "plackett_luce")
-LISTWISE = ("lipo", "nca", "infonca")  # the losses of grouppref/train/listwise.py
+LISTWISE = ("lipo", "nca", "infonca")  # the losses of grouppref/train/objective/listwise.py
 
 
 @dataclass
@@ -138,7 +139,7 @@ def make_batch(prompts: Tensor, cands: Tensor, ref_logps: Tensor | None = None,
                strengths: Tensor | None = None) -> GroupBatch:
     """A :class:`GroupBatch` of fixed-length prompts (B, P) and candidates (B, K, L);
     ``labels`` (tiers below, LiPO) and ``strengths`` (NCA / InfoNCA targets), (B, K), are
-    what the listwise losses read (grouppref/train/listwise.py)."""
+    what the listwise losses read (grouppref/train/objective/listwise.py)."""
     b, k, length = cands.shape
     return GroupBatch(
         prompt_ids=prompts, prompt_mask=torch.ones_like(prompts), cand_ids=cands,
@@ -348,7 +349,7 @@ def train_method(task: Task, data: dict[str, Tensor], method: str, steps: list[i
                  seed: int) -> dict[int, dict[str, float]]:
     """Train a fresh copy of the reference with ``method``; evaluate after each of ``steps``
     (constant learning rate, so step counts are training lengths of one run). The step is the
-    package's own (:func:`grouppref.train.loop.run_steps`)."""
+    package's own (:func:`grouppref.train.policy.step.run_steps`)."""
     model = copy.deepcopy(task.ref)
     for prm in model.parameters():
         prm.requires_grad_(True)

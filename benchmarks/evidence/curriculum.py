@@ -12,7 +12,7 @@ constant 3e-4, K = 4 reference samples per prompt):
 * each source aggregated by the package's own math (:func:`common.aggregate`: reliability,
   Bradley-Terry ``p_ij`` / ``w_ij``), trained with the gspo loss (soft targets).
 
-Methods (batches drawn by the package's :class:`grouppref.train.mix.MixSampler`, same seed):
+Methods (batches drawn by the package's :class:`grouppref.train.policy.mix_sampler.MixSampler`, same seed):
 
 * ``curriculum``: ``human=0.8,auto=0.2 -> human=0,auto=1`` (linear over the run);
 * ``all_mixed``: constant shares equal to the data's proportions;
@@ -45,8 +45,9 @@ import torch
 
 from benchmarks.evidence import common as c
 from benchmarks.evidence.curves import TESTBED
-from grouppref.train.loop import Objective, run_steps
-from grouppref.train.mix import MixConfig, MixSampler
+from grouppref.train.policy.mix_sampler import MixSampler
+from grouppref.train.policy.step import Objective, run_steps
+from grouppref.train.settings.mix import MixConfig
 
 METHODS = ("curriculum", "all_mixed", "human_only", "auto_only")
 BASELINE = "all_mixed"

@@ -5,7 +5,7 @@ pydantic or scipy): a small pre-LN causal transformer written with an explicit *
 so every (seed, method) policy of one condition trains in the same batched forward pass
 (Adam is element-wise, so the members stay independent: each has its own parameters, data
 and loss). Only three package modules are imported, all pure torch: the losses
-(:mod:`grouppref.train.losses`) and the aggregation numerics (:mod:`grouppref.stats`).
+(:mod:`grouppref.train.objective.losses`) and the aggregation numerics (:mod:`grouppref.stats`).
 
 Task (per seed, as in ``common.py``): vocabulary V = 32, prompts of P = 4 tokens,
 responses of L = 6 tokens, hidden reward
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from grouppref.train.losses import dpo_loss, gspo_loss, plackett_luce_loss
+from grouppref.train.objective.losses import dpo_loss, gspo_loss, plackett_luce_loss
 
 Tensor = torch.Tensor
 METHODS = ("dpo_consensus", "gspo_hard", "gspo_soft", "gspo_cal", "plackett_luce")

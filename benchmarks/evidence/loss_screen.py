@@ -6,7 +6,7 @@ prompts, a rank-2 prompt x response reward, Adam at the section's constant lr 3e
 loss (no per-loss tuning here: the real-model study tunes), 1,000 steps of 32 groups evaluated
 at 100, 250, 500, 750 and 1,000 steps; ``dpo_consensus`` runs on to 3,250 steps so it is also
 measured at the group losses' token counts. New here: LiPO-λ, NCA and InfoNCA
-(grouppref/train/listwise.py) beside section 6's losses. Seeds 0-4 (task, candidates, panel and
+(grouppref/train/objective/listwise.py) beside section 6's losses. Seeds 0-4 (task, candidates, panel and
 batch order per seed, shared by every loss of a seed: paired), at flip rate 0.1.
 
     nice -n 19 .venv/bin/python -m benchmarks.evidence.loss_screen --workers 1

@@ -25,9 +25,9 @@ import torch
 
 from benchmarks.evidence import common as c
 from benchmarks.evidence import smol
-from grouppref.train.data import TokenizedGroup, collate_groups
-from grouppref.train.logps import group_logps
-from grouppref.train.loop import Objective, run_steps
+from grouppref.train.policy.step import Objective, run_steps
+from grouppref.train.tensors.batch import TokenizedGroup, collate_groups
+from grouppref.train.tensors.logps import group_logps
 
 METHODS = ("dpo_consensus", "gspo_soft")
 
@@ -83,7 +83,7 @@ def build_groups(items: list[smol.Item], ids: list[list[list[int]]], scores: lis
 def train(model0: Any, groups: list[TokenizedGroup], method: str, cfg: dict[str, Any],
           pad: int) -> tuple[Any, dict[str, float]]:
     """A fresh copy of ``model0`` trained with the package's step
-    (:func:`grouppref.train.loop.run_steps`), AdamW at a constant rate."""
+    (:func:`grouppref.train.policy.step.run_steps`), AdamW at a constant rate."""
     model = copy.deepcopy(model0)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.0)

@@ -15,7 +15,8 @@ package's Bradley-Terry fit):
   the current policy, ranked and aggregated the same way, reference log-probs, the newest
   ``buffer`` groups kept); each batch takes ``fresh_share`` of its groups from the buffer. The
   buffer, the draws, the prompt schedule and the importance-weight statistics are the
-  package's own (:mod:`grouppref.train.refresh_buffer`, :func:`~grouppref.train.refresh_round.round_prompts`);
+  package's own (:mod:`grouppref.train.refresh.buffer`,
+  :func:`~grouppref.train.refresh.fresh_groups.round_prompts`);
 * ``grpo``: TRL ``GRPOTrainer`` on the same model, prompts and reward (TRL defaults: beta 0,
   ``dapo`` loss, group-scaled advantages; ``min_new_tokens = max_new_tokens = L`` so that
   every completion has the testbed's length), ``grpo_prompts`` prompts x K completions per
@@ -49,10 +50,10 @@ import numpy as np
 import torch
 
 from benchmarks.evidence import common as c
-from grouppref.train.data import TokenizedGroup, collate_groups
-from grouppref.train.loop import Objective, run_steps
-from grouppref.train.refresh_buffer import FreshBuffer, RhoStats, mix_batch
-from grouppref.train.refresh_round import round_prompts
+from grouppref.train.policy.step import Objective, run_steps
+from grouppref.train.refresh.buffer import FreshBuffer, RhoStats, mix_batch
+from grouppref.train.refresh.fresh_groups import round_prompts
+from grouppref.train.tensors.batch import TokenizedGroup, collate_groups
 
 METHODS = ("offline", "offline_is", "refresh_slow", "refresh_fast", "grpo")
 METRICS = ("reward_gain", "pair_accuracy", "kl")

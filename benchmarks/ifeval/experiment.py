@@ -4,7 +4,7 @@
 2. Data with the package's own stages (``benchmarks/ifeval/pipeline.yaml`` through
    :func:`grouppref.runner.run_pipeline`): generate K candidates with the model itself -> rank
    with the rule check ``constraints`` -> aggregate -> validate.
-3. Train every method (:data:`METHODS`) for every seed with :func:`grouppref.train.trainer.train`
+3. Train every method (:data:`METHODS`) for every seed with :func:`grouppref.train.policy.trainer.train`
    at equal optimizer steps and batch size (tokens trained per method are reported), constant
    learning rate; then seed 0 again at fewer steps for the learning curve (with a constant rate
    and the same seed, a shorter run is the prefix of the longer one).
@@ -188,7 +188,7 @@ def stage_counts(run_dir: Path) -> dict[str, Any]:
 
 def make_data(base: str, out: Path, scale: Scale, device: str) -> tuple[list[Any], dict[str, Any]]:
     """Prompts, then the data stages (:func:`run_data_stages`)."""
-    from grouppref.train.sources import load_groups
+    from grouppref.train.data.sources import load_groups
 
     train, test = build(scale.train, scale.test, seed=0, held_out_topics=40)
     write_jsonl(out / "prompts" / "train.jsonl", train)
@@ -200,7 +200,8 @@ def make_data(base: str, out: Path, scale: Scale, device: str) -> tuple[list[Any
 
 
 def train_config(method: str, seed: int, steps: int, base: str, scale: Scale, device: str) -> Any:
-    from grouppref.train.config import DataConfig, TrainConfig
+    from grouppref.train.settings.policy import TrainConfig
+    from grouppref.train.settings.shared import DataConfig
 
     return TrainConfig(model=base, **METHODS[method], lr=scale.lr, beta=scale.beta,
                        max_steps=steps, batch_size=scale.batch, seed=seed,
@@ -213,7 +214,7 @@ def train_config(method: str, seed: int, steps: int, base: str, scale: Scale, de
 def tokens_per_group(config: Any, groups: list[Any], tokenizer: Any) -> float:
     """Mean tokens one training group contributes under ``config.loss`` (prompt once + the
     candidates the loss reads), as the trainer counts them."""
-    from grouppref.train.trainer import split_groups
+    from grouppref.train.policy.trainer import split_groups
 
     train_set, _, _ = split_groups(groups, tokenizer, config)
     total = sum(len(g.prompt_ids) + sum(len(c) for c in g.cand_ids) for g in train_set)
@@ -290,7 +291,7 @@ class Experiment:
 
     def run_trained(self, method: str, seed: int, steps: int) -> None:
         from grouppref.models.loading import load_causal_lm
-        from grouppref.train.trainer import train
+        from grouppref.train.policy.trainer import train
 
         name = run_name(method, seed, steps)
         if self.results.done(name):

@@ -21,7 +21,7 @@ the same command skips every finished task):
    whose model is on disk (a seed trained in this run; an earlier run's deleted models are not
    re-trained for it, and the tables say how many seeds each sampled rate rests on).
 
-Methods train through :func:`grouppref.train.trainer.train` (``engine: grouppref``) or through
+Methods train through :func:`grouppref.train.policy.trainer.train` (``engine: grouppref``) or through
 TRL's ``DPOTrainer`` on what ``grouppref export --format trl-pairs`` writes
 (``engine: trl``; :mod:`benchmarks.ifeval.trl_peer`). Progress goes to stderr with timestamps.
 
@@ -201,7 +201,7 @@ class Study:
     # -- set-up ---------------------------------------------------------------------------
     def setup(self) -> None:
         from grouppref.models.loading import load_causal_lm, load_tokenizer
-        from grouppref.train.sources import load_groups
+        from grouppref.train.data.sources import load_groups
 
         a = self.args
         self.base = base_model(a.model, self.out)
@@ -326,8 +326,9 @@ class Study:
     def _train_grouppref(self, fields: dict[str, Any], lr: float, seed: int, folder: Path
                          ) -> dict[str, Any]:
         from benchmarks.ifeval.curve import save_curve_models
-        from grouppref.train.config import DataConfig, TrainConfig
-        from grouppref.train.trainer import train
+        from grouppref.train.policy.trainer import train
+        from grouppref.train.settings.policy import TrainConfig
+        from grouppref.train.settings.shared import DataConfig
 
         s = self.scale
         config = TrainConfig(model=self.base, **fields, lr=lr, beta=s.beta, max_steps=s.steps,

@@ -11,7 +11,7 @@ from grouppref.commands.options import Custom, Extra, config_command, help_of
 from grouppref.commands.output import print_server_usage, print_stage
 from grouppref.config import validate
 from grouppref.errors import ConfigError
-from grouppref.models.server_settings import ServerSettings, parse_server_param
+from grouppref.models.served.settings import ServerSettings, parse_server_param
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.imports.config import ImportConfig
 from grouppref.runs.store import RunStore

@@ -10,7 +10,7 @@ from grouppref.commands.core import RunArg
 from grouppref.commands.options import Custom, Extra, config_command, help_of
 from grouppref.commands.output import esc, out, print_server_usage, print_stage
 from grouppref.errors import ConfigError
-from grouppref.models.server_settings import NeutralSampling, ServerSettings
+from grouppref.models.served.settings import NeutralSampling, ServerSettings
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.settings import JudgeRankerSettings, parse_ranker_spec, parse_weights
 from grouppref.runs.store import RunStore

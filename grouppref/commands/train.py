@@ -18,8 +18,10 @@ from grouppref.commands.rank import ENSEMBLE_HELP, RANKER_HELP, parse_rankers
 from grouppref.errors import ConfigError
 from grouppref.pipeline.rank.settings import parse_weights
 from grouppref.schemas.reports import EvalReport, TrainStats
-from grouppref.train.config import EvalConfig, RefreshConfig, TrainConfig
-from grouppref.train.mix import MixConfig
+from grouppref.train.settings.evaluation import EvalConfig
+from grouppref.train.settings.mix import MixConfig
+from grouppref.train.settings.policy import TrainConfig
+from grouppref.train.settings.refresh import RefreshConfig
 
 DataArg = Annotated[str, typer.Argument(metavar="DATA",
     help="A run directory (reads RUN/validate), anything `grouppref export` writes (a saved "
@@ -48,9 +50,9 @@ def _lora_switch(data: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]
 
 def _run_train(config: TrainConfig, extras: dict[str, Any], force: bool) -> None:
     from grouppref.runs.store import RunStore
-    from grouppref.train.distributed import process_state
-    from grouppref.train.sources import is_run
-    from grouppref.train.stage import run_train, train_dataset
+    from grouppref.train.data.sources import is_run
+    from grouppref.train.engine.distributed import process_state
+    from grouppref.train.policy.stage import run_train, train_dataset
 
     data, where, resume = extras["data"], extras["out"], extras["resume_from"] or extras["resume"]
     main = process_state().is_main_process
@@ -161,8 +163,8 @@ train = config_command(
 def _run_eval(config: EvalConfig, extras: dict[str, Any], force: bool) -> None:
     from grouppref.models.loading import cache_root
     from grouppref.runs.store import RunStore
-    from grouppref.train.eval import compare_models, run_eval
-    from grouppref.train.sources import is_run, load_groups
+    from grouppref.train.data.sources import is_run, load_groups
+    from grouppref.train.eval.stage import compare_models, run_eval
 
     data = extras["data"]
     if is_run(data):

@@ -16,14 +16,14 @@ from grouppref.commands.output import err, esc, out, print_counts, print_stage
 from grouppref.commands.train import DataArg, _fmt, _lora_switch, metrics_table
 from grouppref.errors import ConfigError
 from grouppref.schemas.reports import RewardModelStats
-from grouppref.train.rm_config import RewardModelConfig
+from grouppref.train.settings.reward_model import RewardModelConfig
 
 
 def _run_train_rm(config: RewardModelConfig, extras: dict[str, Any], force: bool) -> None:
     from grouppref.runs.store import RunStore
-    from grouppref.train.distributed import process_state
-    from grouppref.train.rm_stage import run_train_rm, train_rm_dataset
-    from grouppref.train.sources import is_run
+    from grouppref.train.data.sources import is_run
+    from grouppref.train.engine.distributed import process_state
+    from grouppref.train.reward_model.stage import run_train_rm, train_rm_dataset
 
     data, where, resume = extras["data"], extras["out"], extras["resume_from"] or extras["resume"]
     main = process_state().is_main_process

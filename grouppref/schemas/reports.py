@@ -379,7 +379,7 @@ class ServerUsage(_Report):
 class MetricsLine(BaseModel):
     """One line of a training's ``metrics.jsonl`` (the policy trainer's train and eval windows
     and refresh rounds, the reward-model trainer's train and eval windows;
-    :class:`grouppref.train.checkpoint.MetricsLog`). The metrics named here are the ones
+    :class:`grouppref.train.engine.checkpoint.MetricsLog`). The metrics named here are the ones
     readers plot; any other key (a refresh round's ``score/NAME``, a new metric) is kept as an
     extra field. ``None``: not measured in this window (NaN is written as null)."""
 

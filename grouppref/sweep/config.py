@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from grouppref.config import validate
 from grouppref.runs.stage import StageSpec
 from grouppref.schemas import MAX_K, MIN_K
-from grouppref.train.config import TrainConfig
+from grouppref.train.settings.policy import TrainConfig
 
 Scalar = bool | int | float | str
 SPECIAL = {"k": "group size", "budget": "the budget's amount"}

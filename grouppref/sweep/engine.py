@@ -1,5 +1,5 @@
 """The sweep on Optuna: one trial is one setting of the search space, trained once per seed by
-:func:`grouppref.train.trainer.train` (the train stage's own loop and held-out evaluation) on
+:func:`grouppref.train.policy.trainer.train` (the train stage's own loop and held-out evaluation) on
 the data's groups, the training ones subsampled to k candidates (:mod:`.subsample`).
 
 The study lives in Optuna's RDB storage: ``sqlite:///DIR/study.db`` by default (one machine;
@@ -28,7 +28,7 @@ from grouppref.schemas import ValidatedGroup
 from grouppref.schemas.sweep import SweepSummary
 from grouppref.sweep.config import Dimension, SweepConfig, trial_train_config
 from grouppref.sweep.subsample import subsample_group
-from grouppref.train.config import TrainConfig
+from grouppref.train.settings.policy import TrainConfig
 
 STRIDE = 1000  # intermediate step of seed s's n-th held-out evaluation: s * STRIDE + n
 Progress = Callable[[str], None]
@@ -63,8 +63,8 @@ class Plan:
 def _group_tokens(groups: list[ValidatedGroup], config: TrainConfig) -> list[int]:
     """Prompt + candidate tokens of each trainable group, as the loss reads them."""
     from grouppref.models.loading import load_tokenizer
-    from grouppref.train.data import tokenize_groups
-    from grouppref.train.trim import trim_for_loss
+    from grouppref.train.data.tokenize import tokenize_groups
+    from grouppref.train.objective.candidates import trim_for_loss
 
     tokenizer = load_tokenizer(config.model, padding_side="right")
     tokenized, _ = tokenize_groups(groups, tokenizer, config.data, stage="train")
@@ -273,7 +273,7 @@ class Sweep:
     def objective(self, trial: Any) -> float:
         import optuna
 
-        from grouppref.train.trainer import train
+        from grouppref.train.policy.trainer import train
 
         params = suggest(trial, self.dims)
         if self.config.sampler == "grid" and (twin := self._twin(trial, params)) is not None:

@@ -43,7 +43,7 @@ def sweep_data(source: str | Path, config: SweepConfig, out_dir: str | Path | No
         ConfigError: ``source`` is not a run and no ``out_dir`` is given, or a bad setting.
         StageError / InputFileError: the data cannot be read.
     """
-    from grouppref.train.sources import is_run, load_groups
+    from grouppref.train.data.sources import is_run, load_groups
 
     data = load_groups(source, stage=STAGE, allow_stale=allow_stale)
     run = is_run(source)

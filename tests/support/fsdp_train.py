@@ -21,7 +21,7 @@ GLOBAL, STEPS, K = 4, 3, 3
 
 def groups():
     """GLOBAL·STEPS groups with prompts and responses of different lengths (padding in play)."""
-    from grouppref.train.data import TokenizedGroup
+    from grouppref.train.tensors.batch import TokenizedGroup
 
     g = torch.Generator().manual_seed(11)
     out = []
@@ -44,9 +44,9 @@ def train(model_dir: str, out_dir: str, rank: int = 0, world: int = 1) -> list[f
 
     from transformers import LlamaForCausalLM
 
-    from grouppref.train.data import collate_groups
-    from grouppref.train.logps import group_logps
-    from grouppref.train.loop import Objective, run_steps
+    from grouppref.train.policy.step import Objective, run_steps
+    from grouppref.train.tensors.batch import collate_groups
+    from grouppref.train.tensors.logps import group_logps
 
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     data = groups()

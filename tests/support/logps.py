@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grouppref.train.data import TokenizedGroup
+from grouppref.train.tensors.batch import TokenizedGroup
 
 PAD = 0
 

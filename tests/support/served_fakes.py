@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from grouppref.models.openai import merge_usage
+from grouppref.models.served.pool import merge_usage
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.rankers import build_ranker
 from grouppref.pipeline.rank.settings import annotator_for

@@ -20,7 +20,7 @@ from grouppref.schemas import (
     make_candidate_id,
     make_group_id,
 )
-from grouppref.train.config import DataConfig
+from grouppref.train.settings.shared import DataConfig
 
 WORDS = ["apple", "river", "stone", "cloud", "green", "table", "music", "light", "paper", "horse",
          "glass", "smile", "winter", "garden", "bread", "ocean", "candle", "forest", "silver"]

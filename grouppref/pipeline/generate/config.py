@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from grouppref.config import redact_credentials, validate
 from grouppref.errors import ConfigError
-from grouppref.models.server_settings import NeutralSampling, ServerSettings, check_base_url
+from grouppref.models.served.settings import NeutralSampling, ServerSettings, check_base_url
 from grouppref.readers.mapping import ColumnMapping
 from grouppref.runs.stage import StageSpec
 from grouppref.schemas import MAX_K, MIN_K

@@ -20,7 +20,7 @@ the model and sends, per endpoint the prompts need, the first draw the stage wil
 (kept for it, so the check costs no extra request): a wrong model name, a refused key, a
 sampling setting the server rejects or an answer without log-probs stop the stage at once with
 one line. The ``/models`` entry also
-says which server it is (:func:`~grouppref.models.openai_api.server_kind`): for llama.cpp, vLLM
+says which server it is (:func:`~grouppref.models.served.protocol.server_kind`): for llama.cpp, vLLM
 and SGLang every request carries the values that switch off their own default samplers
 (``neutral_sampling``), so that the candidates are drawn with temperature and top_p alone, as
 ``behavior_logp`` assumes.
@@ -32,8 +32,9 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from grouppref.models.openai import RequestRefused, ServerPool, gather
-from grouppref.models.openai_api import (
+from grouppref.models.seeds import derive_seed
+from grouppref.models.served.pool import RequestRefused, ServerPool, gather
+from grouppref.models.served.protocol import (
     CHAT,
     endpoint,
     neutral_params,
@@ -41,9 +42,8 @@ from grouppref.models.openai_api import (
     parse_sample,
     sample_body,
 )
-from grouppref.models.seeds import derive_seed
-from grouppref.models.server_settings import ServerSettings, server_label
-from grouppref.pipeline.generate.work import Draw, ModelSlot, ShardWork, bad_slots
+from grouppref.models.served.settings import ServerSettings, server_label
+from grouppref.pipeline.generate.slots import Draw, ModelSlot, ShardWork, bad_slots
 from grouppref.runs.hashing import canonical_json
 from grouppref.schemas import Prompt, make_group_id
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from grouppref.errors import ConfigError, RowError
 from grouppref.models.loading import load_causal_lm, load_tokenizer
 from grouppref.models.seeds import derive_seed
-from grouppref.pipeline.generate.work import Draw, ModelSlot, ShardWork
-from grouppref.pipeline.generate.work import bad_slots as _bad_slots
+from grouppref.pipeline.generate.slots import Draw, ModelSlot, ShardWork
+from grouppref.pipeline.generate.slots import bad_slots as _bad_slots
 from grouppref.schemas import (
     Candidate,
     CandidateGroup,

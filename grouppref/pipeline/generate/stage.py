@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from grouppref.models.loading import is_embedded, model_fingerprint, resolve_model
-from grouppref.models.openai import ServerPool, merge_usage
+from grouppref.models.served.pool import ServerPool, merge_usage
 from grouppref.pipeline.generate.config import STAGE, STAGE_VERSION, GenerateConfig
 from grouppref.pipeline.generate.served import ServedSampler, server_settings
 from grouppref.pipeline.generate.shard import ModelSlot, ShardGenerator, load_encoders

@@ -22,7 +22,7 @@ from grouppref.pipeline.imports.config import (
     ImportConfig,
 )
 from grouppref.pipeline.imports.layouts import READERS, context, detect, peek
-from grouppref.pipeline.imports.layouts.common import Imported
+from grouppref.pipeline.imports.layouts.raw_groups import Imported
 from grouppref.readers.rows import iter_rows, source_fingerprint
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject

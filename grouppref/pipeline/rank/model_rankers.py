@@ -4,7 +4,7 @@ share: tokenising with the model's context limit, chat templates, and batches pa
 first.
 
 A group the model cannot read (too long, a chat template that rejects the prompt) is a
-:class:`~grouppref.pipeline.rank.common.Skip`; models are loaded by ``load()`` only (a cached or
+:class:`~grouppref.pipeline.rank.outcomes.Skip`; models are loaded by ``load()`` only (a cached or
 resumed stage loads nothing), after ``check()`` has read the config alone.
 """
 
@@ -20,15 +20,8 @@ from jinja2.exceptions import TemplateError
 from grouppref.errors import ConfigError
 from grouppref.models.loading import load_tokenizer, resolve_model
 from grouppref.pipeline.rank import scoring as rs
-from grouppref.pipeline.rank.common import (
-    PAIRWISE_TEMPLATE,
-    POINTWISE_TEMPLATE,
-    Outcome,
-    RankerInputError,
-    Skip,
-    collect_outcomes,
-    slot_outcomes,
-)
+from grouppref.pipeline.rank.judge_prompts import PAIRWISE_TEMPLATE, POINTWISE_TEMPLATE
+from grouppref.pipeline.rank.outcomes import Outcome, RankerInputError, Skip, collect_outcomes, slot_outcomes
 from grouppref.pipeline.rank.settings import JudgeRankerSettings, RewardRankerSettings
 from grouppref.schemas import CandidateGroup
 
@@ -178,7 +171,7 @@ def format_for_reward(tokenizer: Any, group: CandidateGroup, text: str) -> tuple
     """Prompt + candidate as one string: the chat template (prompt turns + an assistant turn)
     when the tokenizer has one, else ``prompt + "\\n\\n" + candidate``. Returns the string and
     whether special tokens must still be added (not when the template wrote them).
-    ``grouppref train-rm`` trains reward models on this same text (train/rm_data.py)."""
+    ``grouppref train-rm`` trains reward models on this same text (train/reward_model/encode.py)."""
     if getattr(tokenizer, "chat_template", None):
         messages = [m.model_dump() for m in group.prompt.as_messages()]
         messages.append({"role": "assistant", "content": text})

@@ -27,22 +27,15 @@ import torch
 
 from grouppref.models.loading import ModelNotFoundError, is_embedded, resolve_model
 from grouppref.pipeline.rank import scoring as rs
-from grouppref.pipeline.rank.common import (
-    PAIRWISE_TEMPLATE,
-    POINTWISE_TEMPLATE,
-    Judged,
-    Outcome,
-    RankerInputError,
-    Skip,
-    slot_outcomes,
-)
 from grouppref.pipeline.rank.constraints import ConstraintError, parse_constraints, satisfaction
+from grouppref.pipeline.rank.judge_prompts import PAIRWISE_TEMPLATE, POINTWISE_TEMPLATE
 from grouppref.pipeline.rank.model_rankers import (
     JudgeRanker,
     RewardRanker,
     format_for_reward,
     padded_batches,
 )
+from grouppref.pipeline.rank.outcomes import Judged, Outcome, RankerInputError, Skip, slot_outcomes
 from grouppref.pipeline.rank.server_judge import ServerJudgeRanker
 from grouppref.pipeline.rank.settings import (
     JudgeRankerSettings,

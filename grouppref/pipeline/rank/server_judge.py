@@ -25,7 +25,7 @@ are in each ranking's metadata (``server_params``).
 
 No request is spent on checking: before the stage opens, each judge's first question (the
 first group's first one) goes out alone and its answer is kept for the shard that asks it
-(:meth:`~grouppref.models.openai.ServerPool.first_request`), so a bad URL, model, key or setting
+(:meth:`~grouppref.models.served.pool.ServerPool.first_request`), so a bad URL, model, key or setting
 stops the stage with one line. Only when that question is refused does a short probe tell a
 refused setting from a refused prompt; a resumed stage sends the probe instead.
 """
@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from grouppref.models.openai import RequestRefused, ServerError, ServerPool, gather
-from grouppref.models.openai_api import (
+from grouppref.models.served.pool import RequestRefused, ServerError, ServerPool, gather
+from grouppref.models.served.protocol import (
     CHAT,
     answer_text,
     first_token_top_logprobs,
@@ -49,10 +49,10 @@ from grouppref.models.openai_api import (
     neutral_params,
     param_origins,
 )
-from grouppref.models.server_settings import read_api_key, server_label
-from grouppref.pipeline.rank import common
+from grouppref.models.served.settings import read_api_key, server_label
+from grouppref.pipeline.rank import judge_prompts
 from grouppref.pipeline.rank import scoring as rs
-from grouppref.pipeline.rank.common import Judged, Outcome, RankerInputError, Skip
+from grouppref.pipeline.rank.outcomes import Judged, Outcome, RankerInputError, Skip
 from grouppref.pipeline.rank.settings import JudgeRankerSettings
 from grouppref.runs.hashing import canonical_json
 from grouppref.schemas import CandidateGroup
@@ -262,10 +262,10 @@ class ServerJudgeRanker:
         s, p = self.settings, group.prompt.display_text()
         texts = [c.text for c in group.candidates]
         if s.mode == "pointwise":
-            return [common.POINTWISE_TEMPLATE.format(prompt=p, answer=t, question=s.question)
+            return [judge_prompts.POINTWISE_TEMPLATE.format(prompt=p, answer=t, question=s.question)
                     for t in texts]
         if s.mode == "pairwise":
-            return [common.PAIRWISE_TEMPLATE.format(prompt=p, a=a, b=b)
+            return [judge_prompts.PAIRWISE_TEMPLATE.format(prompt=p, a=a, b=b)
                     for i, a in enumerate(texts) for j, b in enumerate(texts) if i != j]
         reply = TEXT_REPLY if s.structured_output == "none" else JSON_REPLY
         return [RUBRIC_TEMPLATE.format(prompt=p, answer=t, rubric=s.rubric) + reply for t in texts]

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from grouppref.config import redact_credentials
 from grouppref.errors import ConfigError
 from grouppref.models.loading import is_embedded, model_label
-from grouppref.models.server_settings import NeutralSampling, ServerSettings
+from grouppref.models.served.settings import NeutralSampling, ServerSettings
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.schemas import Annotator
 

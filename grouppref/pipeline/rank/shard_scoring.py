@@ -6,7 +6,7 @@ judge:openai:B@URL2``, or a pairwise and a rubric judge on one server) next to i
 rankers (rules, similarity, reward models, an in-process judge). :class:`ShardScorer` scores a
 shard with all of them:
 
-- **one** :class:`~grouppref.models.openai.ServerPool` for the stage, with one client per server
+- **one** :class:`~grouppref.models.served.pool.ServerPool` for the stage, with one client per server
   URL. Judges on the same server share its limit: ``concurrency`` is the largest any of them
   sets, so the server never carries more requests in flight than when the judges ran one after
   another (``request_timeout`` and ``max_retries`` likewise the largest; they must name the
@@ -28,9 +28,9 @@ import asyncio
 from collections.abc import Sequence
 
 from grouppref.errors import ConfigError
-from grouppref.models.openai import ServerPool, gather
-from grouppref.models.server_settings import ServerSettings, server_label
-from grouppref.pipeline.rank.common import Outcome
+from grouppref.models.served.pool import ServerPool, gather
+from grouppref.models.served.settings import ServerSettings, server_label
+from grouppref.pipeline.rank.outcomes import Outcome
 from grouppref.pipeline.rank.rankers import Ranker
 from grouppref.pipeline.rank.server_judge import ServerJudgeRanker
 from grouppref.schemas import CandidateGroup

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from grouppref.errors import StageError
 from grouppref.models.loading import model_fingerprint
-from grouppref.models.openai import merge_usage
+from grouppref.models.served.pool import merge_usage
 from grouppref.pipeline.rank import scoring as rs
 from grouppref.pipeline.rank.config import STAGE, STAGE_VERSION, EnsembleSettings, RankConfig
 from grouppref.pipeline.rank.rankers import Judged, Outcome, Ranker, Skip, build_ranker
@@ -66,7 +66,7 @@ def rank_group(group: AnnotatedGroup, outcomes: list[Outcome], config: RankConfi
     ``outcomes`` holds one entry per ranker of ``config`` (scores in candidate order, a judge's
     answers, or a :class:`Skip`); ``number`` is the group's 1-based input row (for the
     rejects). Also used by the trainer's refresh rounds
-    (:mod:`grouppref.train.refresh_round`)."""
+    (:mod:`grouppref.train.refresh.fresh_groups`)."""
     keys = ranker_keys(config.rankers)
     new: list[Ranking] = []
     rejects: list[Reject] = []

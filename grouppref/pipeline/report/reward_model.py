@@ -8,7 +8,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from grouppref.pipeline.report.parts import curves, fmt, h2, missing, read_metrics, table
+from grouppref.pipeline.report.html_blocks import fmt, h2, missing, table
+from grouppref.pipeline.report.training_curves import curves, read_metrics
 from grouppref.runs.manifest import Manifest
 from grouppref.schemas.reports import RewardModelStats
 

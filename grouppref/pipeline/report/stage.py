@@ -29,20 +29,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from grouppref.errors import StageError
 from grouppref.pipeline.report.config import STAGE, ReportConfig
-from grouppref.pipeline.report.parts import (
-    MetricsRead,
-    curves,
-    figure_png,
-    fmt,
-    h2,
-    img,
-    missing,
-    read_metrics,
-    table,
-)
+from grouppref.pipeline.report.html_blocks import figure_png, fmt, h2, img, missing, table
 from grouppref.pipeline.report.reward_model import section_reward_model
 from grouppref.pipeline.report.selection import describe_selection, read_selection, selection_table
 from grouppref.pipeline.report.sweep import section_sweep
+from grouppref.pipeline.report.training_curves import MetricsRead, curves, read_metrics
 from grouppref.runs.freshness import rerun_chain, run_manifests, stale_causes, stale_note, step_of
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.manifest import Manifest, read_rejects

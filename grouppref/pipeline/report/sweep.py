@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from grouppref.pipeline.report.parts import h2, img, table
+from grouppref.pipeline.report.html_blocks import h2, img, table
 from grouppref.runs.manifest import Manifest
 from grouppref.schemas.sweep import SweepSummary
 

@@ -1,6 +1,6 @@
 """Import layouts: one module per layout, each a pure function ``read(rows, ctx)`` from rows
 (:func:`grouppref.readers.rows.iter_rows`) to groups with rankings and rejects
-(:class:`~grouppref.pipeline.imports.layouts.common.Imported`). :func:`detect` tells the
+(:class:`~grouppref.pipeline.imports.layouts.raw_groups.Imported`). :func:`detect` tells the
 layout from the first row's columns; :func:`context` applies a layout's defaults to the
 settings the user left out.
 """
@@ -26,7 +26,7 @@ from grouppref.pipeline.imports.layouts import (
     scores,
     ultrafeedback,
 )
-from grouppref.pipeline.imports.layouts.common import Context, Imported
+from grouppref.pipeline.imports.layouts.raw_groups import Context, Imported
 from grouppref.readers.rows import Row, maybe_json
 
 READERS: dict[str, Callable[[Iterable[tuple[int, Row]], Context], Imported]] = {

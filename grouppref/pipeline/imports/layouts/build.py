@@ -20,7 +20,7 @@ import math
 from collections import Counter
 from datetime import datetime, timezone
 
-from grouppref.pipeline.imports.layouts.common import (
+from grouppref.pipeline.imports.layouts.raw_groups import (
     Collected,
     Context,
     Imported,

@@ -22,7 +22,7 @@ from typing import Any
 
 from grouppref.errors import RowError
 from grouppref.pipeline.imports.layouts.build import finish
-from grouppref.pipeline.imports.layouts.common import Collected, Context, Imported
+from grouppref.pipeline.imports.layouts.raw_groups import Collected, Context, Imported
 from grouppref.readers.groups import GroupRows
 from grouppref.readers.prompts import PromptIds
 from grouppref.readers.rows import BlankLine, Row, to_reject

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from grouppref.pipeline.imports.layouts.build import finish
-from grouppref.pipeline.imports.layouts.common import (
+from grouppref.pipeline.imports.layouts.raw_groups import (
     Context,
     Grouper,
     Imported,

@@ -36,7 +36,7 @@ from typing import Any
 
 from grouppref.errors import RowError
 from grouppref.pipeline.imports.layouts.build import finish
-from grouppref.pipeline.imports.layouts.common import (
+from grouppref.pipeline.imports.layouts.raw_groups import (
     Collected,
     Context,
     Grouper,

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from grouppref.pipeline.imports.layouts.build import finish
-from grouppref.pipeline.imports.layouts.common import Context, Grouper, Imported, collect_rows
+from grouppref.pipeline.imports.layouts.raw_groups import Context, Grouper, Imported, collect_rows
 from grouppref.readers.rows import Row, maybe_json
 from grouppref.schemas import Reject
 

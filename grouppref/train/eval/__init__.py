@@ -1,0 +1,2 @@
+"""Evaluation: preference metrics of a model on tokenised groups (:mod:`.metrics`) and the
+``eval`` stage (:mod:`.stage`)."""

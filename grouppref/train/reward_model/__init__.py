@@ -1,0 +1,1 @@
+"""A scalar reward model trained on ranked groups: the ``train_rm`` stage (``grouppref train-rm``)."""
