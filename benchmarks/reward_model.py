@@ -122,7 +122,7 @@ def run_grouppref(base: str, train, held, args, out: Path) -> dict:
                                logging_steps=args.steps, seed=args.seed)
     result = train_reward_model(config, train, out)
     model, tok = load_reward_model(str(out))
-    return {"pairs_per_s": result.stats["pairs_per_s"], "seconds": result.stats["seconds"],
+    return {"pairs_per_s": result.stats.pairs_per_s, "seconds": result.stats.seconds,
             "accuracy": held_out_accuracy(model, tok, held)}
 
 

@@ -109,7 +109,7 @@ def make_batch(shape: dict, args, device: torch.device) -> GroupBatch:
 
 
 def gspo_step():
-    """The trainer's step and its name: ``loop.run_steps`` or the same GSPO step without loop."""
+    """The trainer's step and its name: ``step.run_steps`` or the same GSPO step without it."""
     try:
         from grouppref.train.policy.step import Objective, run_steps
     except ImportError as e:  # pydantic missing (bare GPU box): same math from torch-only modules
@@ -121,7 +121,7 @@ def gspo_step():
             loss.mean().backward()
             optim.step()
 
-        return step, f"logps.group_logps + losses.gspo_loss (loop.run_steps not importable: {e})"
+        return step, f"logps.group_logps + losses.gspo_loss (step.run_steps not importable: {e})"
 
     def step(model, optim, batch, share_prefix):
         run_steps(model, optim, [batch], Objective(), share_prefix=share_prefix)

@@ -405,8 +405,8 @@ def test_a_checkpoint_from_before_these_settings_resumes_at_their_defaults(tmp_p
 @pytest.mark.parametrize("loss", ["lipo", "infonca"])
 def test_reward_model_trains_with_the_listwise_losses(tiny_lm_dir: Path, tmp_path: Path,
                                                       loss: str) -> None:
-    """train-rm's groups carry the tier labels and strengths (rm_data.encode_group) too."""
+    """train-rm's groups carry the tier labels and strengths (reward_model/encode.py's encode_group) too."""
     config = RewardModelConfig(model=str(tiny_lm_dir), loss=loss, max_steps=3, batch_size=4,
                                logging_steps=1, lr=1e-3)
     result = train_reward_model(config, synthetic_groups(8, 4), tmp_path / loss)
-    assert result.stats["steps"] == 3 and math.isfinite(result.stats["train"]["loss"])
+    assert result.stats.steps == 3 and math.isfinite(result.stats.train.loss)

@@ -16,7 +16,8 @@ from grouppref.cli import app
 from grouppref.models.loading import load_causal_lm, load_tokenizer
 from grouppref.schemas import ValidatedGroup, to_dataset
 from grouppref.train.data.tokenize import tokenize_groups
-from grouppref.train.objective.candidates import loss_candidates, trim_for_loss
+from grouppref.train.objective.candidates import trim_for_loss
+from grouppref.train.objective.dispatch import loss_candidates
 from grouppref.train.objective.losses import gspo_loss, hard_pair_targets
 from grouppref.train.policy.step import Objective, group_loss
 from grouppref.train.policy.trainer import split_groups

@@ -258,8 +258,8 @@ def test_an_encoder_trains_too(tmp_path: Path, embedded_model_dir: Path) -> None
                                lr=5e-3, lr_scheduler="constant")
     result = train_reward_model(config, synthetic_groups(48, 16), tmp_path / "out")
     stats = result.stats
-    assert stats["eval"]["pair_accuracy"] >= 0.9
-    assert stats["eval"]["pair_accuracy"] > stats["eval_start"]["pair_accuracy"]
+    assert stats.eval.pair_accuracy >= 0.9
+    assert stats.eval.pair_accuracy > stats.eval_start.pair_accuracy
     ranker = RewardRanker(RewardRankerSettings(model=str(tmp_path / "out")))
     ranker.check()  # a BertForSequenceClassification with one output
 

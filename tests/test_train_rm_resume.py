@@ -58,7 +58,7 @@ def test_resume_continues_exactly(tiny_lm_dir: Path, tmp_path: Path) -> None:
                            tmp_path / "b", resume=True)
     resumed = train_reward_model(RewardModelConfig(**base, max_steps=8), groups,
                                  tmp_path / "b", resume=True)
-    assert resumed.stats["steps"] == 8 and resumed.stats["eval_start"]
+    assert resumed.stats.steps == 8 and resumed.stats.eval_start.measured()
     # exact: the resume restores the weights (safetensors: lossless), Adam's moments and the
     # RNG (the LoRA dropout's masks) and replays the same kernels on the same batches
     diff = (_weights(tmp_path / "a") - _weights(tmp_path / "b")).abs().max().item()

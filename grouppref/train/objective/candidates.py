@@ -8,23 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from grouppref.train.objective.dispatch import loss_candidates
+from grouppref.train.settings.losses import TRIMMED_LOSSES
 from grouppref.train.tensors.batch import TokenizedGroup
-
-TRIMMED_LOSSES = ("dpo", "sft")
-
-
-def loss_candidates(order: list[int], loss: str) -> list[int]:
-    """Indices of the candidates ``loss`` reads, given the consensus ``order`` (best first).
-
-    Example:
-        >>> loss_candidates([2, 0, 3, 1], "dpo"), loss_candidates([2, 0, 3, 1], "sft")
-        ([2, 1], [2])
-    """
-    if loss == "sft":
-        return [order[0]]
-    if loss == "dpo":
-        return [order[0], order[-1]]
-    return list(range(len(order)))
 
 
 def trim_for_loss(group: TokenizedGroup, loss: str) -> TokenizedGroup:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 
-from grouppref.train.objective.dispatch import score_loss
+from grouppref.train.objective.dispatch import policy_loss
 from grouppref.train.objective.losses import implicit_rewards, importance_weights, sft_loss
 from grouppref.train.settings.losses import LossName
 from grouppref.train.settings.policy import TrainConfig
@@ -72,7 +72,7 @@ def group_loss(policy_logps: torch.Tensor, batch: GroupBatch,
     """Per-group training loss (B,) of the objective, plus per-group diagnostics.
 
     ``L = loss(s) + sft_weight · NLL(best)``, ``s = implicit_rewards(policy_logps, ref)``
-    (:func:`grouppref.train.objective.dispatch.score_loss` picks the loss); with ``importance_clip``
+    (:func:`grouppref.train.objective.dispatch.policy_loss` picks the loss); with ``importance_clip``
     each term is scaled by the clipped importance weights ρ. The ``sft`` loss is
     ``NLL(best)`` alone (no reference in the loss; ``s`` still feeds the metrics).
     """
@@ -81,13 +81,11 @@ def group_loss(policy_logps: torch.Tensor, batch: GroupBatch,
     if objective.importance_clip is not None:
         rho = importance_weights(policy_logps, batch.behavior_logps, batch.num_tokens,
                                  clip=objective.importance_clip)  # (B, K), detached
-    if objective.loss == "sft":
-        loss = sft_loss(policy_logps, batch.num_tokens, batch.order)
-    else:
-        loss = score_loss(objective.loss, s, batch, pair_targets=objective.pair_targets,
-                          label_smoothing=objective.label_smoothing, robust=objective.robust,
-                          target_margin=objective.target_margin,
-                          target_temperature=objective.target_temperature, rho=rho)
+    loss = policy_loss(objective.loss, s, policy_logps, batch,
+                       pair_targets=objective.pair_targets,
+                       label_smoothing=objective.label_smoothing, robust=objective.robust,
+                       target_margin=objective.target_margin,
+                       target_temperature=objective.target_temperature, rho=rho)
     extra: dict[str, torch.Tensor] = {}
     if objective.sft_weight > 0:
         sft = sft_loss(policy_logps, batch.num_tokens, batch.order)  # (B,)

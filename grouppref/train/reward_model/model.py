@@ -28,6 +28,7 @@ import torch
 from grouppref.errors import ConfigError
 from grouppref.models.loading import load_tokenizer, resolve_model
 from grouppref.schemas import Reject, ValidatedGroup
+from grouppref.schemas.reports import RewardModelStats
 from grouppref.train.engine.metric_sums import MetricSums
 from grouppref.train.engine.prepare import add_lora, enable_checkpointing, require_trainable
 from grouppref.train.eval.metrics import own_share, pair_margin
@@ -43,9 +44,11 @@ TRAIN_METRICS = ("loss", "pair_accuracy", "margin", "reward_mean", "reward_std")
 
 @dataclass
 class RewardModelResult:
-    """What :func:`train_reward_model` returns."""
+    """What :func:`~grouppref.train.reward_model.trainer.train_reward_model` returns: its stats
+    (``data_fingerprint`` left empty: the caller knows the data), the output folder, rejects and
+    the ids of the groups used."""
 
-    stats: dict[str, Any]
+    stats: RewardModelStats
     out_dir: Path
     rejects: list[Reject]
     used: list[str] = field(default_factory=list)  # group ids trained or held out

@@ -70,7 +70,7 @@ def run_train_rm(store: RunStore, config: RewardModelConfig, force: bool = False
         return stage
     result = train_reward_model(config, data.groups, out, resume=resume)
     if stage is not None:
-        stats = RewardModelStats(**result.stats, data_fingerprint=data.fingerprint)
+        stats = result.stats.model_copy(update={"data_fingerprint": data.fingerprint})
         finish_rm_folder(out, config, stats, trained_on(str(store.root), "run", store,
                                                         data.stale))
         record_training(stage, data, result.used, result.rejects,
@@ -100,7 +100,7 @@ def train_rm_dataset(source: str | Path, config: RewardModelConfig, out_dir: str
     out = Path(out_dir)
     result = train_reward_model(config, data.groups, out, resume=resume)
     rejects = data.rejects + result.rejects
-    stats = RewardModelStats(**result.stats, data_fingerprint=data.fingerprint)
+    stats = result.stats.model_copy(update={"data_fingerprint": data.fingerprint})
     counts = publish_source(out, data, rejects)
     if process_state().is_main_process:
         finish_rm_folder(out, config, stats, trained_on(

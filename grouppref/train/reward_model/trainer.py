@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from grouppref.schemas import ValidatedGroup
+from grouppref.schemas.reports import RewardModelGroups, RewardModelStats
 from grouppref.train.engine import checkpoint
 from grouppref.train.engine.driver import Hooks, drive, end_trackers, optimizer_step, save_model
 from grouppref.train.engine.metric_sums import reduce_sums
@@ -138,9 +139,8 @@ def train_reward_model(config: RewardModelConfig, groups: Sequence[ValidatedGrou
             ``out_dir/checkpoints``; a path: from that checkpoint.
 
     Returns:
-        RewardModelResult: ``stats`` (the fields of
-        :class:`~grouppref.schemas.reports.RewardModelStats` but ``data_fingerprint``),
-        rejects, and the ids of the groups used.
+        RewardModelResult: its :class:`~grouppref.schemas.reports.RewardModelStats` (without
+        ``data_fingerprint``), rejects, and the ids of the groups used.
 
     Raises:
         ConfigError / ModelNotFoundError: bad settings, tracker or model, or settings that
@@ -165,15 +165,15 @@ def train_reward_model(config: RewardModelConfig, groups: Sequence[ValidatedGrou
     train_set, held_out = run.train_set, run.held_out
     eval_start = {k: v for k, v in run.log.first("eval").items()
                   if k not in ("step", "epoch", "split")}
-    stats = {"steps": run.state.step, "epochs": run.state.epoch_progress(run.steps_per_epoch),
-             "loss": config.loss, "train": checkpoint.strict_json(run.last_train),
-             "eval_start": checkpoint.strict_json(eval_start),
-             "eval": checkpoint.strict_json(eval_end),
-             "groups": {"train": len(train_set), "held_out": len(held_out),
-                        "rejected": sum(r.scope == "row" for r in rejects),
-                        "dropped_candidates": sum(r.scope == "part" for r in rejects)},
-             "pairs_per_s": reduce_sums([run.pairs])[0] / max(seconds, 1e-9), "seconds": seconds,
-             "base_model": public_name(config.model) if config.model else "embedded SmolLM2",
-             "lora": config.lora is not None, "resumed_from_step": resumed_from}
+    stats = RewardModelStats(
+        steps=run.state.step, epochs=run.state.epoch_progress(run.steps_per_epoch),
+        loss=config.loss, train=checkpoint.strict_json(run.last_train),
+        eval_start=checkpoint.strict_json(eval_start), eval=checkpoint.strict_json(eval_end),
+        groups=RewardModelGroups(train=len(train_set), held_out=len(held_out),
+                                 rejected=sum(r.scope == "row" for r in rejects),
+                                 dropped_candidates=sum(r.scope == "part" for r in rejects)),
+        pairs_per_s=reduce_sums([run.pairs])[0] / max(seconds, 1e-9), seconds=seconds,
+        base_model=public_name(config.model) if config.model else "embedded SmolLM2",
+        lora=config.lora is not None, resumed_from_step=resumed_from)
     used = [g.group_id for g in train_set + held_out]
     return RewardModelResult(stats=stats, out_dir=out, rejects=rejects, used=used)

@@ -5,19 +5,25 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from grouppref.runs.stage import StageSpec
-from grouppref.train.settings.losses import LossName
+from grouppref.train.settings.losses import (
+    ANCHORED_LOSSES,
+    LISTWISE_LOSSES,
+    MARGIN_LOSSES,
+    TARGET_LOSSES,
+    LossName,
+)
 from grouppref.train.settings.mix import MixConfig
 from grouppref.train.settings.refresh import RefreshConfig
-from grouppref.train.settings.shared import DataConfig, LoraSettings, Tracker
+from grouppref.train.settings.shared import DataConfig, TrainingSettings
 
 
-class TrainConfig(BaseModel):
-    """Settings of the ``train`` stage: GSPO and its baselines (docs/train.md)."""
-
-    model_config = ConfigDict(extra="forbid")
+class TrainConfig(TrainingSettings):
+    """Settings of the ``train`` stage: GSPO and its baselines (docs/train.md). The fields it
+    shares with the reward model's settings (optimisation, schedule, batches, precision,
+    checkpoints, LoRA, trackers) are :class:`~grouppref.train.settings.shared.TrainingSettings`'."""
 
     model: str | None = Field(
         default=None,
@@ -37,11 +43,6 @@ class TrainConfig(BaseModel):
         "supervised fine-tuning on each group's best candidate (best-of-K, rejection sampling). "
         "dpo and sft forward only the candidates they train on.",
     )
-    pair_targets: Literal["soft", "hard"] = Field(
-        default="soft",
-        description="gspo only. soft: the aggregation's p_ij and confidence w_ij; hard: p=1 for "
-        "the winner of every pair in different consensus tiers, weight 1, tied pairs left out.",
-    )
     beta: float = Field(default=0.1, gt=0, description="Implicit reward scale: "
                         "s = beta * (log pi - log pi_ref) (reference_free: beta * log pi).")
     reference_free: bool = Field(
@@ -51,10 +52,6 @@ class TrainConfig(BaseModel):
     target_margin: float = Field(
         default=0.0, ge=0.0, description="SimPO's target reward margin gamma, subtracted from "
         "every winner-minus-loser margin (gspo, dpo and lipo).")
-    target_temperature: float = Field(
-        default=1.0, gt=0.0, description="nca and infonca: temperature alpha of the soft "
-        "targets softmax(strengths / alpha) over a group's candidates (strengths: the "
-        "aggregated Bradley-Terry log-strengths; small alpha: all weight on the best).")
     length_normalise: bool = Field(
         default=False, description="Divide each candidate's log-prob by its token count."
     )
@@ -74,51 +71,16 @@ class TrainConfig(BaseModel):
         description="Clip range of importance weights exp(mean_t(log pi - log pi_behavior)) for "
         "off-policy data (needs behavior_logp on the candidates); unset: no weighting.",
     )
-    lr: float = Field(default=5e-6, gt=0, description="Peak learning rate (AdamW).")
-    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up steps.")
-    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
-        default="linear", description="Learning-rate schedule after warm-up."
-    )
-    max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
-    epochs: int = Field(default=1, ge=1, description="Passes over the training groups.")
-    max_steps: int | None = Field(
-        default=None, ge=1, description="Stop after this many optimizer steps (overrides epochs)."
-    )
-    batch_size: int = Field(default=4, ge=1, description="Groups per device per micro-batch.")
-    eval_batch_size: int = Field(default=8, ge=1, description="Groups per device when evaluating.")
-    grad_accum: int = Field(default=1, ge=1, description="Micro-batches per optimizer step.")
-    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
-        default="no", description="Autocast precision: bf16 (CPU or a bf16 GPU), fp16 (CUDA only)."
-    )
-    gradient_checkpointing: bool = Field(
-        default=False, description="Recompute activations in backward to save memory (with "
-        "share_prefix: models on sdpa attention only)."
-    )
     compile: bool = Field(
         default=False, description="torch.compile each decoder layer (inductor; a one-off "
         "compile on the first steps and one more when batch shapes first change; not with "
         "FSDP, nor with share_prefix on a model not on sdpa; see docs/train.md)."
     )
-    lora: LoraSettings | None = Field(default=None, description="Train LoRA adapters only.")
     share_prefix: bool = Field(
         default=True, description="Compute each group's prompt once for its K candidates."
     )
     disable_dropout: bool = Field(
         default=True, description="Set the model's dropout to 0 (implicit rewards start at 0)."
-    )
-    seed: int = Field(default=0, description="Seed of initialisation, shuffling and dropout.")
-    logging_steps: int = Field(default=10, ge=1, description="Log training metrics every N steps.")
-    eval_steps: int | None = Field(
-        default=None, ge=1,
-        description="Evaluate on the held-out split every N steps (always at start and end).",
-    )
-    save_steps: int | None = Field(
-        default=None, ge=1, description="Write a resumable checkpoint every N steps."
-    )
-    save_total_limit: int = Field(default=2, ge=1, description="Checkpoints kept (oldest removed).")
-    report_to: list[Tracker] = Field(
-        default_factory=list, description="Extra metric backends: tensorboard, trackio."
     )
     data: DataConfig = Field(default_factory=DataConfig,
                              description="Tokenisation: max lengths, overflow, chat template.")
@@ -160,17 +122,17 @@ class TrainConfig(BaseModel):
 
     def _check_listwise(self) -> None:
         """The settings of the listwise and reference-free losses that only some losses read."""
-        if self.label_smoothing > 0 and self.loss in ("lipo", "nca", "infonca"):
+        if self.label_smoothing > 0 and self.loss in LISTWISE_LOSSES:
             raise ValueError(f"label_smoothing applies to loss 'gspo' and 'dpo', not {self.loss!r}")
-        if self.target_margin > 0 and self.loss not in ("gspo", "dpo", "lipo"):
+        if self.target_margin > 0 and self.loss not in MARGIN_LOSSES:
             raise ValueError(f"target_margin applies to the pairwise losses gspo, dpo and lipo, "
                              f"not {self.loss!r}")
-        if self.target_temperature != 1.0 and self.loss not in ("nca", "infonca"):
+        if self.target_temperature != 1.0 and self.loss not in TARGET_LOSSES:
             raise ValueError(f"target_temperature applies to loss 'nca' and 'infonca', not "
                              f"{self.loss!r}")
         if not self.reference_free:
             return
-        if self.loss in ("nca", "sft"):
+        if self.loss in ANCHORED_LOSSES:
             why = ("reads absolute rewards, which only the reference anchors" if self.loss == "nca"
                    else "has no reference in its loss already")
             raise ValueError(f"reference_free with loss {self.loss!r}: it {why}")
