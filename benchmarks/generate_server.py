@@ -194,7 +194,7 @@ def grouppref_run(prompts: list[Prompt], cfg: GenerateConfig) -> tuple[float, in
     """Seconds (model loading excluded), candidates sampled, tokens generated."""
     with tempfile.TemporaryDirectory() as run:
         t0 = time.perf_counter()
-        stage = run_generate(RunStore(run), cfg, prompts, show_progress=False)
+        stage = run_generate(RunStore(run), cfg, prompts=prompts, show_progress=False)
         seconds = time.perf_counter() - t0
     stats = stage.manifest.stats
     return seconds - stats["model_load_seconds"], stats["sampled"], stats["generated_tokens"]

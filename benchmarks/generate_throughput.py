@@ -65,7 +65,7 @@ def grouppref_run(prompts: list[Prompt], args: argparse.Namespace,
                             shard_size=args.shard_size)
     with tempfile.TemporaryDirectory() as run:
         t0 = time.perf_counter()
-        stage = run_generate(RunStore(run), config, prompts, show_progress=False)
+        stage = run_generate(RunStore(run), config, prompts=prompts, show_progress=False)
         seconds = time.perf_counter() - t0
     stats = stage.manifest.stats
     return (seconds - stats["model_load_seconds"], stats["generated_tokens"],

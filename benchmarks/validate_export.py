@@ -22,6 +22,7 @@ from grouppref.pipeline.export.config import ExportConfig
 from grouppref.pipeline.export.stage import run_export
 from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.pipeline.validate.stage import run_validate
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas import (
     Agreement,
@@ -71,11 +72,11 @@ def main() -> None:
         store.load_records("aggregate", ValidatedGroup)
         peer = time.perf_counter() - t
         t = time.perf_counter()
-        run_validate(store, ValidateConfig(), force=True)
+        run_validate(store, ValidateConfig(), StageContext(force=True))
         validate = time.perf_counter() - t
         t = time.perf_counter()
         result = run_export(store, ExportConfig(format="trl-pairs", to_dir=f"{tmp}/out"),
-                            force=True).manifest.stats
+                            StageContext(force=True)).manifest.stats
         export = time.perf_counter() - t
     n = args.groups
     print(f"groups: {n} (K=8, 3 rankings, 28 pairs each)")

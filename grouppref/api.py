@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 # name -> module that defines it
 EXPORTS: dict[str, str] = {
-    # the run store
+    # the run store, and how a stage runs this time (force, allow_stale, resume, ...)
     "RunStore": "grouppref.runs.store",
+    "StageContext": "grouppref.runs.stage",
     # records (pydantic v2)
     **{name: "grouppref.schemas" for name in (
         "Prompt", "ChatMessage", "Candidate", "CandidateGroup", "Ranking", "Annotator",
@@ -104,6 +105,7 @@ if TYPE_CHECKING:  # the names for type checkers and editors
     from grouppref.pipeline.validate.config import ValidateConfig
     from grouppref.pipeline.validate.stage import run_validate
     from grouppref.runner import RunConfig, run_pipeline
+    from grouppref.runs.stage import StageContext
     from grouppref.runs.store import RunStore
     from grouppref.schemas import (
         AnnotatedGroup,

@@ -1,11 +1,11 @@
 """``grouppref run CONFIG``: the stages of one run, chained, cached and resumable.
 
-The runner is a loop over :data:`PIPELINE`, the stages in order, each a
-:class:`~grouppref.runs.stage.StageSpec` with the same call shape: prompts -> generate or
-import -> rank -> simulate -> label -> aggregate -> validate -> export (one stage per target)
--> train_rm -> sweep -> train -> eval -> report. A section left out of the config skips its stage. Each
-stage's own cache decides whether it re-computes (same settings + same input => *cached*: its
-manifest and output stay untouched); ``force`` re-runs named stages.
+The runner is a loop over the registry of the stages, :data:`grouppref.stages.STAGES`, in its
+order: prompts -> generate or import -> rank -> simulate -> label -> aggregate -> validate ->
+export (one stage per target) -> train_rm -> sweep -> train -> eval -> report, each called the
+same way, ``run(store, section, context)``. A section left out of the config skips its stage.
+Each stage's own cache decides whether it re-computes (same settings + same input => *cached*:
+its manifest and output stay untouched); ``force`` re-runs named stages.
 
 The ``label`` stage is human work (:mod:`grouppref.labeling.stage`): it pushes the groups to
 Argilla and counts the groups with enough submitted rankings. Too few: the run stops with
@@ -13,7 +13,9 @@ Argilla and counts the groups with enough submitted rankings. Too few: the run s
 again later and it pulls the rankings into RUN/label and goes on.
 
 When the config does not name ``aggregate.input_stage``, aggregate reads the last annotating
-stage the config has: label, else simulate, else rank, else import. With an ``import`` section
+stage the config has, in the order of aggregate's own default
+(:data:`~grouppref.pipeline.aggregate.config.INPUT_STAGES`: label, else simulate, else rank,
+else import). With an ``import`` section
 (``RUN/import``, groups with their rankings), ``rank`` reads ``import`` unless its
 ``input_stage`` says otherwise.
 
@@ -25,8 +27,7 @@ part of this run: ``grouppref inspect`` says so and the report leaves them out.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,30 +38,28 @@ from rich.markup import escape
 from grouppref.config import apply_set, read_config_file, validate
 from grouppref.errors import ConfigError
 from grouppref.labeling.config import LABEL, LabelRunConfig
-from grouppref.pipeline.aggregate.config import AGGREGATE, AggregateConfig
-from grouppref.pipeline.export.config import EXPORT, ExportConfig
-from grouppref.pipeline.generate.config import GENERATE, GenerateConfig
+from grouppref.pipeline.aggregate.config import INPUT_STAGES, AggregateConfig
+from grouppref.pipeline.export.config import ExportConfig
+from grouppref.pipeline.generate.config import GenerateConfig
 from grouppref.pipeline.imports.config import IMPORT, ImportConfig
-from grouppref.pipeline.prompts.config import PROMPTS, PromptsConfig
-from grouppref.pipeline.rank.config import RANK, RankConfig
+from grouppref.pipeline.prompts.config import PromptsConfig
+from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.report.config import REPORT, ReportConfig
-from grouppref.pipeline.simulate.config import SIMULATE, SimulateConfig
-from grouppref.pipeline.validate.config import VALIDATE, ValidateConfig
+from grouppref.pipeline.simulate.config import SimulateConfig
+from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.runs.freshness import add_stages, finish_run_record, start_run_record
 from grouppref.runs.hashing import config_hash
 from grouppref.runs.rejects import all_rejected
-from grouppref.runs.stage import StageSpec, Waiting
+from grouppref.runs.stage import StageContext, Waiting
 from grouppref.runs.store import RunStore, StageRun
-from grouppref.sweep.config import SWEEP, SweepConfig
-from grouppref.train.settings.evaluation import EVAL, EvalConfig
-from grouppref.train.settings.policy import TRAIN, TrainConfig
-from grouppref.train.settings.reward_model import TRAIN_RM, RewardModelConfig
+from grouppref.stages import NAMES, STAGES, Stage
+from grouppref.sweep.config import SweepConfig
+from grouppref.train.settings.evaluation import EvalConfig
+from grouppref.train.settings.policy import TrainConfig
+from grouppref.train.settings.reward_model import RewardModelConfig
 
-STAGES = ("prompts", "generate", "import", "rank", "simulate", "label", "aggregate", "validate",
-          "export", "train_rm", "sweep", "train", "eval", "report")
-
-__all__ = ["PIPELINE", "STAGES", "LabelRunConfig", "RunConfig", "RunOutcome", "check_stages",
-           "load_run_config", "run_pipeline"]
+__all__ = ["LabelRunConfig", "RunConfig", "RunOutcome", "check_stages", "load_run_config",
+           "run_pipeline", "stage_sections", "with_run_defaults"]
 
 
 class RunConfig(BaseModel):
@@ -161,80 +160,47 @@ def check_stages(start: str | None = None, until: str | None = None,
     """
     for option, name in [("--from", start), ("--until", until),
                          *(("--force", f) for f in force or [])]:
-        if name is not None and name not in STAGES and not (option == "--force" and name == "all"):
-            allowed = ", ".join(STAGES) + (", all" if option == "--force" else "")
+        if name is not None and name not in NAMES and not (option == "--force" and name == "all"):
+            allowed = ", ".join(NAMES) + (", all" if option == "--force" else "")
             raise ConfigError(f"{option} {name!r}: unknown stage; allowed: {allowed}")
-    first = STAGES.index(start) if start else 0
-    last = STAGES.index(until) if until else len(STAGES) - 1
+    first = NAMES.index(start) if start else 0
+    last = NAMES.index(until) if until else len(NAMES) - 1
     if first > last:
         raise ConfigError(f"--from {start} comes after --until {until} in the stage order "
-                          f"({', '.join(STAGES)})")
-    return list(STAGES[first:last + 1])
+                          f"({', '.join(NAMES)})")
+    return list(NAMES[first:last + 1])
 
 
 # -- the loop ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Step:
-    """One entry of the pipeline: the stage and the config section(s) that configure it."""
-
-    stage: str  # the name --from/--until/--force use
-    spec: StageSpec[Any]
-    sections: Callable[[RunConfig], list[BaseModel]]  # configured instances (none: skipped)
-
-
-def _one(attr: str) -> Callable[[RunConfig], list[BaseModel]]:
-    return lambda config: [section] if (section := getattr(config, attr)) is not None else []
+def stage_sections(config: RunConfig, stage: Stage) -> list[BaseModel]:
+    """The sections of ``config`` that configure ``stage``: none (skipped), one, or one per
+    export target."""
+    section = getattr(config, stage.section)
+    if isinstance(section, list):
+        return list(section)
+    return [] if section is None else [section]
 
 
-def _aggregate(config: RunConfig) -> list[BaseModel]:
-    agg = config.aggregate
-    if agg is not None and agg.source is None and config.validation is not None \
-            and config.validation.source is not None:
-        return []  # validate reads a published dataset: nothing to aggregate
-    if agg is None or agg.input_stage is not None or agg.source is not None:
-        return [agg] if agg else []
-    last = "label" if config.label else "simulate" if config.simulate else (
-        "rank" if config.rank else "import" if config.import_ else None)
-    return [agg.model_copy(update={"input_stage": last}) if last else agg]
-
-
-def _rank(config: RunConfig) -> list[BaseModel]:
-    """The rank section; it reads the imported groups when the run imports them."""
-    rank = config.rank
-    if rank is None:
-        return []
-    if config.import_ is not None and "input_stage" not in rank.model_fields_set:
-        return [rank.model_copy(update={"input_stage": IMPORT.name})]
-    return [rank]
-
-
-def _sweep(config: RunConfig) -> list[BaseModel]:
-    """The sweep section; its trials start from the run's train section unless it names its
-    own base settings."""
-    sweep = config.sweep
-    if sweep is None:
-        return []
-    if config.train is not None and "train" not in sweep.model_fields_set:
-        return [sweep.model_copy(update={"train": config.train})]
-    return [sweep]
-
-
-PIPELINE: tuple[Step, ...] = (
-    Step("prompts", PROMPTS, _one("prompts")),
-    Step("generate", GENERATE, _one("generate")),
-    Step("import", IMPORT, _one("import_")),
-    Step("rank", RANK, _rank),
-    Step("simulate", SIMULATE, _one("simulate")),
-    Step("label", LABEL, _one("label")),
-    Step("aggregate", AGGREGATE, _aggregate),
-    Step("validate", VALIDATE, _one("validation")),
-    Step("export", EXPORT, lambda config: list(config.export)),
-    Step("train_rm", TRAIN_RM, _one("train_rm")),
-    Step("sweep", SWEEP, lambda config: _sweep(config)),
-    Step("train", TRAIN, _one("train")),
-    Step("eval", EVAL, _one("eval")),
-    Step("report", REPORT, _one("report")),
-)
+def with_run_defaults(config: RunConfig) -> RunConfig:
+    """``config`` with what its stages read from each other filled in (module docstring): rank
+    reads the imported groups; aggregate the last annotating stage the config has (none when
+    validate reads a published dataset: nothing to aggregate); sweep's trials start from the
+    train section. A setting the config gives itself is kept."""
+    update: dict[str, Any] = {}
+    rank, agg, sweep = config.rank, config.aggregate, config.sweep
+    if rank is not None and config.import_ is not None and "input_stage" not in rank.model_fields_set:
+        update["rank"] = rank.model_copy(update={"input_stage": IMPORT.name})
+    if agg is not None and agg.source is None:
+        if config.validation is not None and config.validation.source is not None:
+            update["aggregate"] = None
+        elif agg.input_stage is None:
+            configured = {stage.name for stage in STAGES if stage_sections(config, stage)}
+            last = next((name for name in INPUT_STAGES if name in configured), None)
+            if last is not None:
+                update["aggregate"] = agg.model_copy(update={"input_stage": last})
+    if sweep is not None and config.train is not None and "train" not in sweep.model_fields_set:
+        update["sweep"] = sweep.model_copy(update={"train": config.train})
+    return config.model_copy(update=update)
 
 
 def describe(stage: StageRun[Any]) -> str:
@@ -249,21 +215,6 @@ def describe(stage: StageRun[Any]) -> str:
     for name, where in stage.outputs.items():
         line += f"; {name} -> {where}"
     return f"{line} ({stage.dir})"
-
-
-def _run_step(step: Step, store: RunStore, section: BaseModel, force: bool, wait: bool,
-              console: Console, allow_stale: bool = False) -> StageRun[Any]:
-    if step.spec is LABEL:  # human work: it may wait, and it talks while it does
-        from grouppref.labeling.stage import run_label
-
-        return run_label(store, section, force=force, wait=wait, console=console)  # type: ignore[arg-type]
-    if step.spec.name in ALLOW_STALE:
-        return step.spec.function()(store, section, force=force, allow_stale=allow_stale)
-    return step.spec.run(store, section, force=force)
-
-
-# the stages that refuse stale input unless told (--allow-stale)
-ALLOW_STALE = {EXPORT.name, TRAIN_RM.name, SWEEP.name, TRAIN.name, EVAL.name, REPORT.name}
 
 
 def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | None = None,
@@ -292,32 +243,34 @@ def run_pipeline(config: RunConfig, *, start: str | None = None, until: str | No
     """
     console = console or Console(stderr=True)
     selected = check_stages(start, until, force)
-    forced = set(STAGES) if "all" in (force or []) else set(force or [])
+    forced = set(NAMES) if "all" in (force or []) else set(force or [])
     store = RunStore(config.run_dir)
     store.root.mkdir(parents=True, exist_ok=True)
     outcome = RunOutcome(status="done")
     record = start_run_record(store, source, config_hash(config, "run"))
-    for step in PIPELINE:
-        if step.stage not in selected:
+    context = StageContext(allow_stale=allow_stale, wait=wait, console=console)
+    resolved = with_run_defaults(config)
+    for stage in STAGES:
+        if stage.name not in selected:
             continue
-        for section in step.sections(config):
+        for section in stage_sections(resolved, stage):
             try:
-                stage = _run_step(step, store, section, step.stage in forced, wait, console,
-                                  allow_stale)
+                done_stage = stage.load()(store, section,
+                                          replace(context, force=stage.name in forced))
             except Waiting as waiting:
                 outcome.status, outcome.message = "waiting", str(waiting)
                 finish_run_record(store, record, "waiting")
                 return outcome
-            record = add_stages(store, record, [stage.name])
-            done = outcome.cached if stage.cached else outcome.ran
-            if step.stage not in done:
-                done.append(step.stage)
-            if step.spec is REPORT:
-                outcome.report = Path(stage.outputs["html"])
-            state = "[yellow]cached[/]" if stage.cached else "[green]done[/]"
-            console.print(f"{step.stage:>9}: {state} {escape(describe(stage))}", highlight=False,
-                          soft_wrap=True)
-            if (problem := all_rejected(stage)) is not None:  # nothing for the next stage
+            record = add_stages(store, record, [done_stage.name])
+            done = outcome.cached if done_stage.cached else outcome.ran
+            if stage.name not in done:
+                done.append(stage.name)
+            if stage.spec is REPORT:
+                outcome.report = Path(done_stage.outputs["html"])
+            state = "[yellow]cached[/]" if done_stage.cached else "[green]done[/]"
+            console.print(f"{stage.name:>9}: {state} {escape(describe(done_stage))}",
+                          highlight=False, soft_wrap=True)
+            if (problem := all_rejected(done_stage)) is not None:  # nothing for the next stage
                 raise problem
     outcome.skipped = [s for s in selected if s not in outcome.ran + outcome.cached]
     finish_run_record(store, record, "done")

@@ -25,6 +25,7 @@ from grouppref.pipeline.aggregate.outcome import recommendation
 from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
 from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import order_flips, simulate_order
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats import bt, rankstats
@@ -424,7 +425,7 @@ def test_no_group_has_a_ranking(tmp_path: Path) -> None:
     assert flagged.manifest.counts.outputs == 3
     assert all("no_rankings" in r.flags for r in flagged.records())
     assert all(p.weight == 0 for r in flagged.records() for p in r.pairs)
-    rejected = run_aggregate(store, AggregateConfig(no_rankings="reject"), force=True)
+    rejected = run_aggregate(store, AggregateConfig(no_rankings="reject"), StageContext(force=True))
     assert (rejected.manifest.counts.outputs, rejected.manifest.counts.rejected) == (0, 3)
 
 

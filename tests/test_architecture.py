@@ -9,6 +9,7 @@ same way among themselves (``TRAIN_LAYERS``).
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "grouppref"
 TESTS = ROOT.parent / "tests"
 LAYERS = ["errors", "schemas", "config", "runs", "stats", "models", "readers", "pipeline",
-          "labeling", "train", "sweep", "runner", "api", "commands", "cli"]
+          "labeling", "train", "sweep", "stages", "runner", "api", "commands", "cli"]
 TOP = {"__init__": "errors", "__main__": "cli"}
 # grouppref.train's sub-packages, from the ground up: the settings (torch-free), tensor code, the
 # objective, the engine both trainers share, their data, evaluation, refresh, the two trainers
@@ -124,6 +125,19 @@ def test_no_import_cycles():
         if module not in state:
             visit(module, [module])
     assert cycles == []
+
+
+def test_the_registry_lists_every_stage_with_one_call_shape():
+    """grouppref.stages is the one list of a run's stages: each RunConfig section is one entry,
+    and every stage function is ``run(store, config, context)`` (anything more keyword-only)."""
+    from grouppref.runner import RunConfig
+    from grouppref.stages import STAGES
+
+    assert [s.section for s in STAGES] == [f for f in RunConfig.model_fields if f != "run_dir"]
+    for stage in STAGES:
+        params = list(inspect.signature(stage.load()).parameters.values())
+        assert [p.name for p in params[:3]] == ["store", "config", "context"], stage.name
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[3:]), stage.name
 
 
 HEAVY = ("torch", "transformers", "datasets", "accelerate", "optuna")

@@ -19,6 +19,7 @@ from grouppref.pipeline.export.config import ExportConfig
 from grouppref.pipeline.export.stage import run_export
 from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.pipeline.validate.stage import run_validate
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas import ValidatedGroup
 from grouppref.train.engine.model_folder import EMBEDDED_HUB_ID, hub_id, public_name
@@ -120,8 +121,8 @@ def test_train_resume_without_a_checkpoint_leaves_the_run_untouched(tmp_path: Pa
     manifest left saying "running" (the model is never loaded either)."""
     store = _run(tmp_path, n=4)
     with pytest.raises(StageError, match="checkpoint"):
-        run_train(store, TrainConfig(model="/no/such/model"), out_dir=tmp_path / "model",
-                  resume=True)
+        run_train(store, TrainConfig(model="/no/such/model"), StageContext(resume=True),
+                  out_dir=tmp_path / "model")
     assert store.manifest("train") is None
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from grouppref.commands.demo import demo_config, human_config
-from grouppref.runner import STAGES
 from grouppref.runs.store import RunStore
+from grouppref.stages import NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,4 +63,4 @@ def test_demo_configs_validate(tmp_path: Path) -> None:
     human = human_config(full, tmp_path / "argilla", annotators=2)
     assert human.simulate is None and human.label is not None
     assert human.label.min_rankings == 2 and human.label.state_dir == str(tmp_path / "argilla")
-    assert set(STAGES) >= {"label", "simulate"}
+    assert set(NAMES) >= {"label", "simulate"}

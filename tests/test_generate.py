@@ -134,7 +134,7 @@ def test_generate_stage_on_tiny_model(tmp_path: Path, tiny_lm_dir: Path):
     too_long = Prompt(prompt_id="long", text="word " * 600)  # > 512 - 6 tokens
     store = RunStore(tmp_path / "run")
     config = _config(tiny_lm_dir, temperature=0.9, top_p=0.95, seed=5)
-    stage = run_generate(store, config, [*_prompts(3), chat, too_long], show_progress=False)
+    stage = run_generate(store, config, prompts=[*_prompts(3), chat, too_long], show_progress=False)
     counts = stage.manifest.counts
     assert (counts.inputs, counts.outputs, counts.rejected) == (5, 4, 1)
     (reject,) = stage.rejects()
@@ -152,14 +152,14 @@ def test_generate_stage_on_tiny_model(tmp_path: Path, tiny_lm_dir: Path):
     assert len(seeds) == 12
     stats = stage.manifest.stats
     assert stats["candidates"] == 12 and stats["generated_tokens"] >= stats["candidate_tokens"]
-    again = run_generate(store, config, [*_prompts(3), chat, too_long], show_progress=False)
+    again = run_generate(store, config, prompts=[*_prompts(3), chat, too_long], show_progress=False)
     assert again.cached
 
 
 def test_truncate_prompts_keeps_the_last_tokens(tmp_path: Path, tiny_lm_dir: Path):
     too_long = Prompt(prompt_id="long", text="word " * 600)
     stage = run_generate(RunStore(tmp_path), _config(tiny_lm_dir, truncate_prompts=True, k=2),
-                         [too_long], show_progress=False)
+                         prompts=[too_long], show_progress=False)
     assert stage.manifest.counts.outputs == 1
     (part,) = stage.rejects()
     assert part.scope == "part" and "truncated from" in part.reason and "last 506" in part.reason
@@ -169,7 +169,7 @@ def test_duplicates_are_resampled_then_the_group_rejected(tmp_path: Path, tiny_l
     """Temperature 0.001 makes every sample the greedy one (for this tiny model: EOS at once,
     an empty text), so re-sampling cannot help and the group goes to rejects."""
     stage = run_generate(RunStore(tmp_path), _config(tiny_lm_dir, temperature=0.001, k=3,
-                                                     max_resample=2), _prompts(1),
+                                                     max_resample=2), prompts=_prompts(1),
                          show_progress=False)
     assert stage.manifest.counts.rejected == 1 and stage.manifest.counts.outputs == 0
     assert stage.manifest.stats["resampled"] == 3 * 2  # every slot, twice
@@ -196,7 +196,7 @@ def test_mixed_models_in_one_group(tmp_path: Path, tiny_lm_dir: Path):
     load_tokenizer(str(tiny_lm_dir)).save_pretrained(other)
     config = _config(tiny_lm_dir, k=None, models=[ModelShare(name=str(tiny_lm_dir), count=2),
                                                   ModelShare(name=str(other), count=2)])
-    stage = run_generate(RunStore(tmp_path / "run"), config, _prompts(2), show_progress=False)
+    stage = run_generate(RunStore(tmp_path / "run"), config, prompts=_prompts(2), show_progress=False)
     for group in stage.records():
         assert [c.source.model for c in group.candidates] == [str(tiny_lm_dir)] * 2 + [str(other)] * 2
 
@@ -222,7 +222,7 @@ def test_resume_after_sigkill_gives_the_uninterrupted_rows(tmp_path: Path, tiny_
                     os.kill(os.getpid(), signal.SIGKILL)
             StageRun.write_shard = write_then_die
         prompts = [Prompt.model_validate(p) for p in json.loads(prompts_json)]
-        run_generate(RunStore(run), GenerateConfig.model_validate_json(config_json), prompts,
+        run_generate(RunStore(run), GenerateConfig.model_validate_json(config_json), prompts=prompts,
                      show_progress=False)
     """))
     args = [config.model_dump_json(), json.dumps([p.model_dump(mode="json") for p in prompts])]
@@ -234,7 +234,7 @@ def test_resume_after_sigkill_gives_the_uninterrupted_rows(tmp_path: Path, tiny_
     resumed = subprocess.run([sys.executable, str(driver), str(tmp_path / "a"), *args, "-1"],
                              env=env)
     assert resumed.returncode == 0
-    whole = run_generate(RunStore(tmp_path / "b"), config, prompts, show_progress=False)
+    whole = run_generate(RunStore(tmp_path / "b"), config, prompts=prompts, show_progress=False)
     a = RunStore(tmp_path / "a").load_dataset("generate").to_list()
     assert len(a) == 4 and a == whole.dataset().to_list()
     assert RunStore(tmp_path / "a").manifest("generate").counts == whole.manifest.counts
@@ -242,7 +242,7 @@ def test_resume_after_sigkill_gives_the_uninterrupted_rows(tmp_path: Path, tiny_
 
 def test_unknown_model_fails_before_any_work(tmp_path: Path):
     with pytest.raises(ModelNotFoundError, match="no-such-model"):
-        run_generate(RunStore(tmp_path / "run"), _config(tmp_path / "no-such-model"), _prompts(1))
+        run_generate(RunStore(tmp_path / "run"), _config(tmp_path / "no-such-model"), prompts=_prompts(1))
     assert not (tmp_path / "run").exists()
 
 
@@ -357,7 +357,7 @@ def test_embedded_smollm2_candidates_and_retokenised_logp(tmp_path: Path):
     prompts = [Prompt(prompt_id="a", text="What is 2 + 2?"),
                Prompt(prompt_id="b", text="Name a colour.")]
     config = GenerateConfig(k=3, max_new_tokens=8, temperature=0.8, batch_size=6)
-    stage = run_generate(RunStore(tmp_path), config, prompts, show_progress=False)
+    stage = run_generate(RunStore(tmp_path), config, prompts=prompts, show_progress=False)
     assert stage.manifest.counts.outputs == 2
     model, tok = load_causal_lm(None), load_tokenizer(None)
     checked = 0

@@ -16,6 +16,7 @@ import pytest
 
 from grouppref.pipeline.imports.config import ImportConfig
 from grouppref.pipeline.imports.stage import run_import, run_import_candidates
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import ValidatedGroup
 from tests.support.cli import grouppref
@@ -39,7 +40,7 @@ def test_second_run_is_cached_and_counts_add_up(tmp_path: Path) -> None:
     assert first.manifest.stats["layout"] == "nectar" and first.manifest.stats["rows"] == 4
     again = run_import(store, ImportConfig(source=str(source)))
     assert again.cached and again.manifest == first.manifest
-    assert not run_import(store, ImportConfig(source=str(source)), force=True).cached
+    assert not run_import(store, ImportConfig(source=str(source)), StageContext(force=True)).cached
     changed = run_import(store, ImportConfig(source=str(source), annotator="gpt-4-judge"))
     assert not changed.cached
     assert {r.annotator.id for g in changed.records() for r in g.rankings} == {"gpt-4-judge"}

@@ -21,6 +21,7 @@ from grouppref.models.served.protocol import CHAT, validation_problems
 from grouppref.models.served.settings import ServerSettings
 from grouppref.pipeline.rank.config import STAGE_VERSION, RankConfig
 from grouppref.pipeline.rank.stage import run_rank
+from grouppref.runs.stage import StageContext
 from grouppref.schemas import AnnotatedGroup
 from tests.support.factories import imported_run
 from tests.support.judges import GROUPS, LLAMA_NEUTRAL, SHORT_RATING, _judge
@@ -59,7 +60,7 @@ def test_first_question_is_the_check_and_every_mode_is_neutral(
 
     with posted_bodies(monkeypatch) as bodies:
         off = run_rank(store, RankConfig(rankers=[_judge(llama_server, neutral_sampling="off")]),
-                       force=True)
+                       StageContext(force=True))
     assert len(bodies) == 4 and not any(set(LLAMA_NEUTRAL) & set(b) for b in bodies)
     assert all("server_params" not in (r.metadata or {}) for g in off.records() for r in g.rankings)
 

@@ -24,6 +24,7 @@ from grouppref.labeling.select import select_groups
 from grouppref.labeling.stage import WaitingForLabels, run_label
 from grouppref.pipeline.report.config import ReportConfig
 from grouppref.pipeline.report.stage import render_report
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas.label_reports import LabelSelection
 from tests.support.labelling import annotator_http, annotator_records, respond, write_stage
@@ -134,7 +135,7 @@ def test_run_label_says_when_the_audit_groups_fall_short(argilla_server: Any,
     config = LabelRunConfig(push=push, state_dir=str(argilla_server.state_dir))
     shown = io.StringIO()
     with pytest.raises(WaitingForLabels):
-        run_label(store, config, console=Console(file=shown, width=400))
+        run_label(store, config, StageContext(console=Console(file=shown, width=400)))
     text = shown.getvalue()
     assert "label: note: " in text and "in a budget of 3 (--audit-share 0.2)" in text
     assert "a budget of 25 or more at --audit-share 0.2 gives 5" in text

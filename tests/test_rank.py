@@ -18,6 +18,7 @@ from grouppref.models.loading import ModelNotFoundError
 from grouppref.pipeline.rank.config import STAGE_VERSION, RankConfig, load_rank_config
 from grouppref.pipeline.rank.settings import parse_ranker_spec
 from grouppref.pipeline.rank.stage import run_rank
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, CandidateGroup
 from tests.support.factories import make_annotated, make_group, make_ranking
@@ -137,7 +138,7 @@ def test_cache_force_and_resume(tmp_path: Path) -> None:
     first = run_rank(store, config)
     assert not first.cached
     assert run_rank(store, config).cached
-    assert not run_rank(store, config, force=True).cached
+    assert not run_rank(store, config, StageContext(force=True)).cached
     # a run killed after its first shard: the shard on disk is kept, only the rest is computed
     records = first.records()
     partial = store.open_stage("rank", config, input_fingerprint=first.manifest.input_fingerprint,

@@ -19,6 +19,7 @@ from grouppref.pipeline.export.stage import run_export
 from grouppref.pipeline.report.stage import run_report
 from grouppref.runner import load_run_config, run_pipeline
 from grouppref.runs.freshness import read_run_record, run_manifests, stale_causes
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.train.policy.stage import run_train
 from grouppref.train.settings.policy import TrainConfig
@@ -101,14 +102,14 @@ def test_export_train_eval_and_report_refuse_stale_input_in_one_line(
 @pytest.mark.slow  # the stale_run fixture generates with the tiny LM twice
 def test_allow_stale_export_says_so_in_the_card(stale_run: RunStore, tmp_path: Path) -> None:
     config = ExportConfig(to_dir=str(tmp_path / "stale"))
-    stage = run_export(stale_run, config, allow_stale=True)
+    stage = run_export(stale_run, config, StageContext(allow_stale=True))
     card = (tmp_path / "stale" / "README.md").read_text()
     assert "> **Warning.** Made with --allow-stale from stale input: validate (input changed: " \
            "generate)." in card
     # the 3-candidate groups of the first generate, under a card whose lineage says k: 2
     assert "k: 2" in card and stage.manifest.counts.outputs == stale_run.manifest(
         "validate").counts.outputs
-    assert run_export(stale_run, config, allow_stale=True).cached
+    assert run_export(stale_run, config, StageContext(allow_stale=True)).cached
 
 
 @pytest.mark.slow  # the stale_run fixture generates with the tiny LM twice
@@ -117,7 +118,7 @@ def test_allow_stale_report_opens_with_the_stale_stages(stale_run: RunStore,
     from grouppref.pipeline.report.config import ReportConfig
 
     stage = run_report(stale_run, ReportConfig(output=str(tmp_path / "r.html")),
-                       allow_stale=True)
+                       StageContext(allow_stale=True))
     page = Path(stage.outputs["html"]).read_text()
     assert "<b>Stale input.</b> Made with --allow-stale from stale input: rank (input changed: " \
            "generate); simulate (input changed: generate)" in page
@@ -130,7 +131,7 @@ def test_allow_stale_train_says_so_in_the_model_card(stale_run: RunStore, tiny_l
                          data={"max_prompt_length": 64, "max_response_length": 16})
     with pytest.raises(StageError, match="validate is stale"):
         run_train(stale_run, config, out_dir=tmp_path / "model")
-    stage = run_train(stale_run, config, out_dir=tmp_path / "model", allow_stale=True)
+    stage = run_train(stale_run, config, StageContext(allow_stale=True), out_dir=tmp_path / "model")
     card = (tmp_path / "model" / "README.md").read_text()
     assert "> **Warning.** Made with --allow-stale from stale input: validate (input changed: " \
            "generate)." in card

@@ -322,18 +322,19 @@ def test_sweep_stage_of_a_run_in_inspect_and_the_report(tiny_lm_dir: Path, tmp_p
 
 
 def test_the_run_step_starts_from_the_runs_train_section() -> None:
-    from grouppref.runner import PIPELINE, STAGES, RunConfig
+    from grouppref.runner import RunConfig, stage_sections, with_run_defaults
+    from grouppref.stages import NAMES, stage_named
 
     config = RunConfig.model_validate({
         "run_dir": "r", "validate": {"source": "ds"}, "train": {"lr": 1e-3, "loss": "dpo"},
         "sweep": {"params": {"k": [2, 4]}, "budget": "annotation", "amount": 64}})
-    step = next(s for s in PIPELINE if s.stage == "sweep")
-    [section] = step.sections(config)
+    sweep = stage_named("sweep")
+    [section] = stage_sections(with_run_defaults(config), sweep)
     assert section.train.lr == 1e-3 and section.train.loss == "dpo"
-    assert STAGES.index("sweep") == STAGES.index("train") - 1
+    assert NAMES.index("sweep") == NAMES.index("train") - 1
     own = RunConfig.model_validate({"run_dir": "r", "validate": {"source": "ds"},
                                     "train": {"lr": 1e-3}, "sweep": {"train": {"lr": 2e-3}}})
-    assert next(s for s in PIPELINE if s.stage == "sweep").sections(own)[0].train.lr == 2e-3
+    assert stage_sections(with_run_defaults(own), sweep)[0].train.lr == 2e-3
 
 
 def test_the_median_pruner_stops_a_trial_behind_the_median(

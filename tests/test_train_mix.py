@@ -17,6 +17,7 @@ from grouppref.commands import train as train_commands
 from grouppref.errors import ConfigError
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.stage import run_aggregate
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.train.data.tokenize import consensus_kinds
@@ -141,7 +142,7 @@ def test_aggregate_records_the_kinds_its_consensus_used(tmp_path: Path) -> None:
     (row,) = run_aggregate(store, AggregateConfig()).records()
     assert row.consensus_kinds == ["human", "llm_judge"]
     (row,) = run_aggregate(store, AggregateConfig(kind_weights={"human": 0.0}),
-                           force=True).records()
+                           StageContext(force=True)).records()
     assert row.consensus_kinds == ["llm_judge"]  # the human ranking was left out of the fit
     assert MixConfig(schedule="auto=1").source_of(consensus_kinds(row)) == "auto"
     old = row.model_copy(update={"consensus_kinds": None})  # aggregated before the field

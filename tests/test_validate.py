@@ -16,6 +16,7 @@ from grouppref.pipeline.export.config import ExportConfig
 from grouppref.pipeline.export.stage import run_export
 from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.pipeline.validate.stage import load_report, run_validate, split_key, split_of
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas import (
     PairPreference,
@@ -73,7 +74,7 @@ def test_cached_then_forced_and_stale_input(tmp_path: Path) -> None:
     first = run_validate(store, ValidateConfig())
     assert not first.cached
     assert run_validate(store, ValidateConfig()).cached
-    assert not run_validate(store, ValidateConfig(), force=True).cached
+    assert not run_validate(store, ValidateConfig(), StageContext(force=True)).cached
     assert not run_validate(store, ValidateConfig(seed=9)).cached  # new config
     write_aggregate(tmp_path / "run", many_groups(6))  # aggregate re-ran: new input
     again = run_validate(store, ValidateConfig(seed=9))

@@ -13,6 +13,7 @@ from grouppref.commands.output import esc, out, print_stage
 from grouppref.errors import ConfigError
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.simulate.config import SimulateConfig
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas.reports import AggregateReport
 
@@ -41,7 +42,7 @@ def _run_aggregate(config: AggregateConfig, extras: dict[str, Any], force: bool)
     from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
 
     store = RunStore(extras["run"])
-    print_stage(run_aggregate(store, config, force=force))
+    print_stage(run_aggregate(store, config, StageContext(force=force)))
     print_aggregate_report(read_report(store))
 
 
@@ -113,7 +114,7 @@ def _panel(items: list[str]) -> list[dict[str, Any]]:
 def _run_simulate(config: SimulateConfig, extras: dict[str, Any], force: bool) -> None:
     from grouppref.pipeline.simulate.stage import run_simulate
 
-    stage = run_simulate(RunStore(extras["run"]), config, force=force)
+    stage = run_simulate(RunStore(extras["run"]), config, StageContext(force=force))
     print_stage(stage)
     table = Table(title="simulated panel")
     for col in ("annotator", "behavior", "flip rate", "realised", "pairs"):

@@ -13,7 +13,9 @@ from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out, print_stage
 from grouppref.errors import ConfigError
 from grouppref.pipeline.prompts.config import PromptsConfig
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
+from grouppref.stages import position
 
 RunArg = Annotated[Path, typer.Argument(help="Run directory, e.g. runs/demo.", metavar="RUN",
                                        show_default=False)]
@@ -22,9 +24,6 @@ OutOpt = Annotated[Path, typer.Option("--out", help="Run directory to write into
 AllowStale = Annotated[bool, typer.Option(
     "--allow-stale", help="Use a stage's output even when it is stale (an upstream stage "
     "changed after it ran); what is written says so.")]
-# the order of `grouppref run` (kept here so that `inspect` does not import the runner)
-PIPELINE_ORDER = ("prompts", "generate", "import", "rank", "simulate", "label", "aggregate",
-                  "validate", "export", "train_rm", "sweep", "train", "eval", "report")
 
 
 def schema(
@@ -46,7 +45,7 @@ def schema(
 def _run_prompts(config: PromptsConfig, extras: dict[str, Any], force: bool) -> None:
     from grouppref.pipeline.prompts.stage import run_prompts
 
-    print_stage(run_prompts(RunStore(extras["out"]), config, force=force))
+    print_stage(run_prompts(RunStore(extras["out"]), config, StageContext(force=force)))
 
 
 prompts = config_command(
@@ -61,8 +60,7 @@ prompts = config_command(
 
 
 def _order(stage: str) -> tuple[int, str]:
-    head = stage.split("/")[0]
-    return (PIPELINE_ORDER.index(head) if head in PIPELINE_ORDER else len(PIPELINE_ORDER), stage)
+    return (position(stage), stage)
 
 
 def _status(store: RunStore, m: Any, record: Any) -> tuple[str, str | None]:

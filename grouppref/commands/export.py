@@ -12,6 +12,7 @@ from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out, print_stage
 from grouppref.pipeline.export.config import ExportConfig
 from grouppref.pipeline.validate.config import ValidateConfig
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas.reports import ExportReport
 
@@ -20,7 +21,7 @@ def _run_validate(config: ValidateConfig, extras: dict[str, Any], force: bool) -
     from grouppref.pipeline.validate.stage import CHECKS, load_report, run_validate
 
     store = RunStore(extras["run"])
-    stage = run_validate(store, config, force=force)
+    stage = run_validate(store, config, StageContext(force=force))
     report = load_report(store)
     table = Table(title=f"validate {extras['run']}")
     for col in ("check", "failed", "first failure"):
@@ -50,8 +51,8 @@ validate = config_command(
 def _run_export(config: ExportConfig, extras: dict[str, Any], force: bool) -> None:
     from grouppref.pipeline.export.stage import run_export
 
-    stage = run_export(RunStore(extras["run"]), config, force=force,
-                       allow_stale=extras["allow_stale"])
+    stage = run_export(RunStore(extras["run"]), config,
+                       StageContext(force=force, allow_stale=extras["allow_stale"]))
     for reject in stage.rejects()[:20]:
         err.print(f"[red]left out[/] {esc(reject.one_line())}")
     report = ExportReport.model_validate(stage.manifest.stats)

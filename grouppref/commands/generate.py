@@ -14,6 +14,7 @@ from grouppref.errors import ConfigError
 from grouppref.models.served.settings import ServerSettings, parse_server_param
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.imports.config import ImportConfig
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 
 MODEL_HELP = (help_of(GenerateConfig, "models") + " NAME is a Hub id or local path (in process), "
@@ -41,7 +42,7 @@ def _run(config: GenerateConfig, extras: dict[str, Any], force: bool) -> None:
         imported = validate(ImportConfig, {
             "source": extras["import_file"], "split": config.split, "min_k": config.min_k,
             "mapping": config.mapping.model_dump(exclude_unset=True)}, "--import")
-        print_stage(run_import_candidates(store, imported, force=force))
+        print_stage(run_import_candidates(store, imported, StageContext(force=force)))
         return
     if any(m.backend == "transformers" for m in config.models):  # served only: no transformers
         from transformers.utils import logging as hf_logging
@@ -49,7 +50,8 @@ def _run(config: GenerateConfig, extras: dict[str, Any], force: bool) -> None:
         hf_logging.disable_progress_bar()  # our own bar reports the stage
     from grouppref.pipeline.generate.stage import run_generate
 
-    stage = run_generate(store, config, force=force, show_progress=not extras["quiet"])
+    stage = run_generate(store, config, StageContext(force=force),
+                         show_progress=not extras["quiet"])
     print_stage(stage)
     print_server_usage(stage.manifest.stats)
 

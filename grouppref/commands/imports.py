@@ -12,6 +12,7 @@ import typer
 from grouppref.commands.options import Extra, config_command, help_of
 from grouppref.commands.output import err, print_stage
 from grouppref.pipeline.imports.config import ImportConfig
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 
 MAPPING_FLAGS = {"mapping.metadata_columns": "--metadata-column",
@@ -22,7 +23,7 @@ MAPPING_FLAGS = {"mapping.metadata_columns": "--metadata-column",
 def _run(config: ImportConfig, extras: dict[str, Any], force: bool) -> None:
     from grouppref.pipeline.imports.stage import run_import
 
-    stage = run_import(RunStore(extras["out"]), config, force=force)
+    stage = run_import(RunStore(extras["out"]), config, StageContext(force=force))
     s = stage.manifest.stats
     if s.get("layout"):
         annotators = ", ".join(f"{a} ({n})" for a, n in list(s["annotators"].items())[:8])

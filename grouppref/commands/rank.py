@@ -13,6 +13,7 @@ from grouppref.errors import ConfigError
 from grouppref.models.served.settings import NeutralSampling, ServerSettings
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.settings import JudgeRankerSettings, parse_ranker_spec, parse_weights
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 
 RANKER_HELP = ("Ranker SPEC, repeatable: reward:PATH_OR_ID | rule:CHECK[;CHECK...] with CHECK = "
@@ -53,7 +54,7 @@ def _prepare(data: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]:
 def _run(config: RankConfig, extras: dict[str, Any], force: bool) -> None:
     from grouppref.pipeline.rank.stage import run_rank
 
-    stage = run_rank(RunStore(extras["run"]), config, force=force)
+    stage = run_rank(RunStore(extras["run"]), config, StageContext(force=force))
     print_stage(stage)
     for aid, n in stage.manifest.stats.get("rankers", {}).items():
         out.print(f"  {esc(aid)}: {n['ranked']} ranked, {n['skipped']} skipped, "

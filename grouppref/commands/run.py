@@ -7,14 +7,16 @@ from typing import Annotated, Any
 
 import typer
 
-from grouppref.commands.core import PIPELINE_ORDER, AllowStale, RunArg
+from grouppref.commands.core import AllowStale, RunArg
 from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out
 from grouppref.errors import StageError
 from grouppref.pipeline.report.config import ReportConfig
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
+from grouppref.stages import NAMES
 
-_STAGES = ", ".join(s for s in PIPELINE_ORDER if s != "import")
+_STAGES = ", ".join(s for s in NAMES if s != "import")
 
 
 def print_outcome(outcome: Any, run_dir: str) -> None:
@@ -66,7 +68,8 @@ def _report(config: ReportConfig, extras: dict[str, Any], force: bool) -> None:
     store = RunStore(extras["run"])
     if not store.manifests():
         raise StageError(f"{extras['run']}: no stage has run here; give a run directory")
-    stage = run_report(store, config, force=force, allow_stale=extras["allow_stale"])
+    stage = run_report(store, config,
+                       StageContext(force=force, allow_stale=extras["allow_stale"]))
     out.print(f"report: {esc(stage.outputs['html'])}")
 
 

@@ -17,6 +17,7 @@ from grouppref.commands.output import err, esc, out, print_counts, print_stage
 from grouppref.commands.rank import ENSEMBLE_HELP, RANKER_HELP, parse_rankers
 from grouppref.errors import ConfigError
 from grouppref.pipeline.rank.settings import parse_weights
+from grouppref.runs.stage import StageContext
 from grouppref.schemas.reports import EvalReport, TrainStats
 from grouppref.train.settings.evaluation import EvalConfig
 from grouppref.train.settings.mix import MixConfig
@@ -57,9 +58,9 @@ def _run_train(config: TrainConfig, extras: dict[str, Any], force: bool) -> None
     data, where, resume = extras["data"], extras["out"], extras["resume_from"] or extras["resume"]
     main = process_state().is_main_process
     if is_run(data):
-        stage = run_train(RunStore(data), config, force=force, out_dir=where, resume=resume,
-                          reference_cache=extras["reference_cache"],
-                          allow_stale=extras["allow_stale"])
+        context = StageContext(force=force, allow_stale=extras["allow_stale"], resume=resume)
+        stage = run_train(RunStore(data), config, context, out_dir=where,
+                          reference_cache=extras["reference_cache"])
         if main:
             print_stage(stage, name="train")
             _print_stats(TrainStats.model_validate(stage.manifest.stats), stage.outputs["model"])
@@ -168,7 +169,8 @@ def _run_eval(config: EvalConfig, extras: dict[str, Any], force: bool) -> None:
 
     data = extras["data"]
     if is_run(data):
-        stage = run_eval(RunStore(data), config, force=force, allow_stale=extras["allow_stale"])
+        stage = run_eval(RunStore(data), config,
+                         StageContext(force=force, allow_stale=extras["allow_stale"]))
         report = EvalReport.model_validate(stage.manifest.stats)
         print_stage(stage, name="eval")
     else:

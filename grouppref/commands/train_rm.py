@@ -15,6 +15,7 @@ from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out, print_counts, print_stage
 from grouppref.commands.train import DataArg, _fmt, _lora_switch, metrics_table
 from grouppref.errors import ConfigError
+from grouppref.runs.stage import StageContext
 from grouppref.schemas.reports import RewardModelStats
 from grouppref.train.settings.reward_model import RewardModelConfig
 
@@ -28,8 +29,8 @@ def _run_train_rm(config: RewardModelConfig, extras: dict[str, Any], force: bool
     data, where, resume = extras["data"], extras["out"], extras["resume_from"] or extras["resume"]
     main = process_state().is_main_process
     if is_run(data):
-        stage = run_train_rm(RunStore(data), config, force=force, out_dir=where, resume=resume,
-                             allow_stale=extras["allow_stale"])
+        context = StageContext(force=force, allow_stale=extras["allow_stale"], resume=resume)
+        stage = run_train_rm(RunStore(data), config, context, out_dir=where)
         if main:
             print_stage(stage, name="train_rm")
             _print_stats(RewardModelStats.model_validate(stage.manifest.stats),

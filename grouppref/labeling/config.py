@@ -156,5 +156,5 @@ def _reads(config: LabelRunConfig) -> tuple[str, ...]:
 
 
 LABEL = StageSpec(
-    name=LABEL_STAGE, config=LabelRunConfig, entry="grouppref.labeling.stage:run_label",
+    name=LABEL_STAGE, config=LabelRunConfig,
     summary="Push to Argilla, wait for human rankings, pull them into RUN/label.", reads=_reads)

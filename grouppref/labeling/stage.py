@@ -41,7 +41,7 @@ from grouppref.labeling.config import LABEL_STAGE, SOURCE_STAGES, LabelRunConfig
 from grouppref.labeling.pull import DatasetState, dataset_names, fetch_state, pull_run
 from grouppref.labeling.push import load_groups, plan_selection, push_run, write_selection
 from grouppref.pipeline.report.selection import audit_note
-from grouppref.runs.stage import Waiting
+from grouppref.runs.stage import StageContext, Waiting
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup
 from grouppref.schemas.label_reports import LabelSelection
@@ -150,8 +150,8 @@ def _state(store: RunStore, push: PushConfig, client: ArgillaClient, creds: Argi
         return fetch_state(client, names, push.workspace)
 
 
-def run_label(store: RunStore, config: LabelRunConfig, force: bool = False, *,
-              wait: bool = False, console: Console | None = None) -> StageRun[AnnotatedGroup]:
+def run_label(store: RunStore, config: LabelRunConfig,
+              context: StageContext = StageContext()) -> StageRun[AnnotatedGroup]:
     """Push, check progress and pull (see the module docstring).
 
     Raises:
@@ -159,7 +159,7 @@ def run_label(store: RunStore, config: LabelRunConfig, force: bool = False, *,
         ConfigError: no Argilla server, or the dataset's schema differs from the run's.
         ArgillaConnectionError: the server failed after the retries.
     """
-    console = console or Console()
+    console = context.console or Console()
     creds = credentials(config)
     workspace = creds.workspace or config.push.workspace
     push = config.push.model_copy(update={
@@ -169,7 +169,7 @@ def run_label(store: RunStore, config: LabelRunConfig, force: bool = False, *,
     ids, chosen = selection.ids, set(selection.ids)
     names = dataset_names(push.dataset_name(store), [g for g in groups if g.group_id in chosen])
     with connect(creds, ClientSettings()) as client:
-        _push(store, push, client, creds, console, force, selection)
+        _push(store, push, client, creds, console, context.force, selection)
         last = ""
         while True:
             state = _state(store, push, client, creds, console, names, selection)
@@ -185,12 +185,12 @@ def run_label(store: RunStore, config: LabelRunConfig, force: bool = False, *,
                        f"each, the run needs {progress.needed}; rank them in Argilla at "
                        f"{creds.api_url} (datasets {', '.join(names)}, workspace "
                        f"{workspace!r})")
-            if not wait:
+            if not context.wait:
                 raise WaitingForLabels(message + ", then run again")
             time.sleep(config.poll_seconds)
         pull = PullConfig(dataset=push.dataset, workspace=workspace,
                           source_stage=push.source_stage)
-        return pull_run(store, pull, client, force=force, progress=False).stage
+        return pull_run(store, pull, client, force=context.force, progress=False).stage
 
 
 def label_summary(stage: StageRun[Any]) -> str:

@@ -7,10 +7,14 @@ loading models):
 * ``name``: its folder in the run (``RUN/<name>/``);
 * ``config``: its settings, a pydantic model with ``extra="forbid"`` whose fields are the CLI
   options (:mod:`grouppref.commands.options`) and the ``grouppref run`` config section;
-* ``entry``: ``"module:function"`` of the function that runs it, always
-  ``run(store: RunStore, config, *, force: bool = False) -> StageRun``;
 * ``reads``: the stages of the run it reads (given its settings), which order the run and
   make it stale when they change.
+
+Its run function has one call shape, :class:`StageFunction`:
+``run(store: RunStore, config, context: StageContext = StageContext()) -> StageRun``; the
+:class:`StageContext` carries what is chosen at run time and never changes a cache key (force,
+allow-stale, wait, console, resume). The registry of the stages, in order, with their
+functions, is :mod:`grouppref.stages`.
 
 The function opens the stage with :meth:`RunStore.open_stage` (which decides cached / resume /
 fresh from the settings and the input), does its work in shards, and returns the
@@ -21,12 +25,13 @@ Argilla dataset) are ``finish(outputs=...)`` locations under the same manifest a
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
+from rich.console import Console
 
 from grouppref.runs.store import RunStore, StageRun
 
@@ -43,17 +48,38 @@ class StageSpec(Generic[C]):
 
     name: str
     config: type[C]
-    entry: str
     summary: str
     reads: Callable[[C], tuple[str, ...]] = field(default=_reads_nothing)
 
-    def function(self) -> Callable[..., StageRun[Any]]:
-        """The run function, imported on first use (stages import torch; specs do not)."""
-        module, _, attr = self.entry.partition(":")
-        return getattr(importlib.import_module(module), attr)
 
-    def run(self, store: RunStore, config: C, *, force: bool = False) -> StageRun[Any]:
-        return self.function()(store, config, force=force)
+@dataclass(frozen=True)
+class StageContext:
+    """How a stage runs this time; none of it is a setting, so none of it changes a cache key.
+
+    Attributes:
+        force (bool): run again even when a complete result with the same key exists.
+        allow_stale (bool): use a stale input (export, train_rm, sweep, train, eval, report;
+            what they write says so) instead of refusing it.
+        wait (bool): the label stage polls Argilla until enough rankings are in instead of
+            stopping the run.
+        console (Console | None): where a stage that talks while it works (label) prints;
+            None: its own default.
+        resume (bool | str | Path): train and train_rm continue from the newest checkpoint
+            (True) or the given one instead of starting again (never answered from the cache).
+    """
+
+    force: bool = False
+    allow_stale: bool = False
+    wait: bool = False
+    console: Console | None = None
+    resume: bool | str | Path = False
+
+
+class StageFunction(Protocol):
+    """The one call shape of a stage's run function."""
+
+    def __call__(self, store: RunStore, config: Any, context: StageContext = ...,
+                 /) -> StageRun[Any]: ...
 
 
 class Waiting(Exception):  # noqa: N818 - a state, not an error

@@ -225,6 +225,6 @@ def trial_train_config(base: TrainConfig, params: dict[str, Any]) -> TrainConfig
     return validate(TrainConfig, data, "trial")
 
 
-SWEEP = StageSpec(name="sweep", config=SweepConfig, entry="grouppref.sweep.run:run_sweep_stage",
+SWEEP = StageSpec(name="sweep", config=SweepConfig,
                   summary="Sweep group size and training settings on RUN/validate "
                   "(RUN/sweep: summary, plot, best.yaml).", reads=lambda config: ("validate",))

@@ -9,6 +9,7 @@ from typing import Any
 
 from grouppref.config import redact_credentials
 from grouppref.errors import ConfigError
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas.sweep import SweepSummary
 from grouppref.sweep.config import SweepConfig
@@ -73,13 +74,13 @@ def sweep_data(source: str | Path, config: SweepConfig, out_dir: str | Path | No
     return summary
 
 
-def run_sweep_stage(store: RunStore, config: SweepConfig, force: bool = False, *,
-                    allow_stale: bool = False) -> StageRun[Any]:
+def run_sweep_stage(store: RunStore, config: SweepConfig,
+                    context: StageContext = StageContext()) -> StageRun[Any]:
     """The ``sweep`` step of ``grouppref run``: the sweep on RUN/validate into RUN/sweep
     (progress lines on stderr)."""
     import sys
 
     out = store.stage_dir(STAGE)
-    sweep_data(store.root, config, out, allow_stale=allow_stale, force=force,
+    sweep_data(store.root, config, out, allow_stale=context.allow_stale, force=context.force,
                progress=lambda line: print(line, file=sys.stderr, flush=True))
     return StageRun(store, store.require(STAGE), None, cached=False)

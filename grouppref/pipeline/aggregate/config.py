@@ -121,5 +121,5 @@ def _reads(config: AggregateConfig) -> tuple[str, ...]:
 
 
 AGGREGATE = StageSpec(
-    name=STAGE, config=AggregateConfig, entry="grouppref.pipeline.aggregate.stage:run_aggregate",
+    name=STAGE, config=AggregateConfig,
     summary="Fit Bradley-Terry per group into RUN/aggregate.", reads=_reads)

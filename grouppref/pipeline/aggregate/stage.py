@@ -38,6 +38,7 @@ from grouppref.pipeline.aggregate.parse import (
 )
 from grouppref.readers.published import annotated_rows, open_published
 from grouppref.runs.progress import stage_progress
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import AggregateReport
@@ -125,8 +126,8 @@ def fit_parsed(parsed: ParsedInput, config: AggregateConfig) -> Aggregation:
     return Aggregation(rel=rel, fit=fit_np, dec=decide(ann, rel, fit_np, config), targets=targets)
 
 
-def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
-                  ) -> StageRun[ValidatedGroup]:
+def run_aggregate(store: RunStore, config: AggregateConfig,
+                  context: StageContext = StageContext()) -> StageRun[ValidatedGroup]:
     """Aggregate the rankings of every group of the input stage into ValidatedGroups.
 
     Bad rankings become part-rejects (the rest of the group is kept); unusable rows and rows
@@ -146,7 +147,7 @@ def run_aggregate(store: RunStore, config: AggregateConfig, force: bool = False
     got = _input(store, config)
     stage = store.open_stage(STAGE, got.config, input_fingerprint=got.fingerprint,
                              inputs=got.reads, record_type=ValidatedGroup,
-                             stage_version=STAGE_VERSION, force=force)
+                             stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
     parsed = parse_rows(got.rows, got.source, STAGE)

@@ -135,5 +135,5 @@ def _reads(config: ExportConfig) -> tuple[str, ...]:
 
 
 EXPORT = StageSpec(
-    name=STAGE, config=ExportConfig, entry="grouppref.pipeline.export.stage:run_export",
+    name=STAGE, config=ExportConfig,
     summary="Export RUN/validate to a folder, Parquet or the Hub (RUN/export/<target>).", reads=_reads)

@@ -37,6 +37,7 @@ from grouppref.pipeline.export.card import dataset_card
 from grouppref.pipeline.export.config import INPUT_STAGE, SPLITS, STAGE, STAGE_VERSION, ExportConfig
 from grouppref.runs.freshness import require_fresh
 from grouppref.runs.hashing import canonical_json, sha256_text
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup, to_dataset
 from grouppref.schemas.reports import ExportReport
@@ -280,17 +281,17 @@ def _write_target(store: RunStore, dsd: datasets.DatasetDict, card: str,
     return f"hub:{config.hub}", _push(dsd, card, config.hub or "", config, shards)
 
 
-def run_export(store: RunStore, config: ExportConfig, force: bool = False, *,
-               allow_stale: bool = False) -> StageRun[Any]:
+def run_export(store: RunStore, config: ExportConfig,
+               context: StageContext = StageContext()) -> StageRun[Any]:
     """Export ``RUN/validate`` in ``config.format`` to ``config``'s target, recorded in
     ``RUN/export/<target>/`` (its own manifest, rejects and cache entry per target).
 
     Args:
         store (RunStore): the run; only its ``validate`` output is read.
         config (ExportConfig): format, target, split and card settings.
-        force (bool): export again even when the same export of the same input exists.
-        allow_stale (bool): export a stale validate output (the card says so) instead of
-            refusing it.
+        context (StageContext): ``force``: export again even when the same export of the same
+            input exists; ``allow_stale``: export a stale validate output (the card says so)
+            instead of refusing it.
 
     Returns:
         StageRun: ``manifest.stats`` is an :class:`~grouppref.schemas.reports.ExportReport`,
@@ -300,13 +301,13 @@ def run_export(store: RunStore, config: ExportConfig, force: bool = False, *,
         StageError: validate has not run, is stale, or nothing is left to export.
         ConfigError: a bad target, or ``--hub`` without a token.
     """
-    groups, stale = load_validated(store, allow_stale)
+    groups, stale = load_validated(store, context.allow_stale)
     groups = [g for g in groups if config.split in (None, g.split)]
     # a stale export is another output (its card says so): it joins the cache key
     marker = sha256_text(canonical_json({"stale": stale})) if stale else ""
     stage = store.open_stage(config.stage_name(), config, input_fingerprint=marker,
                              inputs=[INPUT_STAGE], record_type=None,
-                             stage_version=STAGE_VERSION, force=force)
+                             stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
     dsd, skipped, rejects = build_dataset(groups, config)

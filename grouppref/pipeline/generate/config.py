@@ -216,5 +216,5 @@ def _reads(config: GenerateConfig) -> tuple[str, ...]:
 
 
 GENERATE = StageSpec(
-    name=STAGE, config=GenerateConfig, entry="grouppref.pipeline.generate.stage:run_generate",
+    name=STAGE, config=GenerateConfig,
     summary="Sample K candidates per prompt into RUN/generate.", reads=_reads)

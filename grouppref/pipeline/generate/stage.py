@@ -34,6 +34,7 @@ from grouppref.readers.prompts import read_prompts
 from grouppref.runs.hashing import fingerprint_records, sha256_text
 from grouppref.runs.manifest import Manifest
 from grouppref.runs.progress import stage_progress
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import SHARDS, RunStore, StageRun
 from grouppref.schemas import CandidateGroup, Prompt, Reject, make_group_id
 
@@ -105,16 +106,18 @@ def _fingerprint(slot: ModelSlot) -> str:
     return model_fingerprint(slot.path)
 
 
-def run_generate(store: RunStore, config: GenerateConfig, prompts: Sequence[Prompt] | None = None,
-                 force: bool = False, show_progress: bool = True) -> StageRun[CandidateGroup]:
+def run_generate(store: RunStore, config: GenerateConfig, context: StageContext = StageContext(),
+                 *, prompts: Sequence[Prompt] | None = None,
+                 show_progress: bool = True) -> StageRun[CandidateGroup]:
     """Sample ``config.k`` candidates for every prompt into ``RUN/generate``.
 
     Args:
         store (RunStore): the run.
         config (GenerateConfig): validated settings.
+        context (StageContext): ``force``: re-run even when a complete result with the same
+            key exists.
         prompts (Sequence[Prompt] | None): prompts to use; when None, ``config.source`` is read,
             or, when that is None too, the run's ``prompts`` stage.
-        force (bool): re-run even when a complete result with the same key exists.
         show_progress (bool): draw the progress bar (prompts/s and tokens/s).
 
     Returns:
@@ -135,7 +138,7 @@ def run_generate(store: RunStore, config: GenerateConfig, prompts: Sequence[Prom
     reads = ["prompts"] if prompts is None and config.source is None else []
     key: dict[str, Any] = {"input_fingerprint": fingerprint, "inputs": reads,
                            "stage_version": STAGE_VERSION}
-    if not force and store.cached(STAGE, cfg, **key) is not None:
+    if not context.force and store.cached(STAGE, cfg, **key) is not None:
         return store.open_stage(STAGE, cfg, record_type=CandidateGroup, **key)
     with ExitStack() as stack:
         served = None
@@ -143,10 +146,10 @@ def run_generate(store: RunStore, config: GenerateConfig, prompts: Sequence[Prom
         if config.served():
             pool = stack.enter_context(ServerPool(server_settings(config), seed=config.seed))
             served = ServedSampler(pool, config)
-            fresh = force or previous is None or previous.status != "running"
+            fresh = context.force or previous is None or previous.status != "running"
             # before the stage is opened; a fresh stage's first draws do the checking
             served.check([s for s in slots if s.served], items, first_draws=fresh)
-        stage = store.open_stage(STAGE, cfg, record_type=CandidateGroup, force=force, **key)
+        stage = store.open_stage(STAGE, cfg, record_type=CandidateGroup, force=context.force, **key)
         stage.add_rejects("input", loaded.rejects)
         worker = ShardGenerator(slots, encoders, config, served)
         usage = _Usage(served.pool if served else None,

@@ -112,13 +112,12 @@ def _reads(config: ImportConfig) -> tuple[str, ...]:
 
 
 IMPORT = StageSpec(
-    name=STAGE, config=ImportConfig, entry="grouppref.pipeline.imports.stage:run_import",
+    name=STAGE, config=ImportConfig,
     summary="Import groups with their rankings (or candidates only) into RUN/import.",
     reads=_reads)
 
 
 IMPORT_CANDIDATES = StageSpec(
     name=CANDIDATES_STAGE, config=ImportConfig,
-    entry="grouppref.pipeline.imports.stage:run_import_candidates",
     summary="Import candidates made elsewhere into RUN/generate (generate --import).",
     reads=_reads)

@@ -24,6 +24,7 @@ from grouppref.pipeline.imports.config import (
 from grouppref.pipeline.imports.layouts import READERS, context, detect, peek
 from grouppref.pipeline.imports.layouts.raw_groups import Imported
 from grouppref.readers.rows import iter_rows, source_fingerprint
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject
 
@@ -51,8 +52,8 @@ def _settings(config: ImportConfig) -> ImportConfig:
     return config.model_copy(update={"source": str(Path(config.source))})
 
 
-def run_import(store: RunStore, config: ImportConfig, force: bool = False
-               ) -> StageRun[AnnotatedGroup]:
+def run_import(store: RunStore, config: ImportConfig,
+               context: StageContext = StageContext()) -> StageRun[AnnotatedGroup]:
     """Import ``config.source`` into ``RUN/import``; bad rows and parts go to rejects.
 
     Raises:
@@ -60,7 +61,7 @@ def run_import(store: RunStore, config: ImportConfig, force: bool = False
     """
     stage = store.open_stage(STAGE, _settings(config),
                              input_fingerprint=source_fingerprint(str(config.source)),
-                             record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=force)
+                             record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
     imported = read_import(config)
@@ -70,15 +71,15 @@ def run_import(store: RunStore, config: ImportConfig, force: bool = False
     return stage.finish(inputs=imported.units, stats=imported.stats)
 
 
-def run_import_candidates(store: RunStore, config: ImportConfig, force: bool = False
-                          ) -> StageRun[CandidateGroup]:
+def run_import_candidates(store: RunStore, config: ImportConfig,
+                          context: StageContext = StageContext()) -> StageRun[CandidateGroup]:
     """``generate --import``: the candidates of ``config.source`` into ``RUN/generate``; a
     group's rankings are not kept (a part-reject says how many, and that ``grouppref import``
     keeps them)."""
     stage = store.open_stage(CANDIDATES_STAGE, _settings(config),
                              input_fingerprint=source_fingerprint(str(config.source)),
                              record_type=CandidateGroup, stage_version=CANDIDATES_VERSION,
-                             force=force)
+                             force=context.force)
     if stage.cached:
         return stage
     imported = read_import(config, stage=CANDIDATES_STAGE)

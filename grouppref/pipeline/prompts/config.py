@@ -25,5 +25,5 @@ class PromptsConfig(BaseModel):
     limit: int | None = Field(default=None, ge=1, description="Read only the first N rows.")
 
 PROMPTS = StageSpec(
-    name=STAGE, config=PromptsConfig, entry="grouppref.pipeline.prompts.stage:run_prompts",
+    name=STAGE, config=PromptsConfig,
     summary="Read and validate prompts into RUN/prompts.")

@@ -6,17 +6,19 @@ from pathlib import Path
 
 from grouppref.pipeline.prompts.config import STAGE, STAGE_VERSION, PromptsConfig
 from grouppref.readers.prompts import read_prompts
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Prompt
 
 
-def run_prompts(store: RunStore, config: PromptsConfig, force: bool = False) -> StageRun[Prompt]:
+def run_prompts(store: RunStore, config: PromptsConfig,
+                context: StageContext = StageContext()) -> StageRun[Prompt]:
     """Read ``config.source`` into ``RUN/prompts``; bad rows go to rejects with their reason."""
     result = read_prompts(config.source, config.mapping, stage=STAGE, split=config.split,
                           limit=config.limit)
     cfg = config.model_copy(update={"source": str(Path(config.source))})
     stage = store.open_stage(STAGE, cfg, input_fingerprint=result.fingerprint, record_type=Prompt,
-                             stage_version=STAGE_VERSION, force=force)
+                             stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
     stage.add_rejects("input", result.rejects)

@@ -87,5 +87,5 @@ def _reads(config: RankConfig) -> tuple[str, ...]:
 
 
 RANK = StageSpec(
-    name=STAGE, config=RankConfig, entry="grouppref.pipeline.rank.stage:run_rank",
+    name=STAGE, config=RankConfig,
     summary="Rank every group with automatic rankers into RUN/rank.", reads=_reads)

@@ -32,6 +32,7 @@ from grouppref.pipeline.rank.settings import (
 from grouppref.pipeline.rank.shard_scoring import ShardScorer
 from grouppref.runs.hashing import sha256_text
 from grouppref.runs.progress import stage_progress
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking, Reject, from_row
 
@@ -123,7 +124,8 @@ def _model_fingerprints(rankers: list[Ranker]) -> list[str]:
     return [model_fingerprint(path) for r in rankers if (path := r.model_path()) is not None]
 
 
-def run_rank(store: RunStore, config: RankConfig, force: bool = False) -> StageRun[AnnotatedGroup]:
+def run_rank(store: RunStore, config: RankConfig,
+             context: StageContext = StageContext()) -> StageRun[AnnotatedGroup]:
     """Rank every group of ``config.input_stage`` with every ranker; write ``RUN/rank``.
 
     Models are checked (path or Hub id, architecture, one output for a reward model) before
@@ -147,12 +149,12 @@ def run_rank(store: RunStore, config: RankConfig, force: bool = False) -> StageR
     key: dict[str, Any] = {"input_fingerprint": fingerprint, "inputs": [config.input_stage],
                            "stage_version": STAGE_VERSION}
     with scorer:  # served judges hold a connection pool
-        if force or store.cached(STAGE, config, **key) is None:
+        if context.force or store.cached(STAGE, config, **key) is None:
             # served judges: reach the servers before the stage opens; a fresh stage's first
             # questions do the checking (kept for its first shard), a resumed one sends probes
-            fresh = force or previous is None or previous.status != "running"
+            fresh = context.force or previous is None or previous.status != "running"
             scorer.connect(groups[0][1] if fresh and groups else None)
-        stage = store.open_stage(STAGE, config, record_type=AnnotatedGroup, force=force, **key)
+        stage = store.open_stage(STAGE, config, record_type=AnnotatedGroup, force=context.force, **key)
         if stage.cached:
             return stage
         stage.add_rejects("input", [r for r in parsed if isinstance(r, Reject)])

@@ -24,5 +24,5 @@ class ReportConfig(BaseModel):
                                     "shown per stage.")
 
 REPORT = StageSpec(
-    name=STAGE, config=ReportConfig, entry="grouppref.pipeline.report.stage:run_report",
+    name=STAGE, config=ReportConfig,
     summary="Render the run's HTML report into RUN/report.")

@@ -37,6 +37,7 @@ from grouppref.pipeline.report.training_curves import MetricsRead, curves, read_
 from grouppref.runs.freshness import rerun_chain, run_manifests, stale_causes, stale_note, step_of
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.manifest import Manifest, read_rejects
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import ValidatedGroup  # noqa: E402
 from grouppref.schemas.reports import AggregateReport, EvalReport, ServerUsage  # noqa: E402
@@ -317,15 +318,15 @@ def render_report(store: RunStore, config: ReportConfig,
             f"&middot; generated {now}</p><nav class='muted'>{nav}</nav>{body}</body></html>")
 
 
-def run_report(store: RunStore, config: ReportConfig | None = None, force: bool = False, *,
-               allow_stale: bool = False) -> StageRun[Any]:
+def run_report(store: RunStore, config: ReportConfig | None = None,
+               context: StageContext = StageContext()) -> StageRun[Any]:
     """Write the run's report; cached until a stage it describes changes.
 
     Args:
         store (RunStore): the run.
         config (ReportConfig | None): the settings.
-        force (bool): render again even when nothing changed.
-        allow_stale (bool): render stale stages too, under a warning, instead of refusing.
+        context (StageContext): ``force``: render again even when nothing changed;
+            ``allow_stale``: render stale stages too, under a warning, instead of refusing.
 
     Returns:
         StageRun: ``manifest.outputs["html"]`` is the file written.
@@ -337,7 +338,7 @@ def run_report(store: RunStore, config: ReportConfig | None = None, force: bool 
     path = Path(config.output) if config.output else store.stage_dir(STAGE) / "report.html"
     view = RunView(store)
     stale = view.stale()
-    if stale and not allow_stale:
+    if stale and not context.allow_stale:
         step = step_of(rerun_chain(store, next(iter(stale)))[0])
         raise StageError(
             f"{store.root}: {len(stale)} stage(s) the report would describe are stale: "
@@ -349,7 +350,7 @@ def run_report(store: RunStore, config: ReportConfig | None = None, force: bool 
     when = sha256_text(canonical_json({"stages": [[m.stage, m.finished_at] for m in described],
                                        "stale": stale}))
     stage = store.open_stage(STAGE, config, input_fingerprint=when,
-                             inputs=[m.stage for m in described], record_type=None, force=force)
+                             inputs=[m.stage for m in described], record_type=None, force=context.force)
     if stage.cached:
         return stage
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -63,5 +63,5 @@ def _reads(config: SimulateConfig) -> tuple[str, ...]:
 
 
 SIMULATE = StageSpec(
-    name=STAGE, config=SimulateConfig, entry="grouppref.pipeline.simulate.stage:run_simulate",
+    name=STAGE, config=SimulateConfig,
     summary="Add a simulated annotator panel into RUN/simulate.", reads=_reads)

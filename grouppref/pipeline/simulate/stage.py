@@ -31,6 +31,7 @@ from grouppref.pipeline.simulate.config import (
     SimulateConfig,
 )
 from grouppref.runs.progress import stage_progress
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking, Reject, from_row
 
@@ -197,8 +198,8 @@ def _simulate_one(group: AnnotatedGroup, config: SimulateConfig, rng: np.random.
     return out
 
 
-def run_simulate(store: RunStore, config: SimulateConfig, force: bool = False
-                 ) -> StageRun[AnnotatedGroup]:
+def run_simulate(store: RunStore, config: SimulateConfig,
+                 context: StageContext = StageContext()) -> StageRun[AnnotatedGroup]:
     """Add a simulated panel's rankings to the groups of ``config.input_stage``.
 
     Rows that fail validation, or have no ranking to take the truth from, are rejected with
@@ -215,7 +216,7 @@ def run_simulate(store: RunStore, config: SimulateConfig, force: bool = False
                          f"{manifest.record_type} rows, not AnnotatedGroup")
     rows = list(store.load_dataset(config.input_stage))
     stage = store.open_stage(STAGE, config, inputs=[config.input_stage],
-                             record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=force)
+                             record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
     with stage_progress() as bar:

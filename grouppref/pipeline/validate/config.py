@@ -46,6 +46,6 @@ def _reads(config: ValidateConfig) -> tuple[str, ...]:
 
 
 VALIDATE = StageSpec(
-    name=STAGE, config=ValidateConfig, entry="grouppref.pipeline.validate.stage:run_validate",
+    name=STAGE, config=ValidateConfig,
     summary="Check and split the aggregated groups (or a published dataset) into RUN/validate.",
     reads=_reads)

@@ -51,6 +51,7 @@ from grouppref.readers.pairs import FROM_PAIR
 from grouppref.readers.published import open_published, validated_rows
 from grouppref.runs.hashing import canonical_json
 from grouppref.runs.progress import stage_progress
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import DATA, RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup, check_tiers, from_row, normalise_text
 
@@ -339,15 +340,15 @@ def _input(store: RunStore, config: ValidateConfig
     return ds, [], str(store.stage_dir(INPUT_STAGE) / DATA), "", [INPUT_STAGE]
 
 
-def run_validate(store: RunStore, config: ValidateConfig, force: bool = False
-                 ) -> StageRun[ValidatedGroup]:
+def run_validate(store: RunStore, config: ValidateConfig,
+                 context: StageContext = StageContext()) -> StageRun[ValidatedGroup]:
     """Check ``RUN/aggregate`` (or ``config.source``) row by row; write the rows that pass,
     split, to ``RUN/validate``.
 
     Args:
         store (RunStore): the run.
         config (ValidateConfig): source, split and check settings.
-        force (bool): re-run even when the cached result is valid.
+        context (StageContext): ``force``: re-run even when the cached result is valid.
 
     Returns:
         StageRun[ValidatedGroup]: the stage; ``RUN/validate/report.json`` holds the report.
@@ -359,7 +360,7 @@ def run_validate(store: RunStore, config: ValidateConfig, force: bool = False
     """
     ds, read_rejects, source, fingerprint, reads = _input(store, config)
     stage = store.open_stage(STAGE, config, input_fingerprint=fingerprint, inputs=reads,
-                             record_type=ValidatedGroup, stage_version=STAGE_VERSION, force=force)
+                             record_type=ValidatedGroup, stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
     plan = _plan(ds, config, source)

@@ -14,6 +14,7 @@ from grouppref.models.loading import load_causal_lm, load_tokenizer, model_finge
 from grouppref.runs.freshness import require_fresh
 from grouppref.runs.hashing import sha256_text
 from grouppref.runs.manifest import Manifest
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, Shard, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import EvalReport
@@ -132,8 +133,8 @@ def resolve_from_train(config: EvalConfig, train: Manifest | None) -> EvalConfig
     return config.model_copy(update=update)
 
 
-def run_eval(store: RunStore, config: EvalConfig, force: bool = False, *,
-             allow_stale: bool = False) -> StageRun[ValidatedGroup]:
+def run_eval(store: RunStore, config: EvalConfig,
+             context: StageContext = StageContext()) -> StageRun[ValidatedGroup]:
     """The ``eval`` stage: compare the trained model with its starting point on RUN/validate's
     held-out split; writes ``RUN/eval/metrics.json`` and the groups scored.
 
@@ -141,19 +142,19 @@ def run_eval(store: RunStore, config: EvalConfig, force: bool = False, *,
         StageError: RUN/validate is missing or stale (or RUN/train is, when it is read; both
             allowed with ``allow_stale``), or there is nothing to evaluate.
     """
-    data = load_groups(store.root, stage=STAGE, allow_stale=allow_stale)
+    data = load_groups(store.root, stage=STAGE, allow_stale=context.allow_stale)
     resolved = resolve_from_train(config, store.manifest("train"))
     models = [m for m in (resolved.model, resolved.baseline, resolved.ref_model) if m]
     fp = sha256_text("|".join(model_fingerprint(m) for m in models))
     reads = ["validate", *(["train"] if store.is_complete("train") else [])]
-    stale = data.stale + [c for c in (require_fresh(store, "train", allow_stale=allow_stale,
+    stale = data.stale + [c for c in (require_fresh(store, "train", allow_stale=context.allow_stale,
                                                     use="evaluate it")
                                       if "train" in reads else []) if c not in data.stale]
     if stale:  # an evaluation of stale input is another output: it joins the cache key
         fp = sha256_text(f"{fp}|stale:{','.join(stale)}")
     stage = store.open_stage(STAGE, resolved, input_fingerprint=fp, inputs=reads,
                              record_type=ValidatedGroup,
-                             stage_version=STAGE_VERSION, force=force)
+                             stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
     found = compare_models(data.groups, resolved, cache_dir=stage.dir / "reference")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from grouppref.runs.hashing import canonical_json, sha256_text
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import TrainStats
@@ -41,21 +42,20 @@ def _stage_config(config: TrainConfig, out_dir: Path) -> dict[str, Any]:
     return {"train": config.model_dump(mode="json"), "out": str(out_dir)}
 
 
-def run_train(store: RunStore, config: TrainConfig, force: bool = False, *,
-              out_dir: str | Path | None = None, resume: bool | str | Path = False,
-              reference_cache: Path | None = None,
-              allow_stale: bool = False) -> StageRun[ValidatedGroup]:
+def run_train(store: RunStore, config: TrainConfig, context: StageContext = StageContext(), *,
+              out_dir: str | Path | None = None,
+              reference_cache: Path | None = None) -> StageRun[ValidatedGroup]:
     """Train on the run's validated groups (see the module docstring).
 
     Args:
         store (RunStore): the run; its ``validate`` stage is read.
         config (TrainConfig): the settings.
-        force (bool): train again even when ``RUN/train`` is cached.
+        context (StageContext): ``force``: train again even when ``RUN/train`` is cached;
+            ``resume``: continue from the latest (True) or a given checkpoint; ``allow_stale``:
+            train on a stale validate output (the model card says so).
         out_dir (str | Path | None): where the model goes (default ``RUN/train/model``).
-        resume (bool | str | Path): continue from the latest (True) or a given checkpoint.
         reference_cache (Path | None): reference log-prob cache (default
             ``RUN/train/reference``).
-        allow_stale (bool): train on a stale validate output (the model card says so).
 
     Returns:
         StageRun[ValidatedGroup]: the groups used; ``manifest.stats`` are the training
@@ -64,18 +64,18 @@ def run_train(store: RunStore, config: TrainConfig, force: bool = False, *,
     Raises:
         StageError: validate has not run, is stale, or no group is trainable.
     """
-    data = load_groups(store.root, allow_stale=allow_stale)
+    data = load_groups(store.root, allow_stale=context.allow_stale)
     out = Path(out_dir) if out_dir is not None else store.stage_dir(STAGE) / "model"
     settings = _stage_config(config, out)
     # a model trained on stale data carries a card that says so: another output, another key
     marker = sha256_text(canonical_json({"stale": data.stale})) if data.stale else ""
-    if resume:  # a missing or incompatible checkpoint fails before the stage is touched
-        checkpoint.check_compatible(checkpoint.find(out, resume), config)
+    if context.resume:  # a missing or incompatible checkpoint fails before the stage is touched
+        checkpoint.check_compatible(checkpoint.find(out, context.resume), config)
     stage = open_training_stage(store, STAGE, settings, marker, STAGE_VERSION,
-                                reuse=not force and not resume)
+                                reuse=not context.force and not context.resume)
     if stage is not None and stage.cached:
         return stage
-    result = train(config, data.groups, out, resume=resume,
+    result = train(config, data.groups, out, resume=context.resume,
                    reference_cache=reference_cache or store.stage_dir(STAGE) / "reference",
                    refresh_dir=store.stage_dir(STAGE) / "refresh")
     if stage is not None:

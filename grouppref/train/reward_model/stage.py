@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from grouppref.runs.hashing import canonical_json, sha256_text
+from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
 from grouppref.schemas.reports import RewardModelStats
@@ -39,10 +40,10 @@ def _settings(config: RewardModelConfig, out_dir: Path) -> dict[str, Any]:
     return {"train_rm": config.model_dump(mode="json"), "out": str(out_dir)}
 
 
-def run_train_rm(store: RunStore, config: RewardModelConfig, force: bool = False, *,
-                 out_dir: str | Path | None = None, resume: bool | str | Path = False,
-                 allow_stale: bool = False) -> StageRun[ValidatedGroup]:
-    """Train a reward model on the run's validated groups (module docstring); ``resume``
+def run_train_rm(store: RunStore, config: RewardModelConfig,
+                 context: StageContext = StageContext(), *,
+                 out_dir: str | Path | None = None) -> StageRun[ValidatedGroup]:
+    """Train a reward model on the run's validated groups (module docstring); ``context.resume``
     (``True``: the newest checkpoint in the model folder, or a checkpoint folder) continues an
     interrupted training instead of starting again (never answered from the cache).
 
@@ -57,18 +58,18 @@ def run_train_rm(store: RunStore, config: RewardModelConfig, force: bool = False
     from grouppref.train.reward_model.trainer import train_reward_model
 
     fingerprint = model_fingerprint(config.model)  # an unknown model fails before the data
-    data = load_groups(store.root, stage=STAGE, allow_stale=allow_stale)
+    data = load_groups(store.root, stage=STAGE, allow_stale=context.allow_stale)
     out = Path(out_dir) if out_dir is not None else store.stage_dir(STAGE) / "model"
     settings = _settings(config, out)
     key = sha256_text(canonical_json({"model": fingerprint,
                                       "stale": data.stale}))
-    if resume:  # a missing or incompatible checkpoint fails before the stage is touched
-        checkpoint.check_compatible(checkpoint.find(out, resume), config)
+    if context.resume:  # a missing or incompatible checkpoint fails before the stage is touched
+        checkpoint.check_compatible(checkpoint.find(out, context.resume), config)
     stage = open_training_stage(store, STAGE, settings, key, STAGE_VERSION,
-                                reuse=not force and not resume)
+                                reuse=not context.force and not context.resume)
     if stage is not None and stage.cached:
         return stage
-    result = train_reward_model(config, data.groups, out, resume=resume)
+    result = train_reward_model(config, data.groups, out, resume=context.resume)
     if stage is not None:
         stats = result.stats.model_copy(update={"data_fingerprint": data.fingerprint})
         finish_rm_folder(out, config, stats, trained_on(str(store.root), "run", store,
@@ -91,7 +92,8 @@ class RewardModelOutcome:
 def train_rm_dataset(source: str | Path, config: RewardModelConfig, out_dir: str | Path, *,
                      resume: bool | str | Path = False) -> RewardModelOutcome:
     """Train on a published dataset or Hub id (not a run); ``rejects.jsonl`` and
-    ``source.json`` go into ``out_dir`` with the model; ``resume`` as in :func:`run_train_rm`."""
+    ``source.json`` go into ``out_dir`` with the model; ``resume`` as ``context.resume`` in
+    :func:`run_train_rm`."""
     from grouppref.models.loading import resolve_model
     from grouppref.train.reward_model.trainer import train_reward_model
 

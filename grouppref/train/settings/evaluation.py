@@ -52,6 +52,6 @@ def _eval_reads(config: EvalConfig) -> tuple[str, ...]:
     return ("validate",) if config.model else ("validate", "train")
 
 
-EVAL = StageSpec(name="eval", config=EvalConfig, entry="grouppref.train.eval.stage:run_eval",
+EVAL = StageSpec(name="eval", config=EvalConfig,
                  summary="Compare the trained model with its start on the held-out split.",
                  reads=_eval_reads)

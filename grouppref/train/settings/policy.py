@@ -147,6 +147,6 @@ class TrainConfig(TrainingSettings):
         return self.ref_model if self.ref_model is not None else self.model
 
 
-TRAIN = StageSpec(name="train", config=TrainConfig, entry="grouppref.train.policy.stage:run_train",
+TRAIN = StageSpec(name="train", config=TrainConfig,
                   summary="Train the policy on RUN/validate (model in RUN/train/model).",
                   reads=lambda config: ("validate",))

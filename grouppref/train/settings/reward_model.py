@@ -43,7 +43,6 @@ class RewardModelConfig(TrainingSettings):
 
 
 TRAIN_RM = StageSpec(name="train_rm", config=RewardModelConfig,
-                     entry="grouppref.train.reward_model.stage:run_train_rm",
                      summary="Train a scalar reward model on RUN/validate "
                      "(model in RUN/train_rm/model).",
                      reads=lambda config: ("validate",))
