@@ -223,13 +223,14 @@ class Study:
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self, model: Any, split: str, name: str, *, full: bool,
-                 samples: int | None = None) -> list[dict[str, Any]]:
+                 samples: int | None = None, reference: bool = True) -> list[dict[str, Any]]:
         """Greedy on ``split``; ``full``: also ``samples`` (default: the scale's S) sampled
-        answers and the KL to the start."""
+        answers and (``reference``) the KL to the start."""
         from benchmarks.ifeval.evaluate import evaluate
 
         samples = self.scale.samples if samples is None else samples
-        models = [model] if model is self.reference or not full else [model, self.reference]
+        models = ([model] if model is self.reference or not full or not reference
+                  else [model, self.reference])
         got = evaluate(models, self.tokenizer, self.splits[split],
                        samples=samples if full else 0,
                        temperature=self.scale.temperature,
@@ -264,9 +265,11 @@ class Study:
         return record
 
     def sampled_task(self, name: str, spec: dict[str, Any], model_dir: Path | None) -> None:
-        """``--samples S`` answers per test prompt at the scale's temperature, with the KL to
-        the start along each (``eval:test:sampled:NAME``; the greedy answer is decoded again
-        beside them). Cached in results.json; skipped when the model is not on disk."""
+        """``--samples S`` answers per test prompt at the scale's temperature
+        (``eval:test:sampled:NAME``; the greedy answer is decoded again beside them). No KL
+        along them: the reference's lockstep pass would double the cost, and the KL along the
+        greedy answer is in the full evaluation. Cached in results.json; skipped when the
+        model is not on disk."""
         from benchmarks.ifeval.report import run_summary
         from grouppref.models.loading import load_causal_lm
 
@@ -280,14 +283,14 @@ class Study:
         model = self.reference if model_dir is None else load_causal_lm(
             str(model_dir), device=self.args.device)
         answers = self.evaluate(model, "test", f"{name}.sampled", full=True,
-                                samples=self.n_samples)
+                                samples=self.n_samples, reference=False)
         record = {"spec": spec, "per_prompt": answers, "seconds": round(time.time() - t, 1)}
         del model
         _free_memory()
         self.results.put(key, record)
         s = run_summary(record)
         self.log(f"{key}: sampled {s['sampled']:.3f} all-met {s['sampled_all']:.3f} "
-                 f"KL {s['kl']:.2f} ({record['seconds']}s)")
+                 f"({record['seconds']}s)")
 
     # -- training -------------------------------------------------------------------------
     def spec(self, method: str, lr: float, seed: int) -> dict[str, Any]:
