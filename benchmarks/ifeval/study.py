@@ -64,6 +64,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "plackett_luce": {"engine": "grouppref", "train": {"loss": "plackett_luce"}},
     "infonca": {"engine": "grouppref", "train": {"loss": "infonca"}},
     "trl_dpo_all": {"engine": "trl", "pairs": "consensus", "seeds": 1},
+    # the peer at the grid's smallest rate: TRL's chosen 1e-4 (best on val at seed 0) collapsed
+    # to empty answers on some test seeds, so the group losses are also compared with a TRL run
+    # that does not
+    "trl_dpo_1e5": {"engine": "trl", "pairs": "best_worst", "lrs": [1e-5]},
     "dpo": {"engine": "grouppref", "train": {"loss": "dpo"}},  # ours, beside TRL's
 }
 
@@ -354,7 +358,7 @@ class Study:
         from benchmarks.ifeval.report import run_summary
 
         scores = []
-        for lr in self.scale.lrs:
+        for lr in self.lrs(method):
             name = f"{method}-lr{lr_tag(lr)}-seed0"
             got = self.results.data["tasks"].get(f"eval:val:greedy:{name}")
             if got is None:
@@ -371,8 +375,12 @@ class Study:
         return all(self.results.get(key, {**spec, **extra, "split": split, "full": f})
                    is not None for key, f, extra in keys)
 
+    def lrs(self, method: str) -> tuple[float, ...]:
+        """The method's learning-rate grid: its own ``lrs`` or the scale's."""
+        return tuple(METHODS[method].get("lrs", self.scale.lrs))
+
     def screen(self, method: str) -> None:
-        for lr in self.scale.lrs:
+        for lr in self.lrs(method):
             name, spec = f"{method}-lr{lr_tag(lr)}-seed0", self.spec(method, lr, 0)
             if self.evaluated(name, spec, "val", full=False, curve=self.scale.screen_curve):
                 continue  # a restart: its model may be gone, its results are kept
@@ -389,7 +397,7 @@ class Study:
             return
         self.results.data["chosen_lr"] = {**self.results.data.get("chosen_lr", {}), method: lr}
         self.results.save()
-        for other in self.scale.lrs:  # the screen's other models are no longer needed
+        for other in self.lrs(method):  # the screen's other models are no longer needed
             if other != lr and not self.args.keep_models:
                 shutil.rmtree(self.out / "models" / f"{method}-lr{lr_tag(other)}-seed0",
                               ignore_errors=True)
