@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grouppref.models import loading
 from grouppref.models.loading import (
     EMBEDDED_NAME,
     ModelNotFoundError,
@@ -15,6 +16,7 @@ from grouppref.models.loading import (
     is_embedded,
     load_causal_lm,
     load_tokenizer,
+    model_fingerprint,
     model_label,
     resolve_model,
 )
@@ -68,6 +70,32 @@ def test_resolve_model_rejects_an_unreachable_hub_id():
     """Offline (HF_HUB_OFFLINE=1 in conftest) and not cached: a clear error, at once."""
     with pytest.raises(ModelNotFoundError, match="the Hub id cannot be loaded"):
         resolve_model("grouppref-tests/no-such-model")
+
+
+def test_the_embedded_model_is_fingerprinted_by_its_gguf_on_any_machine(
+        embedded_model_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """By name or as its converted folder, the embedded model's fingerprint is its GGUF's: a
+    converted folder whose tokenizer config says how the Hub was reached (``local_files_only``,
+    written by conversions before this fix) is the same model, so a committed run stays fresh on
+    another machine. A copy of the folder elsewhere is fingerprinted by its files, as any model
+    folder is."""
+    import json
+    import shutil
+
+    want = model_fingerprint("embedded")
+    assert model_fingerprint(str(embedded_model_dir)) == want
+    monkeypatch.setenv("GROUPPREF_CACHE", str(tmp_path / "cache"))
+    other = tmp_path / "cache" / "models" / EMBEDDED_NAME  # "another machine's" conversion
+    shutil.copytree(embedded_model_dir, other)
+    config = other / "tokenizer_config.json"
+    settings = json.loads(config.read_text())
+    settings["local_files_only"] = not settings.get("local_files_only", False)
+    config.write_text(json.dumps(settings))
+    assert model_fingerprint(str(other)) == want
+    copy = shutil.copytree(other, tmp_path / "elsewhere")
+    assert model_fingerprint(str(copy)) != want
+    loading._drop_runtime_keys(config)  # what the conversion now does to what it saves
+    assert "local_files_only" not in json.loads(config.read_text())
 
 
 def test_cache_root_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):

@@ -64,6 +64,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "plackett_luce": {"engine": "grouppref", "train": {"loss": "plackett_luce"}},
     "infonca": {"engine": "grouppref", "train": {"loss": "infonca"}},
     "trl_dpo_all": {"engine": "trl", "pairs": "consensus", "seeds": 1},
+    # the peer at the grid's smallest rate: TRL's chosen 1e-4 (best on val at seed 0) collapsed
+    # to empty answers on some test seeds, so the group losses are also compared with a TRL run
+    # that does not
+    "trl_dpo_1e5": {"engine": "trl", "pairs": "best_worst", "lrs": [1e-5]},
     "dpo": {"engine": "grouppref", "train": {"loss": "dpo"}},  # ours, beside TRL's
 }
 
@@ -223,13 +227,14 @@ class Study:
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self, model: Any, split: str, name: str, *, full: bool,
-                 samples: int | None = None) -> list[dict[str, Any]]:
+                 samples: int | None = None, reference: bool = True) -> list[dict[str, Any]]:
         """Greedy on ``split``; ``full``: also ``samples`` (default: the scale's S) sampled
-        answers and the KL to the start."""
+        answers and (``reference``) the KL to the start."""
         from benchmarks.ifeval.evaluate import evaluate
 
         samples = self.scale.samples if samples is None else samples
-        models = [model] if model is self.reference or not full else [model, self.reference]
+        models = ([model] if model is self.reference or not full or not reference
+                  else [model, self.reference])
         got = evaluate(models, self.tokenizer, self.splits[split],
                        samples=samples if full else 0,
                        temperature=self.scale.temperature,
@@ -264,9 +269,11 @@ class Study:
         return record
 
     def sampled_task(self, name: str, spec: dict[str, Any], model_dir: Path | None) -> None:
-        """``--samples S`` answers per test prompt at the scale's temperature, with the KL to
-        the start along each (``eval:test:sampled:NAME``; the greedy answer is decoded again
-        beside them). Cached in results.json; skipped when the model is not on disk."""
+        """``--samples S`` answers per test prompt at the scale's temperature
+        (``eval:test:sampled:NAME``; the greedy answer is decoded again beside them). No KL
+        along them: the reference's lockstep pass would double the cost, and the KL along the
+        greedy answer is in the full evaluation. Cached in results.json; skipped when the
+        model is not on disk."""
         from benchmarks.ifeval.report import run_summary
         from grouppref.models.loading import load_causal_lm
 
@@ -280,14 +287,14 @@ class Study:
         model = self.reference if model_dir is None else load_causal_lm(
             str(model_dir), device=self.args.device)
         answers = self.evaluate(model, "test", f"{name}.sampled", full=True,
-                                samples=self.n_samples)
+                                samples=self.n_samples, reference=False)
         record = {"spec": spec, "per_prompt": answers, "seconds": round(time.time() - t, 1)}
         del model
         _free_memory()
         self.results.put(key, record)
         s = run_summary(record)
         self.log(f"{key}: sampled {s['sampled']:.3f} all-met {s['sampled_all']:.3f} "
-                 f"KL {s['kl']:.2f} ({record['seconds']}s)")
+                 f"({record['seconds']}s)")
 
     # -- training -------------------------------------------------------------------------
     def spec(self, method: str, lr: float, seed: int) -> dict[str, Any]:
@@ -352,7 +359,7 @@ class Study:
         from benchmarks.ifeval.report import run_summary
 
         scores = []
-        for lr in self.scale.lrs:
+        for lr in self.lrs(method):
             name = f"{method}-lr{lr_tag(lr)}-seed0"
             got = self.results.data["tasks"].get(f"eval:val:greedy:{name}")
             if got is None:
@@ -369,8 +376,12 @@ class Study:
         return all(self.results.get(key, {**spec, **extra, "split": split, "full": f})
                    is not None for key, f, extra in keys)
 
+    def lrs(self, method: str) -> tuple[float, ...]:
+        """The method's learning-rate grid: its own ``lrs`` or the scale's."""
+        return tuple(METHODS[method].get("lrs", self.scale.lrs))
+
     def screen(self, method: str) -> None:
-        for lr in self.scale.lrs:
+        for lr in self.lrs(method):
             name, spec = f"{method}-lr{lr_tag(lr)}-seed0", self.spec(method, lr, 0)
             if self.evaluated(name, spec, "val", full=False, curve=self.scale.screen_curve):
                 continue  # a restart: its model may be gone, its results are kept
@@ -387,7 +398,7 @@ class Study:
             return
         self.results.data["chosen_lr"] = {**self.results.data.get("chosen_lr", {}), method: lr}
         self.results.save()
-        for other in self.scale.lrs:  # the screen's other models are no longer needed
+        for other in self.lrs(method):  # the screen's other models are no longer needed
             if other != lr and not self.args.keep_models:
                 shutil.rmtree(self.out / "models" / f"{method}-lr{lr_tag(other)}-seed0",
                               ignore_errors=True)

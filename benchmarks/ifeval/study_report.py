@@ -9,9 +9,10 @@
   answer length, and a **length-controlled** rate: the share met of the constraints that a
   shorter answer does not make easier (everything but "at most N words", "one sentence" and
   "no commas").
-* **Paired differences** against the peer (TRL's DPOTrainer on best-vs-worst pairs): per
-  prompt, averaged over seeds (± 95% over prompts), and per seed (seed i against seed i, ±
-  a t-interval over seeds).
+* **Paired differences** against each peer (TRL's DPOTrainer on best-vs-worst pairs at its
+  chosen rate, and at 1e-5) and against the default (``gspo_soft``), greedy, length-controlled
+  and (where measured) sampled: per prompt, averaged over seeds (± 95% over prompts), and per
+  seed (seed i against the peer's seed i, the seeds both have, ± a t-interval over seeds).
 * **Equal trained tokens**: each method's test greedy rate at the curve point whose tokens
   trained come closest to the peer's final count (seed 0).
 
@@ -29,7 +30,8 @@ from typing import Any
 from benchmarks.ifeval.report import _T975, _fmt, _half_width, _mean, method_stats
 
 BREVITY = {"max_words", "one_sentence", "no_comma"}
-PEER = "trl_dpo"
+PEERS = ("trl_dpo", "trl_dpo_1e5")  # TRL's DPOTrainer at its chosen rate and at 1e-5
+DEFAULT = "gspo_soft"
 
 
 def lr_tag(lr: float) -> str:
@@ -136,27 +138,60 @@ def main_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def paired_vs_peer(results: dict[str, Any]) -> list[str]:
-    runs = test_runs(results)
-    if PEER not in runs:
-        return [f"(no {PEER} test runs yet)"]
-    peer = runs[PEER]
-    lines = [f"| method − {PEER} | over prompts (mean of seeds) | over seeds (seed i vs i) |",
-             "|---|---|---|"]
+def _seed_interval(values: list[float]) -> str:
+    half = _half_width(values, _T975.get(len(values) - 1, 1.96))
+    return (f"{_mean(values):+.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}")
+            + f" ({len(values)} seeds)")
+
+
+def paired(results: dict[str, Any], peer: str, kind: str = "full",
+           measure: str = "greedy") -> list[str]:
+    """Every method against ``peer`` on test: per prompt (each averaged over the method's
+    seeds, ± 95% normal over prompts) and per seed (seed i against the peer's seed i, the
+    seeds both have, ± a t-interval). ``measure``: ``greedy``, ``length_controlled`` (greedy,
+    the constraints brevity does not help) or ``sampled`` (with ``kind="sampled"``)."""
+    runs = test_runs(results, kind)
+    if peer not in runs:
+        return [f"(no {peer} {kind} test runs yet)"]
+
+    def per_prompt(run: dict[str, Any]) -> list[float]:
+        if measure == "sampled":
+            return [_mean([_mean(x) for x in p["s"]]) for p in run["per_prompt"]]
+        if measure == "length_controlled":
+            return [_mean([float(m) for k, m in zip(q["kinds"], p["g"], strict=True)
+                           if k not in BREVITY])
+                    for q, p in zip(results["prompts"]["test"], run["per_prompt"], strict=True)]
+        return greedy(run)
+
+    def rate(run: dict[str, Any]) -> float:
+        return _mean([x for x in per_prompt(run) if not math.isnan(x)])
+
+    theirs = {r["seed"]: r for r in runs[peer]}
+    lines = [f"| method − {peer} ({measure}) | over prompts (mean of seeds) | "
+             "over seeds (seed i vs i) |", "|---|---|---|"]
     for method, mine in runs.items():
-        if method == PEER:
+        if method == peer:
             continue
         n = len(mine[0]["per_prompt"])
-        a = [_mean([greedy(r)[i] for r in mine]) for i in range(n)]
-        b = [_mean([greedy(r)[i] for r in peer]) for i in range(n)]
-        diff = [x - y for x, y in zip(a, b, strict=True)]
-        by_seed = [_mean(greedy(x)) - _mean(greedy(y)) for x, y in zip(mine, peer, strict=False)]
-        half = _half_width(by_seed, _T975.get(len(by_seed) - 1, 1.96))
-        seed_cell = (f"{_mean(by_seed):+.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}")
-                     + f" ({len(by_seed)} seeds)")
+        a = [_mean([per_prompt(r)[i] for r in mine]) for i in range(n)]
+        b = [_mean([per_prompt(r)[i] for r in runs[peer]]) for i in range(n)]
+        diff = [x - y for x, y in zip(a, b, strict=True) if not (math.isnan(x) or math.isnan(y))]
+        by_seed = [rate(r) - rate(theirs[r["seed"]]) for r in mine if r["seed"] in theirs]
         lines.append(f"| {method} | {_mean(diff):+.3f} ± {_half_width(diff, 1.96):.3f} | "
-                     f"{seed_cell} |")
+                     f"{_seed_interval(by_seed)} |")
     return lines
+
+
+def paired_vs_peer(results: dict[str, Any]) -> list[str]:
+    """The paired tables: greedy and length-controlled against each peer (TRL's DPO at its
+    chosen rate and at 1e-5) and against the default (``gspo_soft``); sampled where measured."""
+    out: list[str] = []
+    for peer in (*PEERS, DEFAULT):
+        for measure in ("greedy", "length_controlled"):
+            out += [*paired(results, peer, measure=measure), ""]
+        if test_runs(results, "sampled").get(peer):
+            out += [*paired(results, peer, "sampled", "sampled"), ""]
+    return out[:-1]
 
 
 def curve_rows(results: dict[str, Any]) -> list[str]:
@@ -185,7 +220,7 @@ def markdown(results: dict[str, Any]) -> str:
     out = [f"Recipe study: prompts {counts}, scale {results['scale']}, settings "
            f"{results['scale_settings']}", "", "Learning-rate screen (val, seed 0, greedy; * the "
            "chosen rate):", "", *screen_table(results), "", "Test split at the chosen rate:", "",
-           *main_table(results), "", "Paired greedy differences on test:", "",
+           *main_table(results), "", "Paired differences on test:", "",
            *paired_vs_peer(results), "", "Learning curve on test (seed 0, greedy; tokens trained "
            "in brackets):", "", *curve_rows(results)]
     return "\n".join(out)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -89,7 +90,22 @@ def convert_gguf(gguf: Path, target: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    _drop_runtime_keys(tmp / "tokenizer_config.json")
     os.replace(tmp, target)
+
+
+# what the tokenizer saves of how it was loaded (offline or not), not of the tokenizer
+_RUNTIME_KEYS = ("local_files_only",)
+
+
+def _drop_runtime_keys(path: Path) -> None:
+    if not path.exists():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if any(key in config for key in _RUNTIME_KEYS):
+        for key in _RUNTIME_KEYS:
+            config.pop(key, None)
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def embedded_model_dir() -> Path:
@@ -186,6 +202,17 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _is_embedded_folder(name: str | None) -> bool:
+    """Whether ``name`` is the folder the embedded GGUF is converted into."""
+    if name is None:
+        return False
+    target = cache_root() / "models" / EMBEDDED_NAME
+    try:
+        return Path(name).expanduser().resolve() == target.resolve()
+    except OSError:
+        return False
+
+
 def _model_folder(name: str | None) -> Path | None:
     resolved = resolve_model(name)
     if Path(resolved).is_dir():
@@ -200,8 +227,14 @@ def model_fingerprint(name: str | None) -> str:
     """sha256 over a model's config and weight files (names and contents).
 
     A Hub id is fingerprinted through its snapshot in the Hub cache; when that cannot be found
-    the id itself is used (the model then loads from the same id).
+    the id itself is used (the model then loads from the same id). The embedded model (by
+    name or as its converted folder) is fingerprinted by the GGUF it is converted from: the
+    converted folder's files are not the same bytes on every machine (the tokenizer config
+    saved by older conversions records whether the Hub was offline), so a run generated with
+    it stays fresh on another machine.
     """
+    if is_embedded(name) or _is_embedded_folder(name):
+        return sha256_text(f"embedded:{GGUF_FILE}:{_file_sha256(embedded_gguf())}")
     folder = _model_folder(name)
     if folder is None:
         return sha256_text(f"hub:{resolve_model(name)}")
