@@ -34,14 +34,15 @@ def one_line_exit_2(result: subprocess.CompletedProcess[str], progress: str = "\
     return lines[0]
 
 
-def grouppref_here(*args: object, cwd: Path | None = None, env: dict[str, str] | None = None
-                   ) -> subprocess.CompletedProcess[str]:
+def grouppref_here(*args: object, cwd: Path | None = None, env: dict[str, str] | None = None,
+                   stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """``grouppref ARGS`` through the same entry point, ``cli.main()``, in this process: stdout
     and stderr apart, the exit code (a ``GroupPrefError`` is one line and exit 2 as in a child
     process). For tests that check a command's output and exit code, not the process around it
     (a child process costs seconds of imports; the real entry point in a child process is
-    :func:`grouppref`). ``cwd`` and ``env`` (the whole environment) apply for the call only;
-    warnings print to the captured stderr under Python's default filters, as in a child."""
+    :func:`grouppref`). ``cwd``, ``env`` (the whole environment) and ``stdin`` apply for the
+    call only; warnings print to the captured stderr under Python's default filters, as in a
+    child."""
     import contextlib
     import io
     import os
@@ -50,7 +51,7 @@ def grouppref_here(*args: object, cwd: Path | None = None, env: dict[str, str] |
     from grouppref import cli
 
     out, err = io.StringIO(), io.StringIO()
-    saved = sys.argv, os.getcwd(), dict(os.environ)
+    saved = sys.argv, os.getcwd(), dict(os.environ), sys.stdin
     code: int = 0
     try:
         sys.argv = ["grouppref", *map(str, args)]
@@ -59,6 +60,7 @@ def grouppref_here(*args: object, cwd: Path | None = None, env: dict[str, str] |
         if env is not None:
             os.environ.clear()
             os.environ.update(env)
+        sys.stdin = io.StringIO(stdin or "")
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
                 warnings.catch_warnings():
             warnings.resetwarnings()  # Python's defaults, not pytest's: a warning is output
@@ -75,6 +77,7 @@ def grouppref_here(*args: object, cwd: Path | None = None, env: dict[str, str] |
         os.chdir(saved[1])
         os.environ.clear()
         os.environ.update(saved[2])
+        sys.stdin = saved[3]
     return subprocess.CompletedProcess(["grouppref", *map(str, args)], code, out.getvalue(),
                                        err.getvalue())
 
