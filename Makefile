@@ -47,14 +47,15 @@ test-env:
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/grouppref demo
 
+# one pytest-xdist worker per core, each test file on one worker (its module fixtures built once)
 test: test-env $(STAMP) $(SERVE_STAMP)
 	$(PY) -m ruff check grouppref tests benchmarks
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadfile
 
 # the unit tier only (tests/conftest.py's TIERS): no server, browser or serve extra to set up
 test-fast: $(STAMP)
 	$(PY) -m ruff check grouppref tests benchmarks
-	$(PY) -m pytest -m unit
+	$(PY) -m pytest -m unit -n auto --dist loadfile
 
 lint: $(STAMP)
 	$(PY) -m ruff check grouppref tests benchmarks

@@ -73,7 +73,7 @@ TIERS = {
     "test_rank_served_overlap.py": "integration",  # fake HTTP servers
     "test_rankers.py": "integration",
     "test_readers.py": "unit",
-    "test_recipe_study.py": "system",  # the recipe study end to end on SmolLM2 and TRL
+    "test_recipe_study.py": "system",  # the recipe study end to end on the tiny Llama and TRL
     "test_refresh.py": "system",  # torchrun
     "test_refresh_served.py": "integration",
     "test_reliability_audit.py": "unit",

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +28,7 @@ from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats import bt, rankstats
 from grouppref.stats.reliability import estimate_reliability, noise_rate
+from tests.support.cli import grouppref_here
 from tests.support.factories import make_group, make_ranking
 from tests.support.simulate import rank_run, scored_group, write_stage
 
@@ -440,8 +439,7 @@ def test_no_noise_estimate_names_overlap_of_ties_only(tmp_path: Path) -> None:
                   "rater_1", "--score", "rater_2", "--group-by", "qid", "--text-column",
                   "question", "--response-column", "answer", "--missing", "NA", "--missing", ""],
                  ["aggregate", str(run)]):
-        done = subprocess.run([sys.executable, "-m", "grouppref", *args], capture_output=True,
-                              text=True, env=env, timeout=300)
+        done = grouppref_here(*args, env=env)  # cli.main() in this process
         assert done.returncode == 0, done.stderr
     report = read_report(RunStore(run))
     assert report.noise.estimated is None and report.recommendation.noise is None

@@ -7,9 +7,7 @@ export, GSPO training, eval, report); the second run must skip every stage from 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,14 +15,15 @@ import pytest
 from grouppref.commands.demo import demo_config, human_config
 from grouppref.runs.store import RunStore
 from grouppref.stages import NAMES
+from tests.support.cli import grouppref_here
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _demo(out: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "grouppref", "demo", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=1800)
+    """``grouppref demo --quick`` through ``cli.main()`` in this process (offline: conftest sets
+    HF_HUB_OFFLINE); what is checked is the run it writes and its output, not the process."""
+    return grouppref_here("demo", "--quick", "--out", out, cwd=ROOT)
 
 
 @pytest.mark.slow

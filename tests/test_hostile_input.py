@@ -23,7 +23,7 @@ from grouppref.readers.mapping import ColumnMapping
 from grouppref.readers.prompts import read_prompts
 from grouppref.runs.store import RunStore
 from grouppref.train.data.sources import load_groups
-from tests.support.cli import grouppref
+from tests.support.cli import grouppref_here as grouppref  # cli.main() in this process (tests/support/cli.py)
 
 BOM = b"\xef\xbb\xbf"
 ROOT = Path(__file__).resolve().parents[1]

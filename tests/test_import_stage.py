@@ -19,7 +19,7 @@ from grouppref.pipeline.imports.stage import run_import, run_import_candidates
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import ValidatedGroup
-from tests.support.cli import grouppref
+from tests.support.cli import grouppref_here as grouppref  # cli.main() in this process (tests/support/cli.py)
 from tests.support.import_rows import NECTAR_ROWS, UF_ROWS, aspects, uf_completion, uf_row
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from grouppref.pipeline.rank.settings import parse_ranker_spec
 from grouppref.pipeline.rank.stage import run_rank
 from grouppref.runs.store import RunStore
 from grouppref.schemas.reports import ServerUsage
+from tests.support.cli import grouppref_here
 from tests.support.factories import imported_run
 from tests.support.judges import SHORT_RATING
 from tests.support.llama_server import MODEL_ALIAS
@@ -135,8 +135,7 @@ def test_three_judges_together_equal_one_after_another(groups_run: RunStore,
 
 def _cli(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PATH": os.environ.get("PATH", "")}
-    return subprocess.run([sys.executable, "-m", "grouppref", *args], capture_output=True,
-                          text=True, env=env, timeout=600)
+    return grouppref_here(*args, env=env)  # cli.main() in this process
 
 
 def test_cli_served_judge_and_a_wrong_model_name(groups_run: RunStore, llama_server: str) -> None:

@@ -23,7 +23,8 @@ from grouppref.labeling.config import LabelRunConfig, PullConfig, PushConfig
 from grouppref.labeling.pull import pull_run
 from grouppref.labeling.push import push_run
 from grouppref.labeling.server.accounts import create_user
-from tests.support.cli import grouppref, one_line_exit_2
+from tests.support.cli import grouppref_here as grouppref  # cli.main() in this process
+from tests.support.cli import one_line_exit_2
 from tests.support.labelling import (
     annotator_http,
     annotator_records,

@@ -27,6 +27,7 @@ from grouppref.pipeline.generate.stage import run_generate
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, ChatMessage, Prompt
 from grouppref.schemas.reports import ServerUsage
+from tests.support.cli import grouppref_here
 from tests.support.fake_openai_server import MODEL as FAKE_MODEL
 from tests.support.fake_openai_server import SLOW, SLOW_S, TOKEN_LOGPROBS, fake_openai_server
 from tests.support.llama_server import MODEL_ALIAS, running_llama_server
@@ -173,11 +174,10 @@ class _Ran:
 
 
 def _cli(args: list[str], env: dict[str, str] | None = None) -> _Ran:
-    """``grouppref ARGS`` in a subprocess (the real entry point: one line and exit 2 on bad
-    input)."""
+    """``grouppref ARGS`` through the real entry point, ``cli.main()``, in this process (one line
+    and exit 2 on bad input), under only these environment variables."""
     base = {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PATH": os.environ.get("PATH", "")}
-    done = subprocess.run([sys.executable, "-m", "grouppref", *args], capture_output=True,
-                          text=True, env={**base, **(env or {})}, timeout=600)
+    done = grouppref_here(*args, env={**base, **(env or {})})
     return _Ran(done.returncode, done.stdout, done.stderr)
 
 

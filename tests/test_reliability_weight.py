@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,7 @@ from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats.reliability import UNIFORM, estimate_reliability, log_odds_weight
+from tests.support.cli import grouppref_here
 from tests.support.factories import make_group
 from tests.support.labelling import write_stage
 from tests.support.reliability import ALPHA, K, loo_counts_reference, selected_panel
@@ -99,10 +98,8 @@ def crowd(seed: int = 0) -> list[AnnotatedGroup]:
 @pytest.mark.parametrize("weight", ["tau", "log_odds"])
 def test_aggregate_cli_weighs_a_mixed_crowd(tmp_path: Path, weight: str) -> None:
     store = write_stage(tmp_path / "run", crowd(), "simulate")
-    done = subprocess.run(
-        [sys.executable, "-m", "grouppref", "aggregate", str(store.root), "--reliability-weight",
-         weight, "--min-kendall-w", "0.3"], capture_output=True, text=True, cwd=ROOT,
-        timeout=300)
+    done = grouppref_here("aggregate", store.root, "--reliability-weight", weight,  # in process
+                          "--min-kendall-w", "0.3", cwd=ROOT)
     assert done.returncode == 0, done.stderr
     report = json.loads((store.root / "aggregate" / "report.json").read_text(encoding="utf-8"))
     settings = report["settings"]  # the report names what shaped its numbers

@@ -7,8 +7,6 @@ so every stage is real and fast.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from grouppref.labeling.pull import ArgillaResponse, DatasetState
 from grouppref.labeling.stage import label_progress
 from grouppref.runner import RunConfig, check_stages, load_run_config, run_pipeline
 from grouppref.runs.store import RunStore
+from tests.support.cli import grouppref_here
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "import.yaml"
@@ -100,14 +99,11 @@ def test_stage_names_are_checked() -> None:
 
 def test_cli_errors_are_one_line_per_problem_with_exit_code_2(tmp_path: Path) -> None:
     path = write(tmp_path, BASE + "aggregate: {prior: 1}\nvalidate: {test_fraction: 2}\n")
-    code = ("import sys\nfrom grouppref import cli\n"
-            "sys.argv = ['grouppref', *sys.argv[1:]]\ncli.main()\n")
     for args, lines in [([str(path)], [f"error: {path}: aggregate.prior: Extra inputs",
                                        f"{path}: validate.test_fraction: Input should be less "
                                        "than 1; got 2"]),
                         ([str(path), "--force", "bogus"], ["error: --force 'bogus': unknown"])]:
-        out = subprocess.run([sys.executable, "-c", code, "run", *args], capture_output=True,
-                             text=True, cwd=tmp_path, timeout=300)
+        out = grouppref_here("run", *args, cwd=tmp_path)  # cli.main() in this process
         assert out.returncode == 2, out.stderr
         got = out.stderr.strip().splitlines()
         assert len(got) == len(lines) and "Traceback" not in out.stderr

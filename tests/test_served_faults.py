@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from grouppref.models.served.protocol import CHAT, RequestRefused, error_message
 from grouppref.models.served.settings import ServerSettings
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.stage import run_rank
+from tests.support.cli import grouppref_here
 from tests.support.factories import imported_run
 from tests.support.fake_http import JsonHandler, chat_completion, serve
 from tests.support.judges import GROUPS, _judge
@@ -63,11 +62,9 @@ def test_a_bad_grammar_on_the_command_line_is_one_line_before_any_request(tmp_pa
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_id": "a", "prompt": "Say yes."}\n')
     env = {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PATH": os.environ.get("PATH", "")}
-    cli = subprocess.run([sys.executable, "-m", "grouppref", "generate", "--prompts", str(prompts),
-                          "--out", str(tmp_path / "run"), "--model",
-                          "openai:m@http://127.0.0.1:9/v1", "--server-param",
-                          'grammar=root ::= ("yes" | "no"'], capture_output=True, text=True,
-                         env=env, timeout=300)
+    cli = grouppref_here("generate", "--prompts", prompts, "--out", tmp_path / "run", "--model",
+                         "openai:m@http://127.0.0.1:9/v1", "--server-param",
+                         'grammar=root ::= ("yes" | "no"', env=env)  # cli.main() in this process
     assert cli.returncode == 2 and cli.stderr.strip() == (
         "error: generate: --server-param: server_params grammar: expecting ')' at line 1 "
         "(llama.cpp's GBNF; a grammar its parser refuses crashes llama-cpp-python's server)")

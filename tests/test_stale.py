@@ -6,7 +6,6 @@ of this run, and the report leaves them out."""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import datasets
@@ -23,12 +22,13 @@ from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.train.policy.stage import run_train
 from grouppref.train.settings.policy import TrainConfig
-from tests.support.cli import grouppref as run_cli
+from tests.support.cli import grouppref_here
 
 ROOT = Path(__file__).resolve().parents[1]
 BELOW_GENERATE = ["rank", "simulate", "aggregate", "validate"]
-# the real command line: cli.main() in a child process
-grouppref = functools.partial(run_cli, main_in_child=True)
+# the command line's entry point, cli.main(), in this process: what these tests read is its output,
+# exit code and the run directory, not the process (tests/test_cli.py runs it in child processes)
+grouppref = grouppref_here
 
 
 def generate_config(tmp_path: Path, tiny: Path, k: int) -> Path:

@@ -16,6 +16,7 @@ from grouppref.errors import StageError
 from grouppref.runs.hashing import fingerprint_file
 from grouppref.runs.store import RunStore
 from grouppref.schemas import CandidateGroup, Reject
+from tests.support.cli import grouppref_here
 from tests.support.factories import make_group
 
 TOY_STAGE = textwrap.dedent(
@@ -141,9 +142,7 @@ def test_a_stale_running_stage_with_other_config_starts_afresh(tmp_path: Path) -
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grouppref", *args], cwd=cwd, text=True,
-                          capture_output=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    return grouppref_here(*args, cwd=cwd)  # cli.main() in this process
 
 
 def test_a_stage_stopped_by_an_error_says_why_and_resumes(tmp_path: Path) -> None:

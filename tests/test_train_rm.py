@@ -11,8 +11,6 @@ the test asks for >= 0.9 and a rise.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,7 @@ from grouppref.train.reward_model.encode import encode_groups, split_held_out
 from grouppref.train.reward_model.model import load_reward_model, reward_loss, reward_scores
 from grouppref.train.settings.reward_model import RewardModelConfig
 from grouppref.train.tensors.batch import collate_groups
+from tests.support.cli import grouppref_here
 from tests.support.tolerances import MODEL_ATOL, MODEL_RTOL
 from tests.support.training import _write_validate, synthetic_groups
 
@@ -179,9 +178,9 @@ def test_no_trainable_groups_is_a_stage_error(tmp_path: Path, tiny_lm_dir: Path)
     assert "no trainable groups: 0 given" in str(result.exception)
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "grouppref", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
+# the command's own one-line error and exit code, in this process (cli.main(), as the child
+# process ran it; tests/test_cli.py runs the entry point in child processes)
+_cli = grouppref_here
 
 
 @pytest.mark.parametrize("case", ["causal-lm", "two-outputs", "missing"])

@@ -210,21 +210,39 @@ _STARTED: list[datetime] = []  # when the snapshot began
 
 def _rounded(value: float) -> float:
     """A float to 9 significant digits: the fits' last bits differ between CPUs (Intel, AMD:
-    other SIMD kernels), the equivalence this snapshot checks is not in them."""
-    return float(f"{value:.9g}")
+    other SIMD kernels), the equivalence this snapshot checks is not in them. A magnitude below
+    1e-12 is 0: strengths of order 1 that cancel (a tie's centred strength) leave ~1e-16 of
+    rounding noise, whose digits differ between CPUs too."""
+    return 0.0 if abs(value) < 1e-12 else float(f"{value:.9g}")
 
 
 def _stable(value: Any) -> Any:
     """``value`` with the times stamped during the snapshot (a ranking read without
-    ``created_at`` gets the time it was read) written ``<NOW>``, floats :func:`_rounded`."""
+    ``created_at`` gets the time it was read) written ``<NOW>``, floats :func:`_rounded`, also
+    inside the JSON text a dict field is stored as in Arrow (``strengths``, ``scores``, ...)."""
     if isinstance(value, float):
         return _rounded(value)
+    if isinstance(value, str) and value.startswith("{"):
+        return _stable_json_text(value)
     if isinstance(value, dict):
         return {k: "<NOW>" if k == "created_at" and _recent(v) else _stable(v)
                 for k, v in value.items()}
     if isinstance(value, list):
         return [_stable(v) for v in value]
     return value
+
+
+def _stable_json_text(text: str) -> str:
+    """A dict field's JSON text (canonical: what the Arrow codec writes) with its floats
+    :func:`_rounded`; any other text as it is."""
+    try:
+        loaded = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(loaded, dict) or json.dumps(loaded, sort_keys=True,
+                                                  ensure_ascii=False) != text:
+        return text
+    return json.dumps(_stable(loaded), sort_keys=True, ensure_ascii=False)
 
 
 def _recent(value: Any) -> bool:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
+from tests.support.cli import grouppref_here
 from tests.support.factories import make_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,12 +59,11 @@ def panel() -> list[AnnotatedGroup]:
 
 
 def _push(run: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``grouppref label push`` against a closed port: every error here must come first."""
-    return subprocess.run([sys.executable, "-m", "grouppref", "label", "push", str(run),
-                           "--api-url", "http://127.0.0.1:9", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(run.parent),
-                               "ARGILLA_API_KEY": "unused-key-1234"})
+    """``grouppref label push`` against a closed port: every error here must come first
+    (``cli.main()`` in this process, under only these environment variables)."""
+    return grouppref_here("label", "push", run, "--api-url", "http://127.0.0.1:9", *args,
+                          cwd=ROOT, env={"PATH": "/usr/bin:/bin", "HOME": str(run.parent),
+                                         "ARGILLA_API_KEY": "unused-key-1234"})
 
 
 def _one_line(result: subprocess.CompletedProcess[str]) -> str:

@@ -63,6 +63,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _COUNTS.collected = len(session.items)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    """Under pytest-xdist (``make test``) the controller collects nothing itself; every worker
+    collects the whole selection, so one worker's count is the run's."""
+    _COUNTS.collected = max(_COUNTS.collected, len(ids))
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _COUNTS.record(report)
 
