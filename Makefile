@@ -52,7 +52,7 @@ test: test-env $(STAMP) $(SERVE_STAMP)
 	$(PY) -m ruff check grouppref tests benchmarks
 	$(PY) -m pytest -n auto --dist loadfile
 
-# the unit tier only (tests/conftest.py's TIERS): no server, browser or serve extra to set up
+# the unit tier only (tests/unit/): no server, browser or serve extra to set up
 test-fast: $(STAMP)
 	$(PY) -m ruff check grouppref tests benchmarks
 	$(PY) -m pytest -m unit -n auto --dist loadfile

@@ -15,111 +15,32 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
-# The tier of every test file (issue 31). unit: one package's logic, in process (no server,
-# subprocess, torchrun, compile, browser); integration: several stages together, in process or
-# through the CLI, tiny models, fake HTTP servers; system: real servers (Argilla, PostgreSQL,
-# llama.cpp), torchrun, compile, the browser, whole pipelines and the demo. A file missing here
-# fails collection, so a new test file cannot be forgotten.
-TIERS = {
-    "test_aggregate.py": "integration",  # one CLI run in a subprocess
-    "test_api.py": "unit",  # one subprocess: the import of grouppref.api alone
-    "test_architecture.py": "integration",  # imports the package in subprocesses
-    "test_argilla_lifecycle.py": "system",  # two real Argilla server starts
-    "test_argilla_load.py": "system",  # the real embedded Argilla
-    "test_argilla_logins.py": "system",
-    "test_argilla_matching.py": "unit",
-    "test_argilla_serve_errors.py": "system",
-    "test_argilla_server.py": "system",
-    "test_bt.py": "unit",
-    "test_cards.py": "integration",  # train on a tiny model, export
-    "test_cli.py": "integration",  # the CLI in subprocesses
-    "test_cli_flags.py": "integration",
-    "test_compile.py": "system",  # torch.compile
-    "test_compile_settings.py": "system",
-    "test_compile_train.py": "system",  # compile and torchrun
-    "test_constraints.py": "unit",
-    "test_constraints_ifeval.py": "unit",
-    "test_ddp.py": "system",  # torchrun
-    "test_data_equivalence.py": "integration",  # every data stage on fixtures and hostile input
-    "test_demo.py": "system",  # the whole demo pipeline
-    "test_evidence_quick.py": "integration",  # the evidence scripts end to end at toy sizes
-    "test_examples.py": "system",  # example configs end to end, real Argilla
-    "test_export.py": "integration",
-    "test_fsdp.py": "system",  # torchrun
-    "test_generate.py": "integration",  # tiny model, CLI
-    "test_hostile_input.py": "integration",
-    "test_ifeval_benchmark.py": "integration",
-    "test_import_layouts.py": "unit",
-    "test_import_ranked.py": "integration",
-    "test_import_stage.py": "integration",
-    "test_judge_server.py": "system",  # llama.cpp's server
-    "test_judge_server_check.py": "system",
-    "test_label_audit_push.py": "system",  # real Argilla
-    "test_label_browser.py": "system",  # chromium and real Argilla
-    "test_label_errors.py": "system",
-    "test_label_push_pull.py": "system",
-    "test_label_select.py": "integration",
-    "test_label_select_push.py": "system",
-    "test_listwise_losses.py": "integration",  # tiny model
-    "test_llama_server_fixture.py": "system",
-    "test_logps.py": "integration",
-    "test_losses.py": "integration",
-    "test_models.py": "integration",  # the embedded SmolLM2
-    "test_newuser_files.py": "integration",
-    "test_openai_backend.py": "system",  # llama.cpp's server
-    "test_output_streams.py": "integration",
-    "test_partial_rankings.py": "unit",
-    "test_rank.py": "integration",
-    "test_rank_served_overlap.py": "integration",  # fake HTTP servers
-    "test_rankers.py": "integration",
-    "test_readers.py": "unit",
-    "test_recipe_study.py": "system",  # the recipe study end to end on the tiny Llama and TRL
-    "test_refresh.py": "system",  # torchrun
-    "test_refresh_served.py": "integration",
-    "test_reliability_audit.py": "unit",
-    "test_reliability_weight.py": "integration",
-    "test_report.py": "system",  # chromium
-    "test_report_selection.py": "unit",
-    "test_roundtrip.py": "integration",
-    "test_runner.py": "integration",
-    "test_schemas.py": "unit",
-    "test_served_faults.py": "system",  # llama.cpp's server
-    "test_served_overlap.py": "integration",
-    "test_served_sampling.py": "system",
-    "test_simulate.py": "unit",
-    "test_stale.py": "integration",
-    "test_store.py": "integration",
-    "test_sweep.py": "system",  # PostgreSQL, two worker processes, tiny-model trainings
-    "test_train_baselines.py": "integration",
-    "test_train_data.py": "integration",
-    "test_train_mix.py": "system",  # torchrun
-    "test_train_mix_evidence.py": "integration",  # the curriculum experiment end to end (--quick)
-    "test_train_peak.py": "integration",
-    "test_train_rm.py": "integration",
-    "test_train_rm_dist.py": "system",  # torchrun
-    "test_train_rm_resume.py": "integration",
-    "test_trainer.py": "integration",
-    "test_validate.py": "unit",
-}
+# The tier of a test is the folder under tests/ that holds its file (issue 31): unit/<package>/
+# (one package's logic, in process: no server, subprocess, torchrun, compile or browser; the
+# folders mirror grouppref/), integration/ (several stages together, in process or through the
+# CLI, tiny models, fake HTTP servers) and system/ (real servers: Argilla, PostgreSQL, llama.cpp;
+# torchrun, compile, the browser, whole pipelines and the demo). A test file anywhere else stops
+# the run, so a new file cannot go untiered.
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration", "system")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test with its file's tier (``TIERS``); a test file missing from the table
-    stops the run, naming it."""
-    missing = set()
+    """Mark every test with its tier, the first folder of its file under tests/; a test file
+    outside the tier folders stops the run, naming it."""
+    misplaced = set()
     for item in items:
-        name = item.path.name
-        if not name.startswith("test_"):
+        if not item.path.name.startswith("test_"):
             continue
-        tier = TIERS.get(name)
-        if tier is None:
-            missing.add(name)
-        else:
+        tier = item.path.resolve().relative_to(TESTS).parts[0]
+        if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-    if missing:
+        else:
+            misplaced.add(str(item.path.resolve().relative_to(TESTS.parent)))
+    if misplaced:
         raise pytest.UsageError(
-            f"{', '.join(sorted(missing))}: not in TIERS of tests/conftest.py; add each test file there "
-            "with its tier (unit, integration or system)")
+            f"{', '.join(sorted(misplaced))}: a test file lives in tests/unit/<package>/, "
+            "tests/integration/ or tests/system/ (its tier); move it there")
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,7 @@ def panel(groups: int, flip: float, levels: int, declared: bool, seed: int) -> d
     """A constructed tied panel: K = 4 true scores drawn from ``levels`` values (3 levels: a
     third of the pairs tie; 0: normal scores, no ties), three annotators at ``flip`` that must
     order tied candidates (at random), and, with ``declared``, a rule-like ranking of the true
-    tiers as a 4th slot (tests/test_aggregate.py checks the noise estimate on it).
+    tiers as a 4th slot (tests/integration/test_aggregate.py checks the noise estimate on it).
 
     Returns ``ranks`` (B, A, K), ``ann`` (B, A), each annotator's ``flips`` and ``votes`` on
     decided pairs, and the true share of tied pairs ``tie_share``."""

@@ -75,7 +75,7 @@ class Extra:
 
 @dataclass(frozen=True)
 class CommandSettings:
-    """What a generated command exposes (read by tests/test_cli_flags.py): its settings model
+    """What a generated command exposes (read by tests/integration/test_cli_flags.py): its settings model
     and, per dotted field, the option (or positional argument) that sets it."""
 
     model: type[BaseModel]

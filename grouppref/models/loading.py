@@ -6,7 +6,7 @@ grouppref cache (``$GROUPPREF_CACHE``, else ``$XDG_CACHE_HOME/grouppref``, else
 ``~/.cache/grouppref``) and every later load reads that folder (~0.1 s). ``save_pretrained``
 refuses a GGUF-loaded model, so the conversion rebuilds the model from its config (without the
 quantization config), loads the dequantised state dict into it and saves that: the logits are
-identical (checked in tests/test_models.py).
+identical (checked in tests/integration/test_models.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Training: GSPO (Groupwise Supervised Preference Optimization: offline, no critic, no
 sampling) and its baselines for a policy, a scalar reward model, and their evaluation.
 
-Sub-packages, each importing only those listed before it (tests/test_architecture.py checks it):
+Sub-packages, each importing only those listed before it (tests/integration/test_architecture.py checks it):
 
 * :mod:`~grouppref.train.settings`: every setting, torch-free (the CLI and the run config read
   them); the fields both trainers share are declared once (``settings/shared.py``);

@@ -1,6 +1,6 @@
 """What the data stages make of a fixed set of inputs, as one JSON-able snapshot: the records
 each stage stored (its Arrow rows as written), its rejects, its counts and its stats, and the
-exported files read back. ``tests/test_data_equivalence.py`` compares a snapshot of the current
+exported files read back. ``tests/integration/test_data_equivalence.py`` compares a snapshot of the current
 code with one recorded from the per-row implementation (issue 32) in
 ``tests/data/equivalence/snapshot.json``.
 

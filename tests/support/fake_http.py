@@ -1,5 +1,5 @@
-"""What the FAKE OpenAI-compatible servers of the in-flight tests (tests/test_served_overlap.py,
-tests/test_rank_served_overlap.py) and of benchmarks/rank_served.py share: a quiet JSON request
+"""What the FAKE OpenAI-compatible servers of the in-flight tests (tests/integration/test_served_overlap.py,
+tests/integration/test_rank_served_overlap.py) and of benchmarks/rank_served.py share: a quiet JSON request
 handler that lists its models on ``GET``, serving a handler on a free loopback port, and a
 judge's answer made from a hash of the question.
 

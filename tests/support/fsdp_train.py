@@ -1,4 +1,4 @@
-"""The training run tests/test_fsdp.py compares: the trainer's step (``policy.step.run_steps``) on a
+"""The training run tests/system/test_fsdp.py compares: the trainer's step (``policy.step.run_steps``) on a
 tiny model, in one process or sharded with FSDP2 (``fully_shard``, gloo) under torchrun.
 
 Every step takes a global batch of ``GLOBAL`` groups; under FSDP rank r trains on its

@@ -19,7 +19,7 @@ with ``use_cache=True``, then the N responses on the KV cache gathered to them
 checkpointing.
 
 The unshared path concatenates prompt and response per candidate and runs N full rows; it is
-the reference the shared path must equal (1e-4 in fp32, tests/test_logps.py).
+the reference the shared path must equal (1e-4 in fp32, tests/integration/test_logps.py).
 
 Log-probs of the taken tokens come from :func:`taken_logps`: a log-sum-exp per logit row in
 chunks and one gather, with no (rows, V) log-softmax kept for backward. On CPU, when the model's

@@ -1,0 +1,200 @@
+"""The house's shape: imports run one way only, no import cycles, and ``--help`` stays light.
+
+Layers, from the ground up (docs/architecture.md): a module may import its own package and
+the packages *below* its own, never one above it. Every import counts, including those inside
+functions and under ``TYPE_CHECKING``. The sub-packages of ``grouppref.train`` are layered the
+same way among themselves (``TRAIN_LAYERS``).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import REPO
+
+ROOT = REPO / "grouppref"
+TESTS = ROOT.parent / "tests"
+LAYERS = ["errors", "schemas", "config", "runs", "stats", "models", "readers", "pipeline",
+          "labeling", "train", "sweep", "stages", "runner", "api", "commands", "cli"]
+TOP = {"__init__": "errors", "__main__": "cli"}
+# grouppref.train's sub-packages, from the ground up: the settings (torch-free), tensor code, the
+# objective, the engine both trainers share, their data, evaluation, refresh, the two trainers
+TRAIN_LAYERS = ["settings", "tensors", "objective", "engine", "data", "eval", "refresh",
+                "reward_model", "policy"]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    head = parts[1] if len(parts) > 1 else "__init__"
+    return TOP.get(head, head)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every grouppref module ``path`` imports (``from a import b``: ``a.b`` when that is a
+    module, else ``a``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("grouppref"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("grouppref"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                out.add(sub if MODULES.get(sub) else node.module)
+    return out
+
+
+FILES = sorted(p for p in ROOT.rglob("*.py") if "argilla_plugin" not in p.parts)
+MODULES = {module_name(p): p for p in FILES}
+GRAPH = {name: imports_of(path) for name, path in MODULES.items()}
+
+
+def test_every_package_has_a_layer():
+    assert {layer_of(m) for m in MODULES} <= set(LAYERS)
+
+
+def test_imports_run_one_way():
+    upward = []
+    for module, targets in GRAPH.items():
+        mine = LAYERS.index(layer_of(module))
+        for target in targets:
+            theirs = LAYERS.index(layer_of(target))
+            if theirs > mine:
+                upward.append(f"{module} ({layer_of(module)}) imports {target} ({layer_of(target)})")
+    assert upward == []
+
+
+def train_layer_of(module: str) -> str | None:
+    """The sub-package of ``grouppref.train`` that ``module`` is in (None outside train/)."""
+    parts = module.split(".")
+    if parts[:2] != ["grouppref", "train"] or len(parts) < 3:
+        return None
+    return parts[2]
+
+
+def test_train_modules_are_in_sub_packages():
+    """train/ holds sub-packages only, each one of TRAIN_LAYERS (no flat modules)."""
+    found = {train_layer_of(m) for m in MODULES} - {None}
+    assert found == set(TRAIN_LAYERS)
+    flat = [p.name for p in (ROOT / "train").glob("*.py") if p.name != "__init__.py"]
+    assert flat == []
+
+
+def test_train_sub_packages_import_one_way():
+    upward = []
+    for module, targets in GRAPH.items():
+        mine = train_layer_of(module)
+        if mine is None:
+            continue
+        for target in targets:
+            theirs = train_layer_of(target)
+            if theirs is not None and TRAIN_LAYERS.index(theirs) > TRAIN_LAYERS.index(mine):
+                upward.append(f"{module} ({mine}) imports {target} ({theirs})")
+    assert upward == []
+
+
+def test_no_import_cycles():
+    """Depth-first search for a back edge; every import counts, type-checking ones too."""
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(GRAPH.get(node, ())):
+            if nxt not in MODULES:
+                continue
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for module in MODULES:
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_the_registry_lists_every_stage_with_one_call_shape():
+    """grouppref.stages is the one list of a run's stages: each RunConfig section is one entry,
+    and every stage function is ``run(store, config, context)`` (anything more keyword-only)."""
+    from grouppref.runner import RunConfig
+    from grouppref.stages import STAGES
+
+    assert [s.section for s in STAGES] == [f for f in RunConfig.model_fields if f != "run_dir"]
+    for stage in STAGES:
+        params = list(inspect.signature(stage.load()).parameters.values())
+        assert [p.name for p in params[:3]] == ["store", "config", "context"], stage.name
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[3:]), stage.name
+
+
+HEAVY = ("torch", "transformers", "datasets", "accelerate", "optuna")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["schema", "Prompt"], ["train", "--help"],
+                                  ["train-rm", "--help"], ["eval", "--help"], ["run", "--help"],
+                                  ["generate", "--help"], ["label", "push", "--help"],
+                                  ["sweep", "--help"]])
+def test_light_commands_do_not_import_torch(argv: list[str], tmp_path: Path):
+    """``--help``, ``schema`` and every command's ``--help`` start without the ML stack."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from grouppref.cli import main\n"
+        f"sys.argv = ['grouppref', *{argv!r}]\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n        main()\n    except SystemExit:\n        pass\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr
+
+
+def test_inspect_does_not_import_torch(tmp_path: Path):
+    from grouppref.runs.store import RunStore
+    from grouppref.schemas import Prompt
+
+    store = RunStore(tmp_path / "run")
+    stage = store.open_stage("prompts", {"source": "x"}, record_type=Prompt)
+    stage.write_shard(next(iter(stage.pending_shards([1], 1))),
+                      [Prompt(prompt_id="p1", text="hi")], [])
+    stage.finish(inputs=1)
+    code = ("import sys\nfrom grouppref.cli import main\n"
+            f"sys.argv = ['grouppref', 'inspect', {str(store.root)!r}]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr
+
+
+# ``from tests.test_x import``, ``import tests.test_x``, ``from tests import test_x``, also in the
+# source of a script a test writes (a torchrun script is a string)
+TEST_IMPORT = re.compile(r"^\s*(?:from\s+tests\.test_\w+\s+import|import\s+tests\.test_\w+"
+                         r"|from\s+tests\s+import\s+(?:\(\s*)?test_)", re.MULTILINE)
+
+
+@pytest.mark.parametrize("folder", ["tests", "benchmarks"])
+def test_no_module_imports_a_test_module(folder: str):
+    """Helpers that several test modules share live in tests/support/; a test module (or a
+    benchmark) never imports another test module, so a test file can move or go alone."""
+    found = []
+    for path in sorted((ROOT.parent / folder).rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        found += [f"{path.relative_to(ROOT.parent)}:{text.count(chr(10), 0, m.start()) + 1}: "
+                  f"{m.group().strip()}" for m in TEST_IMPORT.finditer(text)]
+    assert found == []
