@@ -7,10 +7,11 @@ scores a candidate by the share of its prompt's constraints the candidate meets
 
 Ids and keyword arguments follow IFEval (Zhou et al. 2023, arXiv:2311.07911; the
 ``instruction_id_list`` / ``kwargs`` columns of its published dataset), so IFEval rows can be
-scored as they are. tests/unit/pipeline/rank/test_constraints_ifeval.py runs the official implementation (lm-eval's
-``lm_eval/tasks/ifeval``, strict scoring) on an edge-case corpus (tests/data/ifeval_edge/) and
-asserts agreement case by case except these departures, all deliberate (docs/rank.md has the
-table); where IFEval's verdict is the instruction's plain meaning we follow it:
+scored as they are. tests/unit/pipeline/rank/test_constraints_ifeval.py runs the official
+implementation (lm-eval's ``lm_eval/tasks/ifeval``, strict scoring) on an edge-case corpus
+(tests/data/ifeval_edge/) and asserts agreement case by case except these departures, all
+deliberate (docs/rank.md has the table); where IFEval's verdict is the instruction's plain
+meaning we follow it:
 
 * an empty or blank answer meets no constraint (as IFEval's strict scoring; :func:`check`);
 * strict checks only (IFEval's "loose" variants, which also try the response without its
