@@ -95,13 +95,20 @@ def features_for(model: type[BaseModel]) -> datasets.Features:
 Convert = Callable[[Any], Any]
 
 
+_DUMPS = json.JSONEncoder(sort_keys=True, ensure_ascii=False).encode  # json.dumps(...), made once
+
+
 def _json_dump(value: Any) -> Any:
-    return None if value is None else json.dumps(value, sort_keys=True, ensure_ascii=False)
+    if value is None:
+        return None
+    return "{}" if value == {} else _DUMPS(value)  # most metadata and params are empty
 
 
 def _json_load(value: Any) -> Any:
     # stored as JSON text; a row read from a JSON file holds the dict
-    return json.loads(value) if isinstance(value, str) else value
+    if not isinstance(value, str):
+        return value
+    return {} if value == "{}" else json.loads(value)
 
 
 def _list_of(item: Convert) -> Convert:
@@ -112,13 +119,13 @@ def _list_of(item: Convert) -> Convert:
 
 def _fields_of(model: type[BaseModel], field: Callable[[Any], Convert | None],
                keep_unknown: bool) -> Convert | None:
-    """A converter of a model's dict form: ``field`` compiles one per annotation. Without
-    ``keep_unknown`` a key the model does not have is dropped (as for nested rows), and a
-    model none of whose fields needs converting is stored as it is (``None``)."""
+    """A converter of a model's dict form (``None``: none needed); ``field`` compiles one per
+    annotation. Without ``keep_unknown`` a key the model does not have is dropped (as the
+    nested rows of a plain JSON file are read)."""
     names = frozenset(model.model_fields)
     plan = [(n, c) for n, f in model.model_fields.items() if (c := field(f.annotation))]
     if not plan and keep_unknown:
-        return dict
+        return None
     if not plan:
         return lambda value: (value if not isinstance(value, dict) or value.keys() <= names
                               else {n: v for n, v in value.items() if n in names})
@@ -135,28 +142,29 @@ def _fields_of(model: type[BaseModel], field: Callable[[Any], Convert | None],
     return convert
 
 
-def _compile(annotation: Any, json_convert: Convert) -> Convert | None:
+def _compile(annotation: Any, json_convert: Convert, keep_unknown: bool) -> Convert | None:
     ann = _unwrap(annotation)
     origin = typing.get_origin(ann)
     if origin is dict:
         return json_convert
     if origin is list:
-        item = _compile(typing.get_args(ann)[0], json_convert)
+        item = _compile(typing.get_args(ann)[0], json_convert, keep_unknown)
         return None if item is None else _list_of(item)
     if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return _fields_of(ann, lambda a: _compile(a, json_convert), keep_unknown=False)
+        return _fields_of(ann, lambda a: _compile(a, json_convert, keep_unknown), keep_unknown)
     return None
 
 
 @cache
 def _encoder(model: type[BaseModel]) -> Convert:
-    encode = _fields_of(model, lambda a: _compile(a, _json_dump), keep_unknown=True)
+    # model_dump gives exactly the fields: a nested model without dict fields is kept as is
+    encode = _fields_of(model, lambda a: _compile(a, _json_dump, True), keep_unknown=True)
     return encode or dict
 
 
 @cache
 def _decoder(model: type[BaseModel]) -> Convert:
-    decode = _fields_of(model, lambda a: _compile(a, _json_load), keep_unknown=True)
+    decode = _fields_of(model, lambda a: _compile(a, _json_load, False), keep_unknown=True)
     return decode or dict
 
 
@@ -205,3 +213,4 @@ def to_dataset(records: typing.Iterable[BaseModel], model: type[BaseModel]) -> d
 def from_dataset(ds: datasets.Dataset, model: type[R]) -> list[R]:
     """Every row of ``ds`` as a validated record."""
     return [from_row(model, row) for row in dataset_rows(ds)]
+
