@@ -168,6 +168,13 @@ def _decoder(model: type[BaseModel]) -> Convert:
     return decode or dict
 
 
+@cache
+def _stored_decoder(model: type[BaseModel]) -> Convert:
+    # an Arrow struct holds exactly its fields: nothing to drop, only dict fields to parse
+    decode = _fields_of(model, lambda a: _compile(a, _json_load, True), keep_unknown=True)
+    return decode or dict
+
+
 def to_row(record: BaseModel) -> dict[str, Any]:
     """A record as an Arrow-ready row (matching :func:`features_for`)."""
     return _encoder(type(record))(record.model_dump(mode="json"))
@@ -177,6 +184,12 @@ def from_row(model: type[R], row: dict[str, Any]) -> R:
     """Rebuild and re-validate a record from a row written by :func:`to_row` (a key the model
     does not have is kept, so that ``extra="forbid"`` names it)."""
     return model.model_validate(_decoder(model)(row))
+
+
+def from_stored_row(model: type[R], row: dict[str, Any]) -> R:
+    """:func:`from_row` of a row read from a table with :func:`features_for`'s schema (its
+    nested structs hold exactly their fields, so no unknown key is looked for there)."""
+    return model.model_validate(_stored_decoder(model)(row))
 
 
 def table_rows(table: pa.Table, batch_size: int = 1024) -> Iterator[dict[str, Any]]:
@@ -212,5 +225,6 @@ def to_dataset(records: typing.Iterable[BaseModel], model: type[BaseModel]) -> d
 
 def from_dataset(ds: datasets.Dataset, model: type[R]) -> list[R]:
     """Every row of ``ds`` as a validated record."""
-    return [from_row(model, row) for row in dataset_rows(ds)]
+    parse = from_stored_row if ds.features == features_for(model) else from_row
+    return [parse(model, row) for row in dataset_rows(ds)]
 

@@ -54,7 +54,7 @@ from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import DATA, RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup, check_tiers, from_row, normalise_text
-from grouppref.schemas.arrow import dataset_rows, features_for
+from grouppref.schemas.arrow import dataset_rows, features_for, from_stored_row
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -175,11 +175,13 @@ def _locate_aggregate(group: dict[str, Any], ids: list[str]) -> tuple[str, str] 
     return None
 
 
-def parse_row(row: dict[str, Any], number: int, source: str) -> ValidatedGroup | Reject:
-    """A raw row as a ``ValidatedGroup``, or a ``Reject`` naming the field and the reason."""
+def parse_row(row: dict[str, Any], number: int, source: str, *, stored: bool = False
+              ) -> ValidatedGroup | Reject:
+    """A raw row as a ``ValidatedGroup``, or a ``Reject`` naming the field and the reason
+    (``stored``: a row of a table with the record's own schema, :func:`from_stored_row`)."""
     group_id = row.get("group_id") if isinstance(row.get("group_id"), str) else None
     try:
-        return from_row(ValidatedGroup, row)
+        return (from_stored_row if stored else from_row)(ValidatedGroup, row)
     except ValidationError as e:
         first = e.errors()[0]
         field, reason = _loc(first["loc"]), first["msg"].removeprefix("Value error, ")
@@ -215,8 +217,9 @@ class _RowInfo:
 class _Plan:
     """Pass 1: parse every row once, keep only keys, decide which rows are rejected and why."""
 
-    def __init__(self, config: ValidateConfig, source: str) -> None:
+    def __init__(self, config: ValidateConfig, source: str, stored: bool = False) -> None:
         self.config = config
+        self.stored = stored  # rows of a table with ValidatedGroup's own schema
         self.source = source
         self.rejects: dict[int, tuple[str, Reject]] = {}  # row -> (check, reject)
         self.info: dict[int, _RowInfo] = {}
@@ -232,7 +235,7 @@ class _Plan:
 
     def add(self, number: int, row: dict[str, Any]) -> None:
         self.rows += 1
-        parsed = parse_row(row, number, self.source)
+        parsed = parse_row(row, number, self.source, stored=self.stored)
         if isinstance(parsed, Reject):
             self.rejects[number] = ("schema", parsed)
             return
@@ -306,7 +309,8 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _plan(ds: Rows, config: ValidateConfig, source: str) -> _Plan:
-    plan = _Plan(config, source)
+    stored = isinstance(ds, datasets.Dataset) and ds.features == features_for(ValidatedGroup)
+    plan = _Plan(config, source, stored)
     with stage_progress() as bar:
         task = bar.add_task(f"{STAGE}: check", total=len(ds), unit="groups")
         rows = dataset_rows(ds) if isinstance(ds, datasets.Dataset) else ds
