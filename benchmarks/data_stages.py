@@ -101,11 +101,12 @@ class Timed:
     seconds: float
     peak_rss_mb: float
     stage_seconds: float | None = None  # what the stage's manifest says it took
+    cpu_seconds: float = 0.0  # user + system time of the child (all its threads)
 
 
 def run_child(name: str, argv: list[str], cwd: Path, run: Path | None = None,
               stage: str | None = None) -> Timed:
-    """Run one command in a child process: its wall time and its own peak RSS."""
+    """Run one command in a child process: its wall time, CPU time and its own peak RSS."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
     t = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
@@ -121,7 +122,8 @@ def run_child(name: str, argv: list[str], cwd: Path, run: Path | None = None,
     if run is not None and stage is not None:
         manifest = json.loads((run / stage / "manifest.json").read_text(encoding="utf-8"))
         stage_seconds = manifest.get("seconds")
-    return Timed(name, seconds, usage.ru_maxrss / 1024, stage_seconds)
+    return Timed(name, seconds, usage.ru_maxrss / 1024, stage_seconds,
+                 usage.ru_utime + usage.ru_stime)
 
 
 def load_average() -> str:
@@ -168,7 +170,7 @@ def main() -> None:
     peer_argv = [sys.executable, "-c", PEER, str(data), str(work / "peer.parquet")]
     peers = [run_child("peer", peer_argv, work)]
     print(f"peer: {peers[-1].seconds:.2f} s (load {loads[-1]})", flush=True)
-    results: list[tuple[Timed, float]] = []
+    results: list[tuple[Timed, float, float]] = []
     for name in wanted:
         argv, where, stage = commands[name]
         timed = run_child(name, argv, work, where, stage)
@@ -177,7 +179,8 @@ def main() -> None:
         loads.append(load_average())
         peers.append(run_child("peer", peer_argv, work))
         peer = (peers[-2].seconds + peers[-1].seconds) / 2
-        results.append((timed, peer))
+        peer_cpu = (peers[-2].cpu_seconds + peers[-1].cpu_seconds) / 2
+        results.append((timed, peer, peer_cpu))
         print(f"{name}: {timed.seconds:.2f} s, peer around it {peer:.2f} s (load {loads[-1]})",
               flush=True)
     n = args.groups
@@ -187,17 +190,19 @@ def main() -> None:
           f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     print(f"load average (1/5/15 min) before and after each command: {' | '.join(loads)}")
     print(f"{'command':<10} {'seconds':>8} {'stage s':>8} {'groups/s':>9} {'x peer':>7} "
-          f"{'peak RSS MB':>12}")
+          f"{'cpu s':>8} {'x peer cpu':>10} {'peak RSS MB':>12}")
     for p in peers:
         print(f"{'peer':<10} {p.seconds:8.2f} {'':>8} {n / p.seconds:9.0f} {'':>7} "
-              f"{p.peak_rss_mb:12.0f}")
-    for timed, peer in results:
+              f"{p.cpu_seconds:8.2f} {'':>10} {p.peak_rss_mb:12.0f}")
+    for timed, peer, peer_cpu in results:
         stage_s = f"{timed.stage_seconds:8.2f}" if timed.stage_seconds is not None else " " * 8
         print(f"{timed.name:<10} {timed.seconds:8.2f} {stage_s} {n / timed.seconds:9.0f} "
-              f"{timed.seconds / peer:7.2f} {timed.peak_rss_mb:12.0f}")
+              f"{timed.seconds / peer:7.2f} {timed.cpu_seconds:8.2f} "
+              f"{timed.cpu_seconds / peer_cpu:10.2f} {timed.peak_rss_mb:12.0f}")
     print("(seconds: the command's wall time, interpreter and imports included; stage s: the "
           "stage's own time from its manifest; x peer: seconds / mean of the peer runs before "
-          "and after it)")
+          "and after it; cpu s: the command's user + system time, all threads, which a loaded "
+          "machine stretches less than wall time; x peer cpu: the same ratio on CPU time)")
 
 
 def _export_stage(run: Path) -> str:

@@ -23,6 +23,7 @@ from grouppref.schemas.records import Reject
 
 if TYPE_CHECKING:
     import datasets
+    import pyarrow as pa
 
 T = TypeVar("T")
 R = TypeVar("R", bound=BaseModel)
@@ -118,16 +119,21 @@ class StageRun(Generic[R]):
 
     def write_shard(self, shard: Shard[Any], records: Sequence[R], rejects: Sequence[Reject]) -> None:
         """Persist one shard's output and rejects; rename makes it all-or-nothing."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        from grouppref.schemas.arrow import to_table
 
-        from grouppref.schemas.arrow import to_row
+        self._features()
+        self.write_table(shard, to_table(records, self.record_type), rejects)  # type: ignore[arg-type]
+
+    def write_table(self, shard: Shard[Any], table: pa.Table, rejects: Sequence[Reject]) -> None:
+        """:meth:`write_shard` for records already in Arrow form (rows :func:`to_row` would
+        give, e.g. rows read back from another stage that a check proved valid)."""
+        import pyarrow.parquet as pq
 
         path = self._shard_path(shard.index)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_rejects(path.with_suffix(".rejects.jsonl"), rejects)
-        table = pa.Table.from_pylist([to_row(r) for r in records],
-                                     schema=self._features().arrow_schema)
+        schema = self._features().arrow_schema
+        table = table.select(schema.names).cast(schema)
         tmp = path.with_name(path.name + ".tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, path)  # the shard counts as done only from here on

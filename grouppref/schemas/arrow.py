@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import types
 import typing
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from functools import cache
 from typing import Any, Literal, TypeVar
@@ -30,10 +31,10 @@ from pydantic import BaseModel
 
 if typing.TYPE_CHECKING:
     import datasets
+    import pyarrow as pa
 
 R = TypeVar("R", bound=BaseModel)
 
-_JSON = "json"
 
 
 def _unwrap(annotation: Any) -> Any:
@@ -88,80 +89,142 @@ def features_for(model: type[BaseModel]) -> datasets.Features:
     )
 
 
-# A codec is a small plan compiled once per annotation: "json" (a dict stored as JSON text),
-# ("list", item_codec), ("model", {field: codec}) or None (stored as is).
-Codec = Any
+# Converters are compiled once per record type from the annotations: a function per field
+# that needs one (a dict stored as JSON text, or a list / nested model holding such a dict);
+# every other value is stored as it is, so most of a row is copied at C speed (``dict(row)``).
+Convert = Callable[[Any], Any]
 
 
-def _codec(annotation: Any) -> Codec:
+_DUMPS = json.JSONEncoder(sort_keys=True, ensure_ascii=False).encode  # json.dumps(...), made once
+
+
+def _json_dump(value: Any) -> Any:
+    if value is None:
+        return None
+    return "{}" if value == {} else _DUMPS(value)  # most metadata and params are empty
+
+
+def _json_load(value: Any) -> Any:
+    # stored as JSON text; a row read from a JSON file holds the dict
+    if not isinstance(value, str):
+        return value
+    return {} if value == "{}" else json.loads(value)
+
+
+def _list_of(item: Convert) -> Convert:
+    def convert(value: Any) -> Any:  # a value of the wrong shape is left for pydantic to name
+        return [item(v) for v in value] if isinstance(value, list) else value
+    return convert
+
+
+def _fields_of(model: type[BaseModel], field: Callable[[Any], Convert | None],
+               keep_unknown: bool) -> Convert | None:
+    """A converter of a model's dict form (``None``: none needed); ``field`` compiles one per
+    annotation. Without ``keep_unknown`` a key the model does not have is dropped (as the
+    nested rows of a plain JSON file are read)."""
+    names = frozenset(model.model_fields)
+    plan = [(n, c) for n, f in model.model_fields.items() if (c := field(f.annotation))]
+    if not plan and keep_unknown:
+        return None
+    if not plan:
+        return lambda value: (value if not isinstance(value, dict) or value.keys() <= names
+                              else {n: v for n, v in value.items() if n in names})
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out = dict(value) if keep_unknown or value.keys() <= names else {
+            n: v for n, v in value.items() if n in names}
+        for name, c in plan:
+            if name in out:  # a key a plain JSON row leaves out keeps its default
+                out[name] = c(out[name])
+        return out
+    return convert
+
+
+def _compile(annotation: Any, json_convert: Convert, keep_unknown: bool) -> Convert | None:
     ann = _unwrap(annotation)
     origin = typing.get_origin(ann)
     if origin is dict:
-        return _JSON
+        return json_convert
     if origin is list:
-        item = _codec(typing.get_args(ann)[0])
-        return None if item is None else ("list", item)
+        item = _compile(typing.get_args(ann)[0], json_convert, keep_unknown)
+        return None if item is None else _list_of(item)
     if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ("model", _model_codec(ann))
+        return _fields_of(ann, lambda a: _compile(a, json_convert, keep_unknown), keep_unknown)
     return None
 
 
 @cache
-def _model_codec(model: type[BaseModel]) -> dict[str, Codec]:
-    return {name: _codec(f.annotation) for name, f in model.model_fields.items()}
+def _encoder(model: type[BaseModel]) -> Convert:
+    # model_dump gives exactly the fields: a nested model without dict fields is kept as is
+    encode = _fields_of(model, lambda a: _compile(a, _json_dump, True), keep_unknown=True)
+    return encode or dict
 
 
-def _encode(codec: Codec, value: Any) -> Any:
-    if value is None or codec is None:
-        return value
-    if codec == _JSON:
-        return json.dumps(value, sort_keys=True, ensure_ascii=False)
-    kind, inner = codec
-    if kind == "list":
-        return [_encode(inner, v) for v in value]
-    return {n: _encode(c, value.get(n)) for n, c in inner.items()}
+@cache
+def _decoder(model: type[BaseModel]) -> Convert:
+    decode = _fields_of(model, lambda a: _compile(a, _json_load, False), keep_unknown=True)
+    return decode or dict
 
 
-def _decode(codec: Codec, value: Any) -> Any:
-    if value is None or codec is None:
-        return value
-    if codec == _JSON:  # stored as JSON text; a row read from a JSON file holds the dict
-        return json.loads(value) if isinstance(value, str) else value
-    kind, inner = codec
-    if kind == "list":  # a value of the wrong shape is left for pydantic to name
-        return [_decode(inner, v) for v in value] if isinstance(value, list) else value
-    if not isinstance(value, dict):
-        return value
-    # a key a plain JSON row leaves out keeps its default (a stored row has every key)
-    return {n: _decode(c, value[n]) for n, c in inner.items() if n in value}
+@cache
+def _stored_decoder(model: type[BaseModel]) -> Convert:
+    # an Arrow struct holds exactly its fields: nothing to drop, only dict fields to parse
+    decode = _fields_of(model, lambda a: _compile(a, _json_load, True), keep_unknown=True)
+    return decode or dict
 
 
 def to_row(record: BaseModel) -> dict[str, Any]:
     """A record as an Arrow-ready row (matching :func:`features_for`)."""
-    dumped = record.model_dump(mode="json")
-    return {name: _encode(c, dumped.get(name)) for name, c in _model_codec(type(record)).items()}
+    return _encoder(type(record))(record.model_dump(mode="json"))
 
 
 def from_row(model: type[R], row: dict[str, Any]) -> R:
-    """Rebuild and re-validate a record from a row written by :func:`to_row`."""
-    codecs = _model_codec(model)
-    unknown = set(row) - set(codecs)
-    data = {name: _decode(c, row[name]) for name, c in codecs.items() if name in row}
-    data.update({name: row[name] for name in unknown})  # let extra="forbid" name them
-    return model.model_validate(data)
+    """Rebuild and re-validate a record from a row written by :func:`to_row` (a key the model
+    does not have is kept, so that ``extra="forbid"`` names it)."""
+    return model.model_validate(_decoder(model)(row))
+
+
+def from_stored_row(model: type[R], row: dict[str, Any]) -> R:
+    """:func:`from_row` of a row read from a table with :func:`features_for`'s schema (its
+    nested structs hold exactly their fields, so no unknown key is looked for there)."""
+    return model.model_validate(_stored_decoder(model)(row))
+
+
+def table_rows(table: pa.Table, batch_size: int = 1024) -> Iterator[dict[str, Any]]:
+    """The rows of an Arrow table as Python dicts, converted a batch at a time (column-wise,
+    in C) rather than value by value; at most one batch of dicts is alive at once."""
+    for batch in table.to_batches(max_chunksize=batch_size):
+        yield from batch.to_pylist()
+
+
+def dataset_rows(ds: datasets.Dataset, batch_size: int = 1024) -> Iterator[dict[str, Any]]:
+    """The rows of a ``datasets.Dataset`` (what iterating it gives), a batch at a time."""
+    if ds._indices is not None:  # a selection of another table: let datasets resolve it
+        yield from ds
+        return
+    yield from table_rows(ds.data.table, batch_size)
+
+
+def to_table(records: typing.Iterable[BaseModel], model: type[BaseModel]) -> pa.Table:
+    """Records of one type as one Arrow table with the schema of :func:`features_for`."""
+    import pyarrow as pa
+
+    return pa.Table.from_pylist([to_row(r) for r in records],
+                                schema=features_for(model).arrow_schema)
 
 
 def to_dataset(records: typing.Iterable[BaseModel], model: type[BaseModel]) -> datasets.Dataset:
     """A ``datasets.Dataset`` of records of one type (an empty one keeps the schema)."""
     import datasets
 
-    rows = [to_row(r) for r in records]
     features = features_for(model)
-    if not rows:
-        return datasets.Dataset.from_dict({k: [] for k in features}, features=features)
-    return datasets.Dataset.from_list(rows, features=features)
+    return datasets.Dataset(to_table(records, model), info=datasets.DatasetInfo(features=features))
 
 
 def from_dataset(ds: datasets.Dataset, model: type[R]) -> list[R]:
     """Every row of ``ds`` as a validated record."""
-    return [from_row(model, row) for row in ds]
+    parse = from_stored_row if ds.features == features_for(model) else from_row
+    return [parse(model, row) for row in dataset_rows(ds)]
+

@@ -27,9 +27,14 @@ class BTFit:
     tau: Any  # (B, A) tau-b of each ranking against the consensus (NaN: not used)
     conc: Any  # (B, A) concordant pairs against the consensus
     disc: Any  # (B, A) discordant pairs against the consensus
+    labels: Any = None  # (B, K) component of each candidate (numpy() only; -1: padding)
 
     def numpy(self) -> BTFit:
-        return BTFit(**{f.name: getattr(self, f.name).numpy() for f in fields(self)})
+        """The fit as numpy arrays, with every group's comparison-graph components
+        (:func:`~grouppref.stats.rankstats.component_labels`) computed at once."""
+        arrays = {f.name: getattr(self, f.name).numpy() for f in fields(self) if f.name != "labels"}
+        labels = rankstats.component_labels(self.wins, self.tiers >= 0).numpy()
+        return BTFit(**arrays, labels=labels)
 
 
 def fit_groups(ranks: torch.Tensor, slot_w: torch.Tensor, valid: torch.Tensor,

@@ -75,16 +75,16 @@ def _pairs(ids: list[str], p: np.ndarray, w: np.ndarray, wins: np.ndarray,
     of the comparison graph) has ``p = 0.5`` and weight 0: the fit's order across components
     comes from the prior, and its confidence there from the prior's centring, not from data."""
     out = []
+    p, w, wins, labels = p.tolist(), w.tolist(), wins.tolist(), labels.tolist()  # floats
     for i in range(len(ids)):
         for j in range(i + 1, len(ids)):
             if labels[i] != labels[j]:
                 out.append(PairPreference(winner=ids[i], loser=ids[j], p=0.5, weight=0.0))
                 continue
-            win, lose = (i, j) if p[i, j] >= 0.5 else (j, i)
+            win, lose = (i, j) if p[i][j] >= 0.5 else (j, i)
             out.append(PairPreference(
-                winner=ids[win], loser=ids[lose], p=float(max(p[win, lose], 0.5)),
-                weight=float(w[win, lose]), votes_for=float(wins[win, lose]),
-                votes_against=float(wins[lose, win])))
+                winner=ids[win], loser=ids[lose], p=max(p[win][lose], 0.5), weight=w[win][lose],
+                votes_for=wins[win][lose], votes_against=wins[lose][win]))
     return out
 
 
@@ -95,8 +95,7 @@ def _nanmean_or_none(x: np.ndarray) -> float | None:
 
 def _labels(fit: BTFit, b: int) -> np.ndarray:
     """Component label of each candidate of group ``b`` in its comparison graph."""
-    return rankstats.component_labels(torch.from_numpy(fit.wins[b : b + 1]),
-                                      torch.from_numpy(fit.tiers[b : b + 1] >= 0))[0].numpy()
+    return fit.labels[b]
 
 
 def _record(parsed: ParsedInput, b: int, fit: BTFit, used: np.ndarray,
@@ -113,7 +112,7 @@ def _record(parsed: ParsedInput, b: int, fit: BTFit, used: np.ndarray,
         kendall_w=None if math.isnan(kw) else float(min(max(kw, 0.0), 1.0)),
         mean_tau=_nanmean_or_none(fit.tau[b][used[b]]),
         noise=float(d / (c + d)) if c + d > 0 else None)
-    return ValidatedGroup(  # dict(group): the validated sub-records are reused, not re-parsed
+    fields = dict(  # dict(group): the validated sub-records are reused, not re-parsed
         **dict(group), consensus=consensus,
         strengths={cid: float(fit.theta[b, i]) for i, cid in enumerate(ids)},
         pairs=_pairs(ids, fit.p[b, :k, :k], fit.w[b, :k, :k], fit.wins[b, :k, :k],
@@ -121,6 +120,13 @@ def _record(parsed: ParsedInput, b: int, fit: BTFit, used: np.ndarray,
         agreement=agreement, flags=flags,
         consensus_kinds=sorted({r.annotator.kind for r, u in zip(group.rankings, used[b],
                                                                   strict=False) if u}))
+    if all(consensus) and all(map(math.isfinite, fields["strengths"].values())):
+        # every check of ValidatedGroup holds by construction: the group, its rankings, pairs
+        # and agreement were validated, the consensus covers each candidate once (in
+        # non-empty tiers), the strengths name each candidate, the pairs each pair once;
+        # validating the whole again cost ~0.6 ms a group
+        return ValidatedGroup.model_construct(**fields)
+    return ValidatedGroup(**fields)
 
 
 @dataclass

@@ -41,6 +41,7 @@ from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
+from grouppref.schemas.arrow import dataset_rows
 from grouppref.schemas.reports import AggregateReport
 from grouppref.stats import bt
 from grouppref.stats.reliability import Reliability, estimate_reliability, noise_rate
@@ -86,7 +87,7 @@ def _input(store: RunStore, config: AggregateConfig) -> _Input:
                       published.fingerprint, [], config)
     source = resolve_input(store, config)
     store.require(source)
-    return _Input(list(store.load_dataset(source)), [], source, "", [source],
+    return _Input(list(dataset_rows(store.load_dataset(source))), [], source, "", [source],
                   config.model_copy(update={"input_stage": source}))
 
 

@@ -40,7 +40,7 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import datasets
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -54,6 +54,10 @@ from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import DATA, RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup, check_tiers, from_row, normalise_text
+from grouppref.schemas.arrow import dataset_rows, features_for, from_stored_row
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 REPORT = "report.json"
 CHECKS = ("schema", "conflicting_contents", "duplicate_group_id", "duplicate_prompt",
@@ -171,11 +175,13 @@ def _locate_aggregate(group: dict[str, Any], ids: list[str]) -> tuple[str, str] 
     return None
 
 
-def parse_row(row: dict[str, Any], number: int, source: str) -> ValidatedGroup | Reject:
-    """A raw row as a ``ValidatedGroup``, or a ``Reject`` naming the field and the reason."""
+def parse_row(row: dict[str, Any], number: int, source: str, *, stored: bool = False
+              ) -> ValidatedGroup | Reject:
+    """A raw row as a ``ValidatedGroup``, or a ``Reject`` naming the field and the reason
+    (``stored``: a row of a table with the record's own schema, :func:`from_stored_row`)."""
     group_id = row.get("group_id") if isinstance(row.get("group_id"), str) else None
     try:
-        return from_row(ValidatedGroup, row)
+        return (from_stored_row if stored else from_row)(ValidatedGroup, row)
     except ValidationError as e:
         first = e.errors()[0]
         field, reason = _loc(first["loc"]), first["msg"].removeprefix("Value error, ")
@@ -211,8 +217,9 @@ class _RowInfo:
 class _Plan:
     """Pass 1: parse every row once, keep only keys, decide which rows are rejected and why."""
 
-    def __init__(self, config: ValidateConfig, source: str) -> None:
+    def __init__(self, config: ValidateConfig, source: str, stored: bool = False) -> None:
         self.config = config
+        self.stored = stored  # rows of a table with ValidatedGroup's own schema
         self.source = source
         self.rejects: dict[int, tuple[str, Reject]] = {}  # row -> (check, reject)
         self.info: dict[int, _RowInfo] = {}
@@ -228,7 +235,7 @@ class _Plan:
 
     def add(self, number: int, row: dict[str, Any]) -> None:
         self.rows += 1
-        parsed = parse_row(row, number, self.source)
+        parsed = parse_row(row, number, self.source, stored=self.stored)
         if isinstance(parsed, Reject):
             self.rejects[number] = ("schema", parsed)
             return
@@ -302,14 +309,32 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _plan(ds: Rows, config: ValidateConfig, source: str) -> _Plan:
-    plan = _Plan(config, source)
+    stored = isinstance(ds, datasets.Dataset) and ds.features == features_for(ValidatedGroup)
+    plan = _Plan(config, source, stored)
     with stage_progress() as bar:
         task = bar.add_task(f"{STAGE}: check", total=len(ds), unit="groups")
-        for number, row in enumerate(ds, start=1):
+        rows = dataset_rows(ds) if isinstance(ds, datasets.Dataset) else ds
+        for number, row in enumerate(rows, start=1):
             plan.add(number, row)
             bar.advance(task)
     plan.finish_groups()
     return plan
+
+
+def _accepted_table(ds: Rows, numbers: Sequence[int], splits: list[str]) -> pa.Table:
+    """The rows ``numbers`` (1-based) of ``ds`` as they are, with ``split`` set: pass 1 parsed
+    each of them into a valid ``ValidatedGroup``, and a valid row is what :func:`to_row` gives
+    of its record (stored rows, and rows of a published dataset, are written by it), so the
+    Arrow row is the record: taking it saves parsing it a second time."""
+    import pyarrow as pa
+
+    if isinstance(ds, datasets.Dataset) and ds._indices is None:
+        table = ds.data.table.take([n - 1 for n in numbers])
+    else:
+        table = pa.Table.from_pylist([dict(ds[n - 1]) for n in numbers],
+                                     schema=features_for(ValidatedGroup).arrow_schema)
+    return table.set_column(table.schema.get_field_index("split"), "split",
+                            pa.array(splits, pa.string()))
 
 
 def _write(stage: StageRun[ValidatedGroup], ds: Rows, plan: _Plan,
@@ -320,9 +345,8 @@ def _write(stage: StageRun[ValidatedGroup], ds: Rows, plan: _Plan,
         task = bar.add_task(f"{STAGE}: write", total=len(accepted), unit="groups",
                             completed=stage.done_items(accepted, shard_size))
         for shard in stage.pending_shards(accepted, shard_size=shard_size):
-            records = [from_row(ValidatedGroup, ds[n - 1]).model_copy(
-                update={"split": plan.info[n].split}) for n in shard.items]
-            stage.write_shard(shard, records, [])
+            splits = [plan.info[n].split for n in shard.items]
+            stage.write_table(shard, _accepted_table(ds, shard.items, splits), [])
             bar.advance(task, len(shard.items))
 
 
