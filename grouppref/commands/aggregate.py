@@ -98,7 +98,7 @@ def print_aggregate_report(report: AggregateReport) -> None:
 
 
 def _panel(items: list[str]) -> list[dict[str, Any]]:
-    panel = []
+    panel: list[dict[str, Any]] = []
     for aid, value in _pairs(items, "--annotator", "ID=FLIP_RATE, ID=random or ID=reversed"):
         if value in ("random", "reversed"):
             panel.append({"id": aid, "behavior": value})

@@ -328,7 +328,7 @@ def config_command(
                                               default=extra.default, annotation=extra.annotation))
     _walk(model, built, prefix="", template="{}", flatten=flatten or {}, rename=rename or {},
           exclude=exclude or set(), custom=custom or {}, positional=set(positional))
-    common = [
+    common: list[tuple[str, Any, object]] = [  # (parameter, annotation, default)
         ("config_file", Annotated[Path | None, typer.Option(
             "--config", help="YAML/TOML/JSON file of these settings (or a run config with a "
             f"'{section or model.__name__}' section); options given here override it.",

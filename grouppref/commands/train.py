@@ -148,8 +148,8 @@ train = config_command(
     flatten={"data": "{}", "lora": "lora-{}", "refresh": "refresh-{}", "mix": "mix-{}"},
     rename={"lora.target_modules": "--lora-target", "refresh.fresh_share": "--fresh-share",
             "refresh.buffer": "--buffer"},
-    custom={"importance_clip": Custom("--importance-clip", TrainConfig.model_fields[
-        "importance_clip"].description + " Format: LOW,HIGH.", _clip, metavar="LOW,HIGH"),
+    custom={"importance_clip": Custom("--importance-clip", help_of(TrainConfig, "importance_clip")
+                                      + " Format: LOW,HIGH.", _clip, metavar="LOW,HIGH"),
             "refresh.rankers": Custom(
                 "--refresh-ranker", help_of(RefreshConfig, "rankers") + " " + RANKER_HELP,
                 parse_rankers, multiple=True, metavar="SPEC"),
