@@ -1,5 +1,5 @@
 # Quick start: `make demo` (the whole pipeline on embedded defaults) and `make test`
-# (`make test-fast`: lint and the unit tier, under a minute).
+# (`make test-fast`: lint, the type check and the unit tier, under a minute).
 # Both create .venv when missing and install pinned versions (requirements/lock.txt).
 # `make test` also installs what only the tests need: Debian chromium and PostgreSQL
 # (scripts/setup-test-env.sh) and the `serve` extra (llama-cpp-python[server], built from its
@@ -50,11 +50,13 @@ demo: $(STAMP)
 # one pytest-xdist worker per core, each test file on one worker (its module fixtures built once)
 test: test-env $(STAMP) $(SERVE_STAMP)
 	$(PY) -m ruff check grouppref tests benchmarks
+	$(PY) -m mypy
 	$(PY) -m pytest -n auto --dist loadfile
 
 # the unit tier only (tests/unit/): no server, browser or serve extra to set up
 test-fast: $(STAMP)
 	$(PY) -m ruff check grouppref tests benchmarks
+	$(PY) -m mypy
 	$(PY) -m pytest -m unit -n auto --dist loadfile
 
 lint: $(STAMP)

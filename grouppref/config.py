@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from grouppref.errors import ConfigError, InputFileError
 
@@ -94,7 +95,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _allowed(error: dict[str, Any]) -> str:
+def _allowed(error: ErrorDetails) -> str:
     ctx = error.get("ctx") or {}
     if error["type"] == "union_tag_invalid" and "expected_tags" in ctx:
         return f"; allowed: {ctx['expected_tags']}"
@@ -121,7 +122,7 @@ def _key_path(loc: tuple[Any, ...], data: Any) -> list[str]:
     return path
 
 
-def _union_tag(error: dict[str, Any]) -> tuple[tuple[Any, ...], str, Any]:
+def _union_tag(error: ErrorDetails) -> tuple[tuple[Any, ...], str, Any]:
     """Location, message and given value of a problem; a tagged union's tag problem is
     reported at the tag's own key (``rank.rankers.0.kind``), not at the list item."""
     ctx = error.get("ctx") or {}

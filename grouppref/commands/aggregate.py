@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from grouppref.commands.core import RunArg
+from grouppref.commands.core import RunArg, RunExtras
 from grouppref.commands.options import Custom, Extra, config_command, help_of
 from grouppref.commands.output import esc, out, print_stage
 from grouppref.errors import ConfigError
@@ -38,7 +38,7 @@ def _kind_weights(items: list[str]) -> dict[str, Any]:
     return out_
 
 
-def _run_aggregate(config: AggregateConfig, extras: dict[str, Any], force: bool) -> None:
+def _run_aggregate(config: AggregateConfig, extras: RunExtras, force: bool) -> None:
     from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
 
     store = RunStore(extras["run"])
@@ -98,7 +98,7 @@ def print_aggregate_report(report: AggregateReport) -> None:
 
 
 def _panel(items: list[str]) -> list[dict[str, Any]]:
-    panel = []
+    panel: list[dict[str, Any]] = []
     for aid, value in _pairs(items, "--annotator", "ID=FLIP_RATE, ID=random or ID=reversed"):
         if value in ("random", "reversed"):
             panel.append({"id": aid, "behavior": value})
@@ -111,7 +111,7 @@ def _panel(items: list[str]) -> list[dict[str, Any]]:
     return panel
 
 
-def _run_simulate(config: SimulateConfig, extras: dict[str, Any], force: bool) -> None:
+def _run_simulate(config: SimulateConfig, extras: RunExtras, force: bool) -> None:
     from grouppref.pipeline.simulate.stage import run_simulate
 
     stage = run_simulate(RunStore(extras["run"]), config, StageContext(force=force))

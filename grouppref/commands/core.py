@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 import typer
 from rich.table import Table
@@ -26,6 +26,19 @@ AllowStale = Annotated[bool, typer.Option(
     "changed after it ran); what is written says so.")]
 
 
+# A command's parameters that are not settings (its Extras), as its run function reads them
+class RunExtras(TypedDict):
+    run: Path  # RunArg
+
+
+class StaleRunExtras(RunExtras):
+    allow_stale: bool  # AllowStale
+
+
+class OutExtras(TypedDict):
+    out: Path  # --out
+
+
 def schema(
     name: Annotated[str | None, typer.Argument(
         help="Record name; all records when left out.", metavar="NAME")] = None,
@@ -42,7 +55,7 @@ def schema(
     typer.echo(json.dumps(found, indent=2))
 
 
-def _run_prompts(config: PromptsConfig, extras: dict[str, Any], force: bool) -> None:
+def _run_prompts(config: PromptsConfig, extras: OutExtras, force: bool) -> None:
     from grouppref.pipeline.prompts.stage import run_prompts
 
     print_stage(run_prompts(RunStore(extras["out"]), config, StageContext(force=force)))

@@ -8,43 +8,55 @@ replaces the simulated panel by people ranking in a local Argilla.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from grouppref.commands.output import err
 from grouppref.commands.run import print_outcome
 from grouppref.config import load_config
-from grouppref.labeling.config import LabelRunConfig
+from grouppref.errors import ConfigError
+from grouppref.labeling.config import LabelRunConfig, PushConfig
+
+if TYPE_CHECKING:
+    from grouppref.runner import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = ROOT / "examples" / "demo.yaml"
 DEMO_PROMPTS = ROOT / "data" / "demo_prompts.jsonl"
 
 
-def demo_config(out: Path, quick: bool = False) -> Any:
-    """The demo's validated :class:`~grouppref.runner.RunConfig`, writing into ``out``."""
+def demo_config(out: Path, quick: bool = False) -> RunConfig:
+    """The demo's validated :class:`~grouppref.runner.RunConfig`, writing into ``out``.
+
+    Raises:
+        ConfigError: the demo config lacks one of the sections the demo changes.
+    """
     from grouppref.runner import RunConfig
 
     cfg = load_config(RunConfig, DEMO_CONFIG, overrides={"run_dir": str(out)})
-    updates: dict[str, Any] = {"prompts": cfg.prompts.model_copy(update={"source": str(DEMO_PROMPTS)})}
+    prompts, generate, train, validation = cfg.prompts, cfg.generate, cfg.train, cfg.validation
+    if prompts is None or generate is None or train is None or validation is None:
+        raise ConfigError(f"{DEMO_CONFIG} needs the prompts, generate, train and validation "
+                          "sections")
+    updates: dict[str, Any] = {"prompts": prompts.model_copy(update={"source": str(DEMO_PROMPTS)})}
     updates["export"] = [e.model_copy(update={"to_dir": str(out / "export" / "groups")})
                          if e.to_dir else e for e in cfg.export]
     if quick:
         updates["prompts"] = updates["prompts"].model_copy(update={"limit": 8})
         # re-validated, since the counts per model follow from k
-        updates["generate"] = type(cfg.generate).model_validate(
-            {**cfg.generate.model_dump(), "k": 3, "max_new_tokens": 16,
+        updates["generate"] = type(generate).model_validate(
+            {**generate.model_dump(), "k": 3, "max_new_tokens": 16,
              "models": [{"name": "embedded"}]})
-        updates["train"] = cfg.train.model_copy(update={"max_steps": 2, "batch_size": 2})
-        updates["validation"] = cfg.validation.model_copy(update={"test_fraction": 0.3})
+        updates["train"] = train.model_copy(update={"max_steps": 2, "batch_size": 2})
+        updates["validation"] = validation.model_copy(update={"test_fraction": 0.3})
     return cfg.model_copy(update=updates)
 
 
-def human_config(cfg: Any, state_dir: Path, annotators: int) -> Any:
+def human_config(cfg: RunConfig, state_dir: Path, annotators: int) -> RunConfig:
     """The demo with people instead of the simulated panel: push, wait, pull."""
     label = LabelRunConfig(state_dir=str(state_dir), min_rankings=annotators, poll_seconds=10,
-                           push={"min_submitted": annotators, "suggest_from": "ensemble"})
+                           push=PushConfig(min_submitted=annotators, suggest_from="ensemble"))
     return cfg.model_copy(update={"simulate": None, "label": label})
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import typer
 from rich.table import Table
 
-from grouppref.commands.core import AllowStale, RunArg
+from grouppref.commands.core import AllowStale, RunArg, RunExtras, StaleRunExtras
 from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out, print_stage
 from grouppref.pipeline.export.config import ExportConfig
@@ -17,7 +15,7 @@ from grouppref.runs.store import RunStore
 from grouppref.schemas.reports import ExportReport
 
 
-def _run_validate(config: ValidateConfig, extras: dict[str, Any], force: bool) -> None:
+def _run_validate(config: ValidateConfig, extras: RunExtras, force: bool) -> None:
     from grouppref.pipeline.validate.stage import CHECKS, load_report, run_validate
 
     store = RunStore(extras["run"])
@@ -48,7 +46,7 @@ validate = config_command(
     extras=[Extra("run", RunArg)], rename={"reject_flags": "--reject-flag"})
 
 
-def _run_export(config: ExportConfig, extras: dict[str, Any], force: bool) -> None:
+def _run_export(config: ExportConfig, extras: StaleRunExtras, force: bool) -> None:
     from grouppref.pipeline.export.stage import run_export
 
     stage = run_export(RunStore(extras["run"]), config,

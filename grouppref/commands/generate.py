@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from grouppref.commands.core import OutExtras
 from grouppref.commands.options import Custom, Extra, config_command, help_of
 from grouppref.commands.output import print_server_usage, print_stage
 from grouppref.config import validate
@@ -30,7 +31,12 @@ def _server_params(specs: list[str]) -> dict[str, Any]:
     return dict(parse_server_param(spec) for spec in specs)
 
 
-def _run(config: GenerateConfig, extras: dict[str, Any], force: bool) -> None:
+class _GenerateExtras(OutExtras):
+    import_file: str | None  # --import
+    quiet: bool
+
+
+def _run(config: GenerateConfig, extras: _GenerateExtras, force: bool) -> None:
     store = RunStore(extras["out"])
     if extras["import_file"] is not None:
         # (the settings resolve `models` themselves, so ask whether a model was named)

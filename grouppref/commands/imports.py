@@ -5,10 +5,11 @@ rankings into ``RUN/import``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
+from grouppref.commands.core import OutExtras
 from grouppref.commands.options import Extra, config_command, help_of
 from grouppref.commands.output import err, print_stage
 from grouppref.pipeline.imports.config import ImportConfig
@@ -20,7 +21,7 @@ MAPPING_FLAGS = {"mapping.metadata_columns": "--metadata-column",
                  "mapping.prompt_id": "--id-column", "mapping.duplicate_ids": "--duplicate-ids"}
 
 
-def _run(config: ImportConfig, extras: dict[str, Any], force: bool) -> None:
+def _run(config: ImportConfig, extras: OutExtras, force: bool) -> None:
     from grouppref.pipeline.imports.stage import run_import
 
     stage = run_import(RunStore(extras["out"]), config, StageContext(force=force))

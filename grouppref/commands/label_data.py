@@ -8,7 +8,7 @@ never shows in ``ps`` or shell history.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypedDict, TypeVar
 
 import typer
 from pydantic import BaseModel
@@ -47,6 +47,14 @@ ClientOpts = [
 RENAME = {"source_stage": "--from"}
 
 
+class ClientExtras(TypedDict):  # ClientOpts
+    run: Path
+    api_url: str | None
+    state_dir: Path | None
+    retries: int
+    timeout: float
+
+
 def _read_guidelines(path: str) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
@@ -54,7 +62,7 @@ def _read_guidelines(path: str) -> str:
         raise ConfigError(f"--guidelines {path}: cannot read it ({e.strerror})") from e
 
 
-def _client(extras: dict[str, Any]) -> tuple[ArgillaClient, str | None]:
+def _client(extras: ClientExtras) -> tuple[ArgillaClient, str | None]:
     """A connected client and the embedded server's workspace (``None`` for other servers)."""
     creds = resolve_credentials(api_url=extras["api_url"], state_dir=extras["state_dir"])
     settings = ClientSettings(retries=extras["retries"], timeout=extras["timeout"])
@@ -68,7 +76,7 @@ def _with_workspace(config: M, embedded: str | None) -> M:
     return config.model_copy(update={"workspace": embedded})
 
 
-def _push(config: PushConfig, extras: dict[str, Any], force: bool) -> None:
+def _push(config: PushConfig, extras: ClientExtras, force: bool) -> None:
     store = RunStore(extras["run"])
     selection = plan_selection(store, config)  # bad input fails before any connection
     client, embedded_ws = _client(extras)
@@ -113,7 +121,7 @@ push = config_command(
                                  "(Markdown).", _read_guidelines, metavar="FILE")})
 
 
-def _pull(config: PullConfig, extras: dict[str, Any], force: bool) -> None:
+def _pull(config: PullConfig, extras: ClientExtras, force: bool) -> None:
     client, embedded_ws = _client(extras)
     with client:
         report = pull_run(RunStore(extras["run"]), _with_workspace(config, embedded_ws), client,
@@ -135,7 +143,7 @@ pull = config_command(
     "only).", force_help="Rebuild RUN/label even when nothing changed.")
 
 
-def _status(config: TargetConfig, extras: dict[str, Any], force: bool) -> None:
+def _status(config: TargetConfig, extras: ClientExtras, force: bool) -> None:
     client, embedded_ws = _client(extras)
     with client:
         report = label_status(RunStore(extras["run"]), _with_workspace(config, embedded_ws),

@@ -10,7 +10,7 @@ import enum
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, TypedDict
 
 import typer
 
@@ -47,7 +47,12 @@ class RoleChoice(enum.StrEnum):
     owner = "owner"
 
 
-def _serve(config: ServerConfig, extras: dict[str, Any], force: bool) -> None:
+class _ServeExtras(TypedDict):
+    detach: bool
+    show_secrets: bool
+
+
+def _serve(config: ServerConfig, extras: _ServeExtras, force: bool) -> None:
     if config.database_url is None and os.environ.get(DATABASE_ENV):
         config = config.model_copy(update={"database_url": os.environ[DATABASE_ENV]})
     server = EmbeddedArgilla(config)

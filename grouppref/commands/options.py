@@ -23,10 +23,10 @@ import inspect
 import keyword
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 import typer
 from pydantic import BaseModel
@@ -34,8 +34,9 @@ from pydantic_core import PydanticUndefined
 
 from grouppref.config import apply_set, merge_into, read_config_file, validate
 
-Prepare = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
-Run = Callable[[Any, dict[str, Any], bool], None]
+M = TypeVar("M", bound=BaseModel)
+# a command's parameters that are not settings: a TypedDict whose keys are its Extra names
+E = TypeVar("E", bound=Mapping[str, Any])
 
 
 def help_of(model: type[BaseModel], name: str) -> str:
@@ -75,11 +76,15 @@ class Extra:
 
 @dataclass(frozen=True)
 class CommandSettings:
-    """What a generated command exposes (read by tests/integration/test_cli_flags.py): its settings model
-    and, per dotted field, the option (or positional argument) that sets it."""
+    """What a generated command exposes (read by tests/integration/test_cli_flags.py): its
+    settings model, per dotted field the option (or positional argument) that sets it, the names
+    of its :class:`Extra` parameters and the function it runs (whose ``extras`` TypedDict has
+    those keys)."""
 
     model: type[BaseModel]
     flags: dict[str, str]
+    extras: tuple[str, ...] = ()
+    run: Callable[..., None] | None = None
 
 
 @dataclass
@@ -279,8 +284,8 @@ def _read_section(path: Path, section: str | None, model: type[BaseModel]) -> di
 
 
 def config_command(
-    model: type[BaseModel],
-    run: Run,
+    model: type[M],
+    run: Callable[[M, E, bool], None],
     *,
     name: str,
     doc: str,
@@ -291,7 +296,7 @@ def config_command(
     rename: dict[str, str] | None = None,
     exclude: set[str] | None = None,
     custom: dict[str, Custom] | None = None,
-    prepare: Prepare | None = None,
+    prepare: Callable[[dict[str, Any], E], dict[str, Any]] | None = None,
     force_help: str | None = "Re-run even when the cache is valid.",
 ) -> Callable[..., None]:
     """A typer command whose options are ``model``'s fields (see the module docstring).
@@ -303,7 +308,8 @@ def config_command(
         doc: the command's help text.
         section: the key of these settings in a run config (``--config run.yaml`` works).
         positional: fields given as positional arguments, field -> help.
-        extras: parameters that are not settings (passed to ``run`` in ``extras``).
+        extras: parameters that are not settings (passed to ``run`` in ``extras``, typed by
+            ``run`` as a TypedDict with these names).
         flatten: nested model fields whose own fields become options, field -> flag template
             (``"{}"``: same names; ``"lora-{}"``: prefixed).
         rename: dotted field -> flag, where the field name makes a poor flag.
@@ -328,7 +334,7 @@ def config_command(
                                               default=extra.default, annotation=extra.annotation))
     _walk(model, built, prefix="", template="{}", flatten=flatten or {}, rename=rename or {},
           exclude=exclude or set(), custom=custom or {}, positional=set(positional))
-    common = [
+    common: list[tuple[str, Any, object]] = [  # (parameter, annotation, default)
         ("config_file", Annotated[Path | None, typer.Option(
             "--config", help="YAML/TOML/JSON file of these settings (or a run config with a "
             f"'{section or model.__name__}' section); options given here override it.",
@@ -345,7 +351,7 @@ def config_command(
     extra_names = {e.name for e in extras}
 
     def command(**kwargs: Any) -> None:
-        extra_values = {key: kwargs.pop(key) for key in extra_names}
+        extra_values = cast(E, {key: kwargs.pop(key) for key in extra_names})
         config_file, sets = kwargs.pop("config_file"), kwargs.pop("set_")
         force = bool(kwargs.pop("force", False))
         data = _read_section(config_file, section, model) if config_file else {}
@@ -369,7 +375,8 @@ def config_command(
 
     command.__signature__ = inspect.Signature(built.params)  # type: ignore[attr-defined]
     command.settings = CommandSettings(  # type: ignore[attr-defined]
-        model, {o.dotted: o.flag or o.dotted.upper() for o in built.options.values()})
+        model, {o.dotted: o.flag or o.dotted.upper() for o in built.options.values()},
+        tuple(e.name for e in extras), run)
     command.__doc__ = doc
     command.__name__ = command.__qualname__ = name.replace("-", "_")
     return command

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from grouppref.commands.core import RunArg
+from grouppref.commands.core import RunArg, RunExtras
 from grouppref.commands.options import Custom, Extra, config_command, help_of
 from grouppref.commands.output import esc, out, print_server_usage, print_stage
 from grouppref.errors import ConfigError
@@ -29,7 +29,15 @@ def parse_rankers(specs: list[str]) -> list[dict[str, Any]]:
     return [parse_ranker_spec(spec).model_dump(mode="json") for spec in specs]
 
 
-def _prepare(data: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]:
+class _RankExtras(RunExtras):
+    judge_mode: Literal["pointwise", "pairwise", "rubric"] | None
+    api_key_env: str | None
+    concurrency: int | None
+    neutral_sampling: NeutralSampling | None
+    batch_size: int | None
+
+
+def _prepare(data: dict[str, Any], extras: _RankExtras) -> dict[str, Any]:
     """``--judge-mode`` and ``--batch-size`` apply to every ranker they fit; ``--api-key-env``,
     ``--concurrency`` and ``--neutral-sampling`` to every served judge."""
     if not data.get("rankers"):
@@ -45,13 +53,14 @@ def _prepare(data: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]:
             if extras["neutral_sampling"] is not None:
                 settings["neutral_sampling"] = extras["neutral_sampling"]
             server = settings.setdefault("server", {})
-            for option in ("api_key_env", "concurrency"):
-                if extras[option] is not None and isinstance(server, dict):
-                    server[option] = extras[option]
+            for option, value in (("api_key_env", extras["api_key_env"]),
+                                  ("concurrency", extras["concurrency"])):
+                if value is not None and isinstance(server, dict):
+                    server[option] = value
     return data
 
 
-def _run(config: RankConfig, extras: dict[str, Any], force: bool) -> None:
+def _run(config: RankConfig, extras: _RankExtras, force: bool) -> None:
     from grouppref.pipeline.rank.stage import run_rank
 
     stage = run_rank(RunStore(extras["run"]), config, StageContext(force=force))

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from grouppref.commands.core import AllowStale, RunArg
+from grouppref.commands.core import AllowStale, RunArg, StaleRunExtras
 from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out
 from grouppref.errors import StageError
@@ -62,7 +62,7 @@ def run(
     print_outcome(outcome, cfg.run_dir)
 
 
-def _report(config: ReportConfig, extras: dict[str, Any], force: bool) -> None:
+def _report(config: ReportConfig, extras: StaleRunExtras, force: bool) -> None:
     from grouppref.pipeline.report.stage import run_report
 
     store = RunStore(extras["run"])

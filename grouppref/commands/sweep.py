@@ -5,7 +5,7 @@ neither torch nor optuna)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 import typer
 from rich.table import Table
@@ -37,7 +37,14 @@ def _train_file(path: str) -> dict[str, Any]:
     return data["train"] if isinstance(data.get("train"), dict) and "lr" not in data else data
 
 
-def _run_sweep(config: SweepConfig, extras: dict[str, Any], force: bool) -> None:
+class _SweepExtras(TypedDict):
+    data: str  # DataArg
+    out: Path | None
+    max_trials: int | None
+    allow_stale: bool
+
+
+def _run_sweep(config: SweepConfig, extras: _SweepExtras, force: bool) -> None:
     from grouppref.sweep.run import sweep_data
 
     summary = sweep_data(extras["data"], config, extras["out"], max_trials=extras["max_trials"],

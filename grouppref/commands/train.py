@@ -6,7 +6,7 @@ Under ``torchrun``/``accelerate launch`` every process runs the same command.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 import typer
 from rich.table import Table
@@ -39,7 +39,29 @@ def _clip(text: str) -> list[float]:
     return [low, high]
 
 
-def _lora_switch(data: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]:
+class LoraSwitch(TypedDict):
+    lora: bool | None  # --lora/--no-lora
+
+
+class TrainingExtras(LoraSwitch):  # what train and train-rm take besides their settings
+    data: str  # DataArg
+    out: Path | None
+    resume: bool
+    resume_from: Path | None
+    allow_stale: bool
+
+
+class _TrainExtras(TrainingExtras):
+    reference_cache: Path | None
+
+
+class _EvalExtras(TypedDict):
+    data: str
+    out: Path | None
+    allow_stale: bool
+
+
+def _lora_switch(data: dict[str, Any], extras: LoraSwitch) -> dict[str, Any]:
     """``--lora`` turns LoRA on with its defaults (any ``--lora-*`` option does too);
     ``--no-lora`` turns it off whatever the config file says."""
     if extras["lora"] is False:
@@ -49,7 +71,7 @@ def _lora_switch(data: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]
     return data
 
 
-def _run_train(config: TrainConfig, extras: dict[str, Any], force: bool) -> None:
+def _run_train(config: TrainConfig, extras: _TrainExtras, force: bool) -> None:
     from grouppref.runs.store import RunStore
     from grouppref.train.data.sources import is_run
     from grouppref.train.engine.distributed import process_state
@@ -148,8 +170,8 @@ train = config_command(
     flatten={"data": "{}", "lora": "lora-{}", "refresh": "refresh-{}", "mix": "mix-{}"},
     rename={"lora.target_modules": "--lora-target", "refresh.fresh_share": "--fresh-share",
             "refresh.buffer": "--buffer"},
-    custom={"importance_clip": Custom("--importance-clip", TrainConfig.model_fields[
-        "importance_clip"].description + " Format: LOW,HIGH.", _clip, metavar="LOW,HIGH"),
+    custom={"importance_clip": Custom("--importance-clip", help_of(TrainConfig, "importance_clip")
+                                      + " Format: LOW,HIGH.", _clip, metavar="LOW,HIGH"),
             "refresh.rankers": Custom(
                 "--refresh-ranker", help_of(RefreshConfig, "rankers") + " " + RANKER_HELP,
                 parse_rankers, multiple=True, metavar="SPEC"),
@@ -161,7 +183,7 @@ train = config_command(
     force_help="Train again even when RUN/train is cached.")
 
 
-def _run_eval(config: EvalConfig, extras: dict[str, Any], force: bool) -> None:
+def _run_eval(config: EvalConfig, extras: _EvalExtras, force: bool) -> None:
     from grouppref.models.loading import cache_root
     from grouppref.runs.store import RunStore
     from grouppref.train.data.sources import is_run, load_groups

@@ -6,21 +6,21 @@ Under ``torchrun``/``accelerate launch`` every process runs the same command.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from grouppref.commands.core import AllowStale
 from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out, print_counts, print_stage
-from grouppref.commands.train import DataArg, _fmt, _lora_switch, metrics_table
+from grouppref.commands.train import DataArg, TrainingExtras, _fmt, _lora_switch, metrics_table
 from grouppref.errors import ConfigError
 from grouppref.runs.stage import StageContext
 from grouppref.schemas.reports import RewardModelStats
 from grouppref.train.settings.reward_model import RewardModelConfig
 
 
-def _run_train_rm(config: RewardModelConfig, extras: dict[str, Any], force: bool) -> None:
+def _run_train_rm(config: RewardModelConfig, extras: TrainingExtras, force: bool) -> None:
     from grouppref.runs.store import RunStore
     from grouppref.train.data.sources import is_run
     from grouppref.train.engine.distributed import process_state

@@ -50,13 +50,18 @@ class TargetConfig(BaseModel):
         return self.dataset or f"grouppref-{store.name}"
 
 
+def _spec_help(name: str) -> str:
+    """The description of ``DatasetSpec.name``, which a push setting extends."""
+    return DatasetSpec.model_fields[name].description or ""
+
+
 class PushConfig(TargetConfig):
     """Settings of ``label push``."""
 
-    min_submitted: int | None = Field(default=None, ge=1, description=DatasetSpec.model_fields[
-        "min_submitted"].description + " Default: an existing dataset's value, else 1.")
-    rationale: bool | None = Field(default=None, description=DatasetSpec.model_fields[
-        "rationale"].description + " Default: as an existing dataset has it, else yes.")
+    min_submitted: int | None = Field(default=None, ge=1, description=_spec_help(
+        "min_submitted") + " Default: an existing dataset's value, else 1.")
+    rationale: bool | None = Field(default=None, description=_spec_help(
+        "rationale") + " Default: as an existing dataset has it, else yes.")
     use_markdown: bool = Field(default=False, description=DatasetSpec.model_fields[
         "use_markdown"].description)
     guidelines: str | None = Field(default=None, description="Annotation guidelines (text); "

@@ -98,7 +98,7 @@ def fetch_state(client: ArgillaClient, names: list[str], workspace: str,
     if missing:
         raise ConfigError(f"Argilla dataset(s) {', '.join(map(repr, missing))} do not exist in "
                           f"workspace {workspace!r}; run `grouppref label push RUN` first")
-    state = DatasetState(datasets=list(found.values()), records=[])
+    state = DatasetState(datasets=[ds for ds in found.values() if ds is not None], records=[])
     with stage_progress(disable=not progress) as bar:
         task = bar.add_task("label fetch", total=None, unit="records")
         for ds in state.datasets:
@@ -188,11 +188,11 @@ def _merge(group: AnnotatedGroup, pulled: dict[str, Ranking], earlier: dict[str,
 
 def _pulled_rankings(groups: dict[str, AnnotatedGroup], state: DatasetState,
                      rejects: list[Reject]
-                     ) -> tuple[dict[str, dict[str, Ranking]], Counter, dict[str, str]]:
+                     ) -> tuple[dict[str, dict[str, Ranking]], Counter[str], dict[str, str]]:
     """The submitted rankings by group and annotator, the response counts by status, and the
     responses kept (``response id -> update time``)."""
     pulled: dict[str, dict[str, Ranking]] = defaultdict(dict)
-    counts: Counter = Counter()
+    counts: Counter[str] = Counter()
     kept: dict[str, str] = {}
     for r in state.responses:
         counts[r.status] += 1

@@ -23,7 +23,7 @@ key.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -120,7 +120,8 @@ def load_groups(store: RunStore, source_stage: str | None) -> tuple[str, list[An
     return manifest.stage, groups
 
 
-def dataset_schema(client: ArgillaClient, dataset: dict[str, Any]) -> tuple[dict, list, list, list]:
+def dataset_schema(client: ArgillaClient, dataset: dict[str, Any]
+                   ) -> tuple[dict[str, Any], list[Any], list[Any], list[Any]]:
     """The dataset with its fields, questions and metadata properties as the server has them."""
     did = dataset["id"]
     fields = client.request("GET", f"/api/v1/datasets/{did}/fields")["items"]
@@ -184,7 +185,7 @@ def ensure_dataset(client: ArgillaClient, name: str, workspace: str, config: Pus
     return dataset, spec, False
 
 
-def _existing_records(client: ArgillaClient, dataset_id: str) -> dict[str, tuple[dict, bool]]:
+def _existing_records(client: ArgillaClient, dataset_id: str) -> dict[str, tuple[dict[str, Any], bool]]:
     """``external_id -> (candidate map, has responses)`` of the records already there."""
     found = {}
     for rec in client.iter_records(dataset_id, include=("responses",)):
@@ -194,7 +195,7 @@ def _existing_records(client: ArgillaClient, dataset_id: str) -> dict[str, tuple
     return found
 
 
-def _refuse_changed(groups: Sequence[AnnotatedGroup], existing: dict[str, tuple[dict, bool]]
+def _refuse_changed(groups: Sequence[AnnotatedGroup], existing: dict[str, tuple[dict[str, Any], bool]]
                     ) -> tuple[list[AnnotatedGroup], list[Reject]]:
     keep, refused = [], []
     for g in groups:
@@ -262,7 +263,7 @@ def push_run(store: RunStore, config: PushConfig, client: ArgillaClient, progres
 def push_groups(client: ArgillaClient, config: PushConfig, base: str,
                 groups: Sequence[AnnotatedGroup], progress: bool = True,
                 on_batch: Callable[[int, int], None] | None = None,
-                roles: dict[str, str] | None = None) -> PushReport:
+                roles: Mapping[str, str] | None = None) -> PushReport:
     """Upsert ``groups`` into the datasets ``<base>-k<k>`` (created or checked first);
     ``roles`` (group id -> why it was selected) go into the records' metadata ``selection``."""
     report = PushReport(dataset=base, workspace=config.workspace, source_stage="")

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 
@@ -52,7 +53,7 @@ from grouppref.pipeline.aggregate.parse import ParsedInput, encode_rankings
 from grouppref.pipeline.aggregate.stage import fit_parsed
 from grouppref.pipeline.simulate.config import AUTOMATIC_KINDS
 from grouppref.schemas import AnnotatedGroup
-from grouppref.schemas.label_reports import LabelSelection, SelectedGroup
+from grouppref.schemas.label_reports import LabelSelection, SelectedGroup, SelectionRole
 from grouppref.stats import bt
 from grouppref.stats.uncertainty import disagreement, expected_pair_error, smallest_margin, top_n
 
@@ -170,24 +171,26 @@ def select_groups(groups: Sequence[AnnotatedGroup], config: PushConfig, source: 
     Raises:
         ConfigError: a budget larger than the run, or a criterion whose inputs are missing.
     """
-    base = {"select": config.select, "budget": config.budget, "seed": config.seed,
-            "source_stage": source, "groups": len(groups), "audit_share": config.audit_share or 0.0}
+    selection = partial(LabelSelection, select=config.select, budget=config.budget,
+                        seed=config.seed, source_stage=source, groups=len(groups),
+                        audit_share=config.audit_share or 0.0)
     if config.select == "all":
-        return LabelSelection(**base, selected=[SelectedGroup(
+        return selection(selected=[SelectedGroup(
             group_id=g.group_id, uncertainty=None, role="all") for g in groups])
     check_budget(config, len(groups), source)
     n = config.budget or len(groups)
     gen = torch.Generator().manual_seed(config.seed)
     if config.select == "random":
         picked = torch.randperm(len(groups), generator=gen)[:n].tolist()
-        return LabelSelection(**base, selected=[SelectedGroup(
+        return selection(selected=[SelectedGroup(
             group_id=groups[i].group_id, uncertainty=None, role="random") for i in picked])
     u = uncertainty_of(groups, config.uncertainty, source)
     audit, targeted = split_budget(u, n, config.audit_share or 0.0, gen)
     rest = sorted(set(range(len(groups))) - set(audit) - set(targeted))
-    sent = [(i, "uncertain") for i in targeted] + [(i, "audit") for i in audit]
-    return LabelSelection(
-        **base, uncertainty=config.uncertainty, measure=MEASURES[config.uncertainty],
+    sent: list[tuple[int, SelectionRole]] = ([(i, "uncertain") for i in targeted]
+                                             + [(i, "audit") for i in audit])
+    return selection(
+        uncertainty=config.uncertainty, measure=MEASURES[config.uncertainty],
         selected=[SelectedGroup(group_id=groups[i].group_id, uncertainty=float(u[i]), role=role)
                   for i, role in sent],
         threshold=float(u[targeted[-1]]) if targeted else None,

@@ -117,8 +117,8 @@ def _push(store: RunStore, push: PushConfig, client: ArgillaClient, creds: Argil
     source = push.source_stage or store.latest(SOURCE_STAGES).stage
     settings = {"push": push.model_dump(mode="json", exclude={"batch_size"}),
                 "server": creds.api_url, "source": source}
-    stage = store.open_stage(PUSH_STAGE, settings, inputs=[source], record_type=None,
-                             force=force)
+    stage: StageRun[Any] = store.open_stage(PUSH_STAGE, settings, inputs=[source],
+                                            record_type=None, force=force)
     if stage.cached:  # the run's selection is the one pull and the report read
         write_selection(store, selection.model_copy(update={"dataset": push.dataset_name(store)}))
         return

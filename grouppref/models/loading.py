@@ -21,11 +21,12 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from grouppref.errors import GroupPrefError
 from grouppref.runs.hashing import sha256_text
 
+ModelDtype = Literal["float32", "bfloat16", "float16"]  # a torch dtype models load in
 EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_ALIASES = {"", "embedded", "default", EMBEDDED_NAME, "HuggingFaceTB/SmolLM2-135M-Instruct"}
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -173,7 +174,8 @@ def load_causal_lm(name: str | None, dtype: str = "float32", device: str = "cpu"
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model(name),
                                                  dtype=getattr(torch, dtype))
-    return model.to(device).eval()
+    # transformers types ``to`` through a decorator that leaves ``self`` unbound
+    return model.to(device).eval()  # type: ignore[arg-type]
 
 
 def model_label(name: str | None) -> str:

@@ -83,7 +83,7 @@ class SeededSampler(LogitsProcessor):
         self.logps: list[torch.Tensor] = []  # one (B,) tensor per step
         self.tokens: list[torch.Tensor] = []  # one (B,) tensor per step
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         scores = scores.float()  # (B, V)
         logp = torch.log_softmax(scores, dim=-1)  # untempered: log pi_model(. | x, y_<t)
         warped = scores

@@ -5,6 +5,8 @@ Run ``python -m grouppref.schemas.docs > docs/data-format.md``; a test checks th
 
 from __future__ import annotations
 
+from typing import Any
+
 from grouppref.schemas.arrow import features_for
 from grouppref.schemas.records import RECORD_TYPES
 
@@ -41,7 +43,7 @@ ranking makes; a group whose comparisons do not link every candidate is flagged
 """
 
 
-def _type_text(schema: dict) -> str:
+def _type_text(schema: dict[str, Any]) -> str:
     if "$ref" in schema:
         return schema["$ref"].rsplit("/", 1)[-1]
     if "anyOf" in schema:
@@ -59,7 +61,7 @@ def _type_text(schema: dict) -> str:
     return str(kind)
 
 
-def _limits(schema: dict) -> str:
+def _limits(schema: dict[str, Any]) -> str:
     keys = ("minimum", "maximum", "minItems", "maxItems", "minLength", "maxLength", "pattern")
     return ", ".join(f"{k}={schema[k]}" for k in keys if k in schema)
 

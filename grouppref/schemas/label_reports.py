@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+SelectionRole = Literal["uncertain", "audit", "random", "all"]
+
 
 class _Report(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -20,7 +22,7 @@ class SelectedGroup(_Report):
     group_id: str
     uncertainty: float | None = Field(description="The criterion's value (larger: less "
                                       "certain); none for a random selection.")
-    role: Literal["uncertain", "audit", "random", "all"] | None = Field(
+    role: SelectionRole | None = Field(
         default=None, description="Why it was sent: the most uncertain, a uniform audit draw "
         "(--audit-share), a random draw, or every group (None: recorded before roles; the "
         "pushed record's metadata `selection` says the same).")

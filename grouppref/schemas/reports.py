@@ -257,19 +257,20 @@ class RefreshRound(_Report):
 
 
 class _TrainingReport(_Report):
-    """The numbers every training (policy or reward model) reports."""
+    """The numbers every training (policy or reward model) reports; each declares its metrics
+    (``train``, ``eval_start``, ``eval``) with its own type."""
 
     steps: int
     epochs: float
-    train: dict[str, Any] = Field(description="Last logging window's training metrics.")
-    eval_start: dict[str, Any] = Field(description="Held-out metrics before training (empty: "
-                                       "nothing held out).")
-    eval: dict[str, Any] = Field(description="Held-out metrics at the end.")
 
 
 class TrainStats(_TrainingReport):
     """What a training run measured (``RUN/train`` manifest stats and ``metrics.json``)."""
 
+    train: dict[str, Any] = Field(description="Last logging window's training metrics.")
+    eval_start: dict[str, Any] = Field(description="Held-out metrics before training (empty: "
+                                       "nothing held out).")
+    eval: dict[str, Any] = Field(description="Held-out metrics at the end.")
     groups: GroupCounts
     reference: ReferenceInfo | None = Field(description="The reference log-prob pass (None: "
                                             "trained reference_free, no reference pass).")

@@ -7,6 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+TrialState = Literal["complete", "pruned", "failed", "interrupted", "duplicate", "running",
+                     "waiting"]
+
 
 class SweepTrial(BaseModel):
     """One Optuna trial: one setting trained with every seed (or stopped early)."""
@@ -14,8 +17,7 @@ class SweepTrial(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     number: int
-    state: Literal["complete", "pruned", "failed", "interrupted", "duplicate", "running",
-                   "waiting"]
+    state: TrialState
     params: dict[str, Any] = Field(description="The swept settings of the trial.")
     value: float | None = Field(default=None, description="Mean held-out metric over seeds.")
     seed_values: list[float] = Field(default_factory=list,

@@ -373,11 +373,12 @@ class Sweep:
                      if t.value is not None and t.state.name == "COMPLETE"]
         if completed:
             self.best = (max if self.config.direction == "maximize" else min)(completed)
-        left: int | None = self.total - self.done(study)
+        todo = self.total - self.done(study)
+        left: int | None = todo
         if max_trials is not None:
-            left = min(left, max_trials)
+            left = min(todo, max_trials)
         elif self.config.sampler == "grid":
-            left = None if left > 0 else 0  # the grid sampler stops when every point ran
+            left = None if todo > 0 else 0  # the grid sampler stops when every point ran
         self.progress(f"study {self.name} at {redact_credentials(self.url)}: "
                       f"{self.done(study)} of {self.total} trials done")
         if left is None or left > 0:

@@ -60,9 +60,9 @@ def sweep_data(source: str | Path, config: SweepConfig, out_dir: str | Path | No
     if not force and (hit := _cached(store, config, out)) is not None:
         progress(f"sweep: unchanged settings and input, complete -> {hit.dir}")
         return SweepSummary.model_validate(hit.manifest.stats)
-    stage = store.open_stage(STAGE, stage_settings(config, out), record_type=None,
-                             inputs=["validate"], stage_version=STAGE_VERSION,
-                             force=True)  # the study itself resumes; the manifest is redone
+    stage: StageRun[Any] = store.open_stage(STAGE, stage_settings(config, out), record_type=None,
+                                            inputs=["validate"], stage_version=STAGE_VERSION,
+                                            force=True)  # the study itself resumes; the manifest is redone
     summary = sweep.run(max_trials)
     outputs = {"summary": str(out / "summary.json"), "plot": str(out / "sweep.png")}
     if (out / "best.yaml").exists():

@@ -13,7 +13,7 @@ import yaml
 
 from grouppref.config import redact_credentials
 from grouppref.runs.hashing import canonical_json
-from grouppref.schemas.sweep import SweepSetting, SweepSummary, SweepTrial
+from grouppref.schemas.sweep import SweepSetting, SweepSummary, SweepTrial, TrialState
 from grouppref.sweep.config import trial_train_config
 
 # two-sided 95% quantiles of Student's t, by degrees of freedom (then the normal's 1.96)
@@ -32,13 +32,13 @@ def interval(values: list[float]) -> tuple[float, float | None, float | None]:
     return mean, mean - half, mean + half
 
 
-_STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "RUNNING": "running",
+_STATES: dict[str, TrialState] = {"COMPLETE": "complete", "PRUNED": "pruned", "RUNNING": "running",
            "WAITING": "waiting"}
 
 
 def _trial(t: Any) -> SweepTrial:
     attrs = t.user_attrs
-    state = ("duplicate" if "duplicate_of" in attrs else _STATES.get(t.state.name)
+    state: TrialState = ("duplicate" if "duplicate_of" in attrs else _STATES.get(t.state.name)
              or ("failed" if "error" in attrs else "interrupted"))
     value = t.value if state == "complete" else None  # Optuna keeps a pruned one's last
     return SweepTrial(number=t.number, state=state, params=dict(t.params), value=value,
@@ -135,7 +135,7 @@ def plot(summary: SweepSummary, path: Path) -> Path | None:
 
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
-        values = sorted({repr(t.params.get(key)): t.params.get(key)
+        values = sorted({repr(t.params[key]): t.params[key]
                          for t in summary.trials if key in t.params}.values(),
                         key=lambda v: (isinstance(v, str), v))
         numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
@@ -155,7 +155,8 @@ def plot(summary: SweepSummary, path: Path) -> Path | None:
                            label="pruned")
         for s in summary.settings:
             x = pos(s.params[key])
-            err = None if s.low is None else [[s.mean - s.low], [s.high - s.mean]]
+            err = (None if s.low is None or s.high is None
+                   else [[s.mean - s.low], [s.high - s.mean]])
             ax.errorbar([x], [s.mean], yerr=err, fmt="o", color="black", capsize=3,
                         markersize=4)
         if numeric and key in ("lr", "beta") and min(values) > 0:

@@ -7,6 +7,7 @@ real ``train-rm`` run."""
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -68,6 +69,14 @@ def test_every_setting_has_an_option_or_a_reason(name: str, settings: Any) -> No
     assert sorted(set(missing) - set(excused)) == [], (
         f"{name}: give these settings an option (options.py) or a reason in NO_FLAG")
     assert sorted(set(excused) - set(missing)) == [], f"{name}: stale NO_FLAG entries"
+
+
+@pytest.mark.parametrize("name,settings", GENERATED, ids=[n for n, _ in GENERATED])
+def test_the_extras_type_names_each_extra_parameter(name: str, settings: Any) -> None:
+    """A command's run function reads its non-setting parameters from a TypedDict (mypy checks
+    the keys it reads); its keys are the command's Extra names, no more, no fewer."""
+    extras_type = typing.get_type_hints(settings.run)["extras"]
+    assert set(extras_type.__annotations__) == set(settings.extras), name
 
 
 @pytest.mark.parametrize("command", ["train", "train-rm"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -28,7 +29,7 @@ from grouppref.errors import ConfigError
 from grouppref.labeling.server import credentials as creds
 from grouppref.labeling.server import processes as procs
 from grouppref.labeling.server.accounts import Role, create_user
-from grouppref.labeling.server.venv import LAUNCHER, ensure_server_env
+from grouppref.labeling.server.venv import LAUNCHER, ServerEnv, ensure_server_env
 
 START_TIMEOUT_S = 180.0
 ROUNDS_ENV = "GROUPPREF_ARGILLA_BCRYPT_ROUNDS"  # read by argilla_plugin/launch.py
@@ -98,7 +99,7 @@ class EmbeddedArgilla:
         self.owner_username = creds.OWNER_USERNAME
         self.url = ""
         self.cleaned_up: list[str] = []  # children of a dead server that start() stopped
-        self._procs: dict[str, object] = {}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._credentials: creds.Credentials | None = None
 
     @property
@@ -220,7 +221,7 @@ class EmbeddedArgilla:
         })
         return env
 
-    def _start_children(self, env_paths: object, host: str, port: int, detach: bool,
+    def _start_children(self, env_paths: ServerEnv, host: str, port: int, detach: bool,
                         database_url: str | None) -> None:
         logs = self.state_dir / "logs"
         redis_port = procs.free_port()
@@ -318,7 +319,7 @@ def error_line(log: Path, secret: str | None = None, limit: int = 300) -> str:
     return found[:limit]
 
 
-def live_children(info: dict, state_dir: Path) -> dict[str, int]:
+def live_children(info: procs.RunFile, state_dir: Path) -> dict[str, int]:
     """The children recorded in a run file that still run (``name -> pid``)."""
     marks = {"server": str(LAUNCHER), "worker": str(LAUNCHER), "redis": "redis-server"}
     return {name: pid for name, pid in info.get("pids", {}).items()
@@ -350,7 +351,7 @@ def running_url(state_dir: Path) -> str:
     state_dir = state_dir.expanduser().resolve()
     info = procs.read_run_file(state_dir)
     alive = live_children(info, state_dir) if info else {}
-    if "server" not in alive:
+    if info is None or "server" not in alive:
         died = " (its server process died; `label serve` cleans up and starts it)" if info \
             else ""
         raise ConfigError(f"no Argilla server runs on {state_dir}{died}; start one with "

@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any, TypedDict
 
 RUN_FILE = "run.json"
 _PR_SET_PDEATHSIG = 1
@@ -47,7 +48,7 @@ def _die_with_parent() -> None:
 
 
 def spawn(cmd: list[str], env: dict[str, str], log_path: Path, cwd: Path,
-          detach: bool) -> subprocess.Popen:
+          detach: bool) -> subprocess.Popen[bytes]:
     """Start ``cmd`` with its output appended to ``log_path``.
 
     Args:
@@ -57,7 +58,7 @@ def spawn(cmd: list[str], env: dict[str, str], log_path: Path, cwd: Path,
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        kwargs: dict = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT,
+        kwargs: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT,
                         "env": env, "cwd": cwd}
         if detach:
             kwargs["start_new_session"] = True
@@ -66,7 +67,7 @@ def spawn(cmd: list[str], env: dict[str, str], log_path: Path, cwd: Path,
         return subprocess.Popen(cmd, **kwargs)
 
 
-def wait_for_port(host: str, port: int, proc: subprocess.Popen, timeout: float) -> bool:
+def wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float) -> bool:
     """Wait until ``host:port`` accepts connections; False when ``proc`` died or time ran out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -139,12 +140,23 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-def write_run_file(state_dir: Path, info: dict) -> None:
+class RunFile(TypedDict):
+    """``STATE_DIR/run.json``: what a started server records for ``label stop`` and the
+    commands that find it."""
+
+    url: str
+    host: str
+    port: int
+    detached: bool
+    pids: dict[str, int]  # child name (server, worker, redis) -> pid
+
+
+def write_run_file(state_dir: Path, info: RunFile) -> None:
     path = state_dir / RUN_FILE
     path.write_text(json.dumps(info, indent=2) + "\n")
 
 
-def read_run_file(state_dir: Path) -> dict | None:
+def read_run_file(state_dir: Path) -> RunFile | None:
     try:
         return json.loads((state_dir / RUN_FILE).read_text())
     except (OSError, json.JSONDecodeError):

@@ -124,9 +124,10 @@ class Client:
         what = f"{method} {path} (model {model!r})"
         previous: _Failure | None = None
         for attempt in range(self.settings.max_retries + 1):
-            failure = await self._attempt(method, path, body, counts, what)
-            if isinstance(failure, dict):
-                return failure
+            answer = await self._attempt(method, path, body, counts, what)
+            if isinstance(answer, dict):
+                return answer
+            failure = answer
             counts.failures[failure.cause] += 1
             if failure.cause == "connection" and not retry_connect:
                 raise ServerUnreachable(f"cannot reach the server at {self.url} "

@@ -100,7 +100,8 @@ class ServedSampler:
             ServerError: unreachable, unknown model, refused key, a refused probe (naming the
                 setting of a refused field) or an answer without log-probs (when asked for).
         """
-        firsts = {endpoint(p, self.config.chat_template): p for p in reversed(prompts)}
+        firsts: dict[str, Prompt | None] = {endpoint(p, self.config.chat_template): p
+                                            for p in reversed(prompts)}
         for slot in slots:
             url = slot.share.base_url or ""
             self.kinds[url], self._neutral[url] = neutral_params(

@@ -84,9 +84,9 @@ class PromptEncoder:
         from jinja2 import TemplateError
 
         if self.use_template:
-            turns = [m.model_dump() for m in prompt.as_messages()]
+            messages = [m.model_dump() for m in prompt.as_messages()]
             try:
-                text = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True,
+                text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                           tokenize=False)
             except TemplateError as e:
                 raise RowError(f"the chat template of model {self.name!r} refuses this prompt "
@@ -124,6 +124,7 @@ def load_encoders(slots: Sequence[ModelSlot], config: GenerateConfig) -> dict[st
     for slot in slots:
         if slot.served:
             continue
+        assert slot.path is not None  # resolved for every model run in process
         tokenizer = load_tokenizer(slot.path, padding_side="left")
         encoders[slot.key] = PromptEncoder(
             slot.name, tokenizer, context_length(slot.path, tokenizer), config.max_new_tokens,
@@ -363,6 +364,11 @@ class ShardGenerator:
         logp = None if draw.logp is None else min(draw.logp, 0.0)
         return Candidate(candidate_id=make_candidate_id(gid, draw.text), text=draw.text,
                          source=source, num_tokens=draw.num_tokens, behavior_logp=logp)
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens this process generated (a resumed run counts only its own work)."""
+        return self._tokens
 
     def session_stats(self) -> dict[str, float | int | None]:
         """Throughput of this process (a resumed run counts only its own work)."""

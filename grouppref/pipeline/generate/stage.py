@@ -55,7 +55,9 @@ def _load_prompts(store: RunStore, config: GenerateConfig,
                   prompts: Sequence[Prompt] | None) -> _Prompts:
     """Prompts, input rejects, rows read and a fingerprint, from a list, a file or RUN/prompts."""
     if prompts is not None:
-        kept, rejects, seen = [], [], {}
+        kept: list[Prompt] = []
+        rejects: list[Reject] = []
+        seen: dict[str, int] = {}
         for number, prompt in enumerate(prompts, start=1):
             gid = make_group_id(prompt)
             if gid in seen:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from grouppref.config import validate
+from grouppref.models.loading import ModelDtype
 from grouppref.pipeline.rank.settings import (
     RankerSettings,
     annotator_for,
@@ -45,7 +46,7 @@ class RankConfig(BaseModel):
     input_stage: str = Field(default="generate", description="Stage whose groups are ranked.")
     shard_size: int = Field(default=64, ge=1, description="Groups per resumable shard.")
     device: str = Field(default="cpu", description="Torch device of the models (cpu, cuda, ...).")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+    dtype: ModelDtype = Field(
         default="float32", description="Torch dtype of the reward and judge models.")
 
     @model_validator(mode="after")

@@ -294,8 +294,8 @@ def make_constraint(cid: str, kwargs: Mapping[str, Any] | None = None) -> Constr
     if missing or unknown:
         raise ConstraintError(f"constraint {cid!r}: "
                               + "; ".join(filter(None, [
-                                  missing and f"missing kwargs {missing}",
-                                  unknown and f"unknown kwargs {unknown}"]))
+                                  f"missing kwargs {missing}" if missing else "",
+                                  f"unknown kwargs {unknown}" if unknown else ""]))
                               + f" (it takes {list(kind.required + kind.optional) or 'none'})")
     for key in _RELATION_KWARGS:
         if key in given and given[key] not in RELATIONS:

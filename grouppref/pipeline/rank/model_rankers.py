@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from jinja2.exceptions import TemplateError
@@ -101,13 +101,17 @@ def _check_architecture(name: str | None, suffixes: tuple[str, ...], role: str) 
     return config
 
 
-class _TransformersRanker:
+S = TypeVar("S", RewardRankerSettings, JudgeRankerSettings)
+
+
+class _TransformersRanker(Generic[S]):
     """What the reward-model and judge rankers share: settings with a ``model`` name, a device
     and dtype, and a model/tokenizer loaded lazily by the subclass's ``load()``."""
 
-    def __init__(self, settings: RewardRankerSettings | JudgeRankerSettings, device: str = "cpu",
+    def __init__(self, settings: S, device: str = "cpu",
                  dtype: str = "float32"):
-        self.settings, self.device, self.dtype = settings, device, dtype
+        self.settings: S = settings
+        self.device, self.dtype = device, dtype
         self.model: Any = None
         self.tokenizer: Any = None
 
@@ -116,7 +120,7 @@ class _TransformersRanker:
         return resolve_model(self.settings.model)
 
 
-class RewardRanker(_TransformersRanker):
+class RewardRanker(_TransformersRanker[RewardRankerSettings]):
     """A sequence classifier with one output; the score is its logit for (prompt, candidate),
     formatted with the reward model's own chat template when it has one."""
 
@@ -179,7 +183,7 @@ def format_for_reward(tokenizer: Any, group: CandidateGroup, text: str) -> tuple
     return f"{group.prompt.display_text()}\n\n{text}", True
 
 
-class JudgeRanker(_TransformersRanker):
+class JudgeRanker(_TransformersRanker[JudgeRankerSettings]):
     """A causal LM as judge.
 
     pointwise: one prompt per candidate (``POINTWISE_TEMPLATE``, in the judge's chat template

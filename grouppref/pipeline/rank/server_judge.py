@@ -314,7 +314,7 @@ class ServerJudgeRanker:
         scores, notes = (out.scores, out.metadata) if isinstance(out, Judged) else (out, {})
         return Judged(scores, {**notes, "server_params": canonical_json(params)})
 
-    def _verdicts(self, group: CandidateGroup, answers: list[dict[str, Any]]) -> Outcome:
+    def _verdicts(self, group: CandidateGroup, answers: list[dict[str, Any]]) -> list[float] | Judged:
         pointwise = self.settings.mode == "pointwise"
         words = ("yes", "no") if pointwise else ("a", "b")
         values, bounded = [], 0

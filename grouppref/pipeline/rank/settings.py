@@ -26,6 +26,7 @@ from grouppref.models.loading import is_embedded, model_label
 from grouppref.models.served.settings import NeutralSampling, ServerSettings
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.schemas import Annotator
+from grouppref.schemas.records import AnnotatorKind
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]{0,63}$")]
 _NAME_HELP = ("Short name: the ensemble refers to the ranker by it, and it replaces the automatic "
@@ -186,8 +187,8 @@ RankerSettings = Annotated[
     RewardRankerSettings | RuleRankerSettings | SimilarityRankerSettings | JudgeRankerSettings,
     Field(discriminator="kind"),
 ]
-ANNOTATOR_KIND = {"reward": "reward_model", "rule": "rule", "similarity": "rule",
-                  "judge": "llm_judge"}
+ANNOTATOR_KIND: dict[str, AnnotatorKind] = {"reward": "reward_model", "rule": "rule",
+                                            "similarity": "rule", "judge": "llm_judge"}
 
 
 # -- identity -----------------------------------------------------------------------------------

@@ -203,8 +203,8 @@ def _with_stats(store: RunStore, stage: StageRun[AnnotatedGroup], config: RankCo
                 per[r.annotator.id]["ranked"] += 1
                 per[r.annotator.id]["with_ties"] += int(len(r.tiers) < group.k)
     skipped = [r for r in stage.rejects() if r.scope == "part"]
-    for r in skipped:
-        aid = (r.field or "").removeprefix("rankings[").removesuffix("]")
+    for reject in skipped:
+        aid = (reject.field or "").removeprefix("rankings[").removesuffix("]")
         if aid in per:
             per[aid]["skipped"] += 1
     stats: dict[str, Any] = {"rankers": per, "skipped": len(skipped),

@@ -90,15 +90,15 @@ def _ends(text: str, m: re.Match[str]) -> bool:
     if m.group("close"):
         return True  # 'He said "Stop." Then ...'
     before = _LAST_TOKEN.search(text[:m.start()])
-    token = before.group(1).lstrip(_OPENING).lower() if before else ""
+    original = before.group(1).lstrip(_OPENING) if before else ""
+    token = original.lower()
     if token in NEVER_ENDS or (token in BEFORE_NUMBERS and rest[0].isdigit()):
         return False
     if token in ENDS_BEFORE_CAPITAL:
         return upper_next
     if re.fullmatch(r"(?:[^\W\d_]\.)+[^\W\d_]", token):  # a.m., U.S. (the last '.' is `end`)
-        original = before.group(1).lstrip(_OPENING)
         return upper_next and (not original.isupper() or nxt.lower() in OPENERS)
-    if re.fullmatch(r"[^\W\d_]", token) and before.group(1).lstrip(_OPENING).isupper():
+    if re.fullmatch(r"[^\W\d_]", token) and original.isupper():
         return nxt.lower() in OPENERS  # an initial: "J. K. Rowling", but "vitamin C. It"
     return True
 

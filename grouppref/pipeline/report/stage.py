@@ -244,9 +244,8 @@ def section_eval(view: RunView) -> str:
     before = report.metrics.get("baseline") or {}
     after = report.metrics.get("model") or {}
     keys = [k for k in before if isinstance(before.get(k), int | float) and k != "groups"]
-    rows = [[k, before.get(k), after.get(k),
-             (after[k] - before[k]) if isinstance(after.get(k), int | float)
-             and isinstance(before.get(k), int | float) else None] for k in keys]
+    rows = [[k, before.get(k), after.get(k), _difference(after.get(k), before.get(k))]
+            for k in keys]
     head = (f"<p class='muted'>{report.groups} held-out groups ({report.split} split); before "
             f"= {html.escape(str(report.baseline))}, after = {html.escape(str(report.model))}; "
             f"implicit reward beta = {fmt(report.beta)} against "
@@ -254,6 +253,12 @@ def section_eval(view: RunView) -> str:
     plot = _eval_plot(before, after, keys)
     return (h2("Evaluation on the held-out split", "evaluation") + head + plot
             + table(["metric", "before", "after", "change"], rows))
+
+
+def _difference(after: float | None, before: float | None) -> float | None:
+    """``after - before`` when both were measured."""
+    return after - before if isinstance(after, int | float) and isinstance(before, int | float) \
+        else None
 
 
 def _eval_plot(before: dict[str, Any], after: dict[str, Any], keys: list[str]) -> str:
@@ -349,8 +354,9 @@ def run_report(store: RunStore, config: ReportConfig | None = None,
     # any stage re-run (even with the same output: new timings) renders the report again
     when = sha256_text(canonical_json({"stages": [[m.stage, m.finished_at] for m in described],
                                        "stale": stale}))
-    stage = store.open_stage(STAGE, config, input_fingerprint=when,
-                             inputs=[m.stage for m in described], record_type=None, force=context.force)
+    stage: StageRun[Any] = store.open_stage(STAGE, config, input_fingerprint=when,
+                                            inputs=[m.stage for m in described], record_type=None,
+                                            force=context.force)
     if stage.cached:
         return stage
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ import json
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -258,7 +259,7 @@ def _tally_path(stage_dir: Path, index: int) -> Path:
     return stage_dir / "shards" / f"tally-{index:05d}.json"
 
 
-def _annotated_row(row: dict) -> dict:
+def _annotated_row(row: dict[str, Any]) -> dict[str, Any]:
     """A stored row reduced to the AnnotatedGroup fields (a ValidatedGroup input has more)."""
     keep = AnnotatedGroup.model_fields
     return {k: v for k, v in row.items() if k in keep}

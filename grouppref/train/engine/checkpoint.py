@@ -16,13 +16,17 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from grouppref.errors import ConfigError, StageError
 from grouppref.runs.progress import stage_progress
 from grouppref.train.engine.metric_sums import MetricSums, reduce_sums
+from grouppref.train.settings.shared import TrainingSettings
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 STATE_FILE = "trainer_state.json"
 LOG_FILE = "metrics.jsonl"
@@ -86,7 +90,7 @@ def strict_json(value: Any) -> Any:
 class MetricsLog:
     """``OUT/metrics.jsonl`` (one JSON object per log line) plus the ``report_to`` trackers."""
 
-    def __init__(self, out_dir: Path, accelerator: Any):
+    def __init__(self, out_dir: Path, accelerator: Accelerator):
         self.path = Path(out_dir) / LOG_FILE
         self.accelerator = accelerator
 
@@ -145,7 +149,8 @@ def _resume_key(config: BaseModel) -> dict[str, Any]:
     return {k: v for k, v in config.model_dump(mode="json").items() if k not in _RESUMABLE}
 
 
-def save(accelerator: Any, out_dir: Path, state: TrainState, config: BaseModel) -> Path:
+def save(accelerator: Accelerator, out_dir: Path, state: TrainState, config: TrainingSettings
+         ) -> Path:
     """Write a checkpoint of the current step (every process takes part); keep the newest
     ``save_total_limit`` ones."""
     root = Path(out_dir) / "checkpoints"
@@ -204,7 +209,7 @@ def check_compatible(path: Path, config: BaseModel) -> None:
                           "number of processes)")
 
 
-def load(accelerator: Any, path: Path, config: BaseModel, scheduler: Any = None) -> TrainState:
+def load(accelerator: Accelerator, path: Path, config: BaseModel, scheduler: Any = None) -> TrainState:
     """Restore model, optimizer, scheduler, RNG and step from ``path``; with ``scheduler``, the
     learning rate is then re-fitted to the schedule of this run (:func:`refit_schedule`).
 
@@ -243,7 +248,7 @@ def refit_schedule(scheduler: Any) -> None:
 class ProgressBar:
     """A rich bar over optimizer steps on the main process, showing loss and pair accuracy."""
 
-    def __init__(self, accelerator: Any, total: int, start: int):
+    def __init__(self, accelerator: Accelerator, total: int, start: int):
         self.progress = stage_progress(disable=not accelerator.is_main_process)
         self.progress.start()
         self.task = self.progress.add_task("train", total=total, completed=start, unit="steps")
@@ -259,5 +264,5 @@ class ProgressBar:
         self.progress.stop()
 
 
-def progress_bar(accelerator: Any, total: int, start: int) -> ProgressBar:
+def progress_bar(accelerator: Accelerator, total: int, start: int) -> ProgressBar:
     return ProgressBar(accelerator, total, start)

@@ -43,7 +43,7 @@ def optimizer_step(run: LoopRun, loss: Any, window: checkpoint.Window) -> None:
     if acc.sync_gradients:
         norm = acc.clip_grad_norm_(run.model.parameters(), run.config.max_grad_norm)
         window.grad_norms.append(float(norm))
-        window.lr = run.scheduler.get_last_lr()[0]  # the rate this update uses
+        window.lr = float(run.scheduler.get_last_lr()[0])  # the rate this update uses
     run.optimizer.step()
     run.optimizer.zero_grad()
     if acc.sync_gradients:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -15,7 +15,11 @@ from grouppref.errors import StageError
 from grouppref.schemas import Reject
 from grouppref.train.engine import checkpoint
 from grouppref.train.engine.distributed import cpu_launch
+from grouppref.train.settings.shared import LoraSettings, TrainingSettings
 from grouppref.train.tensors.batch import TokenizedGroup
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -25,12 +29,12 @@ class LoopRun:
     """Everything a training loop touches (one object instead of ten arguments); each trainer
     adds its own fields."""
 
-    config: Any
-    accelerator: Any
-    model: Any  # prepared (wrapped) by accelerate
-    optimizer: Any
-    scheduler: Any
-    loader: Any
+    config: TrainingSettings
+    accelerator: Accelerator
+    model: Any  # prepared (wrapped) by accelerate: the model's own type or a DDP/FSDP wrapper
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loader: Any  # a DataLoader prepared by accelerate (its own subclass)
     held_out: list[TokenizedGroup]
     pad_token_id: int
     total_steps: int
@@ -40,7 +44,7 @@ class LoopRun:
     last_train: dict[str, float] = field(default_factory=dict)  # the last logging window
 
 
-def fresh_accelerator(config: Any, **extra: Any) -> Any:
+def fresh_accelerator(config: TrainingSettings, **extra: Any) -> Accelerator:
     """An ``Accelerator`` for ``config`` (``grad_accum``, ``mixed_precision``, ``seed``): seeded,
     resumable data order; ``extra`` goes to ``Accelerator`` (trackers, project folders).
 
@@ -70,7 +74,7 @@ def enable_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def add_lora(model: Any, lora: Any, task_type: str, gradient_checkpointing: bool) -> Any:
+def add_lora(model: Any, lora: LoraSettings, task_type: str, gradient_checkpointing: bool) -> Any:
     """``model`` with peft LoRA adapters from ``lora`` (a ``LoraSettings``); ``task_type``
     ``CAUSAL_LM`` (the policy) or ``SEQ_CLS`` (a reward model: peft adds the score head to
     ``modules_to_save``, so it trains fully). With gradient checkpointing the inputs require
@@ -78,7 +82,8 @@ def add_lora(model: Any, lora: Any, task_type: str, gradient_checkpointing: bool
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(model, LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        # peft annotates lora_alpha as int; it only divides it by r (a float alpha works)
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,  # type: ignore[arg-type]
         target_modules=lora.target_modules, task_type=task_type))
     if gradient_checkpointing:
         model.enable_input_require_grads()

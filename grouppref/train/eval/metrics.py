@@ -105,7 +105,7 @@ def reward_metrics(policy_logps: Tensor, batch: GroupBatch, beta: float,
         "reward_best": s.gather(1, best[:, None])[:, 0],
         "reward_worst": s.gather(1, worst[:, None])[:, 0],
     }
-    if not reference_free:
+    if not reference_free and batch.ref_logps is not None:  # the loss raised without them
         out["kl"] = kl_estimate(policy_logps, batch.ref_logps, batch.num_tokens, batch.valid)
     return out
 

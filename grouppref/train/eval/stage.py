@@ -73,8 +73,9 @@ def compare_models(groups: Sequence[ValidatedGroup], config: EvalConfig, cache_d
     scores = {role: _score(name, tokenized, config, tokenizer.pad_token_id)
               for role, name in (("baseline", config.baseline), ("model", config.model))
               if name is not None}
-    delta = ({k: scores["model"][k] - v for k, v in scores["baseline"].items() if k != "groups"}
-             if len(scores) == 2 else {})
+    delta: dict[str, float | None] = (
+        {k: scores["model"][k] - v for k, v in scores["baseline"].items() if k != "groups"}
+        if len(scores) == 2 else {})
     report = EvalReport(
         split=config.split, groups=len(tokenized), rejected=sum(r.scope == "row" for r in rejects),
         truncated_responses=sum(g.num_truncated for g in tokenized),
@@ -82,7 +83,7 @@ def compare_models(groups: Sequence[ValidatedGroup], config: EvalConfig, cache_d
         baseline=model_label(config.baseline) if config.baseline else None,
         ref_model=model_label(ref_name) if ref_name else None,
         beta=_beta(config), length_normalise=bool(config.length_normalise),
-        metrics=scores, delta=delta)
+        metrics={role: dict(m) for role, m in scores.items()}, delta=delta)
     kept = {g.group_id for g in tokenized}
     return Comparison(report=report, rejects=rejects, inputs=len(chosen),
                       used=[g for g in chosen if g.group_id in kept])

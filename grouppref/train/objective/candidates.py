@@ -7,10 +7,13 @@ every candidate. Held-out groups are not trimmed: their metrics compare every pa
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeVar
 
 from grouppref.train.objective.dispatch import loss_candidates
 from grouppref.train.settings.losses import TRIMMED_LOSSES
 from grouppref.train.tensors.batch import TokenizedGroup
+
+T = TypeVar("T")
 
 
 def trim_for_loss(group: TokenizedGroup, loss: str) -> TokenizedGroup:
@@ -20,7 +23,7 @@ def trim_for_loss(group: TokenizedGroup, loss: str) -> TokenizedGroup:
         return group
     keep = loss_candidates(list(group.order), loss)
 
-    def pick(values: list) -> list:
+    def pick(values: list[T]) -> list[T]:
         return [values[i] for i in keep] if values else values
 
     return dataclasses.replace(

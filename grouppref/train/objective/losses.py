@@ -65,7 +65,7 @@ def implicit_rewards(policy_logps: Tensor, ref_logps: Tensor | None, beta: float
         )
     if not beta > 0:
         raise ConfigError(f"beta must be > 0, got {beta!r}")
-    log_ratio = policy_logps if reference_free else policy_logps - ref_logps  # (B, K)
+    log_ratio = policy_logps if reference_free or ref_logps is None else policy_logps - ref_logps  # (B, K)
     if length_normalise:
         if num_tokens is None:
             raise ConfigError("length_normalise=True needs num_tokens (GroupBatch.num_tokens)")

@@ -18,11 +18,17 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from grouppref.errors import ConfigError
-from grouppref.train.settings.mix import SOURCES, MixConfig
+from grouppref.train.settings.mix import SOURCES, MixConfig, Source
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+    from grouppref.train.settings.policy import TrainConfig
+    from grouppref.train.tensors.batch import GroupBatch, TokenizedGroup
 
 
 def check_sources(config: MixConfig, sources: Sequence[str]) -> None:
@@ -70,7 +76,7 @@ class MixSampler:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def target(self, step: int) -> dict[str, float]:
+    def target(self, step: int) -> dict[Source, float]:
         """Scheduled shares of the update made after ``step`` updates."""
         return self.config.shares_at(step, self.total_steps)
 
@@ -90,7 +96,7 @@ class MixSampler:
         return ([self._stream("human", q) for q in range(h0, h1)]
                 + [self._stream("auto", q) for q in range(a0, a1)])
 
-    def _stream(self, source: str, q: int) -> int:
+    def _stream(self, source: Source, q: int) -> int:
         members = self.members[source]
         round_, pos = divmod(q, len(members))
         key = (source, round_)
@@ -122,18 +128,22 @@ def steps_per_epoch(n: int, batch_size: int, processes: int, grad_accum: int) ->
     return max(1, math.ceil(n / (batch_size * processes * grad_accum)))
 
 
-def mix_loader(config: Any, train_set: Sequence[Any], collate: Any, processes: int
-               ) -> tuple[Any, MixSampler]:
+def mix_loader(config: TrainConfig, train_set: Sequence[TokenizedGroup],
+               collate: Callable[[list[TokenizedGroup]], GroupBatch], processes: int
+               ) -> tuple[DataLoader[TokenizedGroup], MixSampler]:
     """A ``DataLoader`` over ``train_set`` (tokenised groups with ``kinds``) whose batches
     follow ``config.mix`` (a :class:`TrainConfig`), and its sampler."""
     from torch.utils.data import DataLoader
 
-    mix: MixConfig = config.mix
+    mix = config.mix
+    assert mix is not None  # called only when config.mix is set
     sources = [mix.source_of(g.kinds) for g in train_set]
     per_epoch = steps_per_epoch(len(sources), config.batch_size, processes, config.grad_accum)
     sampler = MixSampler(mix, sources, batch_size=config.batch_size,
                          total_steps=config.max_steps or config.epochs * per_epoch,
                          processes=processes, grad_accum=config.grad_accum, seed=config.seed,
                          group_ids=[g.group_id for g in train_set])
-    loader = DataLoader(train_set, batch_sampler=sampler, collate_fn=collate)  # type: ignore[arg-type]
+    # torch's stubs want a Dataset; a sequence is a map-style dataset to the loader itself
+    loader: DataLoader[TokenizedGroup] = DataLoader(
+        train_set, batch_sampler=sampler, collate_fn=collate)  # type: ignore[arg-type]
     return loader, sampler

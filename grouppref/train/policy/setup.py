@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,19 +30,24 @@ from grouppref.train.settings.policy import TrainConfig
 from grouppref.train.tensors import packing
 from grouppref.train.tensors.batch import TokenizedGroup
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from grouppref.train.refresh.fresh_groups import RefreshPlan
+
 
 @dataclass
 class Prepared:
     """What set-up hands the loop and the finish: the data, tokenizer, checkpoint to resume
     from, refresh plan and where the reference log-probs came from."""
 
-    accelerator: Any
+    accelerator: Accelerator
     tokenizer: Any
     train_set: list[TokenizedGroup]
     held_out: list[TokenizedGroup]
     rejects: list[Reject]
     checkpoint: Path | None
-    plan: Any = None  # a grouppref.train.refresh.fresh_groups.RefreshPlan when config.refresh is set
+    plan: RefreshPlan | None = None  # when config.refresh is set
     reference: ReferenceInfo | None = None
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,9 +46,14 @@ from grouppref.train.settings.policy import TrainConfig
 from grouppref.train.settings.shared import check_precision, check_trackers
 from grouppref.train.tensors.batch import GroupBatch, collate_groups
 
+if TYPE_CHECKING:
+    from grouppref.train.refresh.refresher import Refresher
+
 __all__ = ["TRAIN_METRICS", "TrainResult", "check_checkpointing", "split_groups", "train"]
 
 TRAIN_METRICS = ("loss", "pair_accuracy", "margin", "reward_best", "reward_worst", "kl")
+# called with (step, held-out metrics) after each evaluation; it may raise to stop the run
+EvalHook = Callable[[int, dict[str, float]], None]
 
 
 @dataclass
@@ -70,9 +75,9 @@ class _Run(LoopRun):
     config: TrainConfig
     out_dir: Path
     objective: Objective
-    refresh: Any = None  # a grouppref.train.refresh.refresher.Refresher when config.refresh is set
+    refresh: Refresher | None = None  # when config.refresh is set
     mix: MixSampler | None = None  # the batch sampler when config.mix is set
-    on_eval: Any = None  # called as on_eval(step, metrics) after each held-out evaluation
+    on_eval: EvalHook | None = None  # called after each held-out evaluation
 
 
 # -- one step ---------------------------------------------------------------------------------
@@ -208,7 +213,7 @@ def _finish(run: _Run, prep: Prepared, t0: float) -> TrainResult:
 def train(config: TrainConfig, groups: Sequence[ValidatedGroup], out_dir: str | Path, *,
           resume: bool | str | Path = False, reference_cache: Path | None = None,
           refresh_dir: Path | None = None,
-          on_eval: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
+          on_eval: EvalHook | None = None) -> TrainResult:
     """Train ``config.model`` on ``groups`` with the configured group loss.
 
     Args:

@@ -267,7 +267,7 @@ def sample_groups(plan: RefreshPlan, model: Any, tokenizer: Any, prompts: Sequen
     with sampling_mode(model, tokenizer) as eos_ids:
         generator.attach(slot.key, model, eos_ids, tokenizer.pad_token_id)
         groups, rejects = generator.run(list(prompts))
-    tokens = int(generator.session_stats()["generated_tokens"])
+    tokens = generator.generated_tokens
     suffix = f"-r{round_:03d}"
     rejects = [r.model_copy(update={"stage": STAGE, "group_id": r.group_id and r.group_id + suffix})
                for r in rejects]
@@ -299,7 +299,8 @@ def rank_groups(plan: RefreshPlan, groups: Sequence[CandidateGroup]
         outcomes = plan.scorer.score(annotated)  # (rankers, groups)
     finally:
         plan.scorer.close()
-    out, rejects = [], []
+    out: list[AnnotatedGroup] = []
+    rejects: list[Reject] = []
     for j, group in enumerate(annotated):
         record, part = rank_group(group, [o[j] for o in outcomes], plan.rank_config,
                                   plan.annotators, j + 1)

@@ -36,6 +36,8 @@ import gc
 import math
 import shutil
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,11 +45,13 @@ import torch
 from grouppref.errors import StageError
 from grouppref.models.loading import load_causal_lm
 from grouppref.runs.store import RunStore, Shard
-from grouppref.schemas import AnnotatedGroup, Reject, make_group_id
+from grouppref.schemas import AnnotatedGroup, Reject, ValidatedGroup, make_group_id
 from grouppref.schemas.reports import RefreshRound
 from grouppref.train.data.reference import ensure_reference, score_groups
 from grouppref.train.data.tokenize import tokenize_groups
+from grouppref.train.engine.checkpoint import TrainState
 from grouppref.train.engine.metric_sums import reduce_sums
+from grouppref.train.engine.prepare import LoopRun
 from grouppref.train.eval.metrics import evaluate
 from grouppref.train.refresh.buffer import KINDS, FreshBuffer, RhoStats, mix_batch
 from grouppref.train.refresh.fresh_groups import (
@@ -65,28 +69,42 @@ from grouppref.train.tensors.batch import GroupBatch, TokenizedGroup
 ROUND = "round-{:03d}"
 
 
+@dataclass
+class SampledRound:
+    """A round sampled and ranked by this run (not read back): the groups of every process in
+    prompt order, their rejects, and what sampling and ranking took."""
+
+    prompts: int
+    groups: list[AnnotatedGroup]
+    rejects: list[Reject]
+    tokens: int  # generated, over every process
+    generate_s: float
+    rank_s: float
+
+
 class Refresher:
     """The refresh rounds of one training run; see the module docstring.
 
     Args:
         plan (RefreshPlan): the checked settings, prompt pool and rankers.
-        run (Any): the trainer's run (accelerator, model, state, held-out groups, log, ...).
+        run (LoopRun): the trainer's run (accelerator, model, state, held-out groups, log, ...).
         tokenizer (Any): the policy's tokenizer.
         refresh_dir (Path): where the rounds are written.
         reference_dir (Path): the reference log-prob cache.
     """
 
-    def __init__(self, plan: RefreshPlan, run: Any, tokenizer: Any, refresh_dir: Any,
-                 reference_dir: Any) -> None:
+    def __init__(self, plan: RefreshPlan, run: LoopRun, tokenizer: Any, refresh_dir: Path,
+                 reference_dir: Path) -> None:
         self.plan, self.run, self.tokenizer = plan, run, tokenizer
         self.config = plan.config
-        self.refresh = plan.config.refresh
-        assert self.refresh is not None
+        refresh = plan.config.refresh
+        assert refresh is not None  # a plan is made only when refresh is set
+        self.refresh = refresh
         self.store = RunStore(refresh_dir)
         self.reference_dir = reference_dir
         self.buffer = FreshBuffer(self.refresh.buffer_size())
         clip = self.config.importance_clip
-        self.rho = RhoStats(tuple(clip)) if clip is not None else None
+        self.rho = RhoStats(clip) if clip is not None else None
         self.fresh_n = self.refresh.fresh_per_batch(self.config.batch_size)
         self.rounds: list[RefreshRound] = []
         self.done: set[int] = set()
@@ -117,7 +135,7 @@ class Refresher:
             self._round(step, replay=True)
         self._mark = time.perf_counter()
 
-    def mix(self, batch: GroupBatch, state: Any) -> GroupBatch:
+    def mix(self, batch: GroupBatch, state: TrainState) -> GroupBatch:
         """The micro-batch to train on: runs the round that is due, then adds this batch's
         share of fresh groups (drawn per epoch, micro-batch and process)."""
         step = state.step
@@ -164,35 +182,36 @@ class Refresher:
                              f"unfinished in {self.store.root}, but the checkpoint trained after "
                              "it; resume needs the rounds it trained on (or train afresh)")
         t0 = time.perf_counter()
+        made: SampledRound | None = None
         if hit is not None:
             groups = self.store.load_records(name, AnnotatedGroup)
-            made: dict[str, Any] = {}
         else:
             made = self._sample(round_, step)
-            groups = made["groups"]
+            groups = made.groups
         t1 = time.perf_counter()
         validated, _ = aggregate_groups(groups, str(self.store.root / name))
         tokenized, _ = tokenize_groups(validated, self.tokenizer, self.config.data, stage=STAGE)
         t2 = time.perf_counter()
-        if hit is None:  # the sampling policy's log-probs of the candidates as trained
+        if made is not None:  # the sampling policy's log-probs of the candidates as trained
             logps = self._behaviour(tokenized)
             tokenized = [dataclasses.replace(g, behavior_logps=list(logps[g.group_id]))
                          for g in tokenized]
             kept = {g.group_id: g.candidate_ids for g in tokenized}
-            made["groups"] = [with_behaviour(g, logps, kept) for g in groups]
+            made.groups = [with_behaviour(g, logps, kept) for g in groups]
         filled = self._with_reference(tokenized)
         signal = {g.group_id for g in validated if has_signal(g)}
         added = [g for g in filled if g.group_id in signal]
         self.buffer.add(added, round_)
         t3 = time.perf_counter()
-        if hit is not None:
+        if made is None:
+            assert hit is not None
             stats = RefreshRound.model_validate({**hit.stats, "loaded": True})
             if not replay:  # the stored round already reports the training before it
                 self._take_trained()
                 if self.rho is not None:
                     self.rho.take()
         else:
-            seconds = {"generate": made["generate_s"], "rank": made["rank_s"],
+            seconds = {"generate": made.generate_s, "rank": made.rank_s,
                        "aggregate": t2 - t1, "score": t3 - t2}
             stats = self._stats(round_, step, made, validated, filled, len(added), seconds, t0)
             self._write(name, round_, step, made, stats)
@@ -203,7 +222,7 @@ class Refresher:
                                "refresh", flat_metrics(stats))
         self._mark = time.perf_counter()
 
-    def _sample(self, round_: int, step: int) -> dict[str, Any]:
+    def _sample(self, round_: int, step: int) -> SampledRound:
         """This process's share of the round's prompts sampled and ranked, gathered from every
         process in prompt order."""
         from accelerate.utils import gather_object
@@ -222,9 +241,10 @@ class Refresher:
         parts = gather_object([part]) if acc.num_processes > 1 else [part]
         where = {make_group_id(p): i for i, p in enumerate(prompts)}
         every = sorted((g for p in parts for g in p[0]), key=lambda g: where[make_group_id(g.prompt)])
-        return {"prompts": len(prompts), "groups": every,
-                "rejects": [r for p in parts for r in p[1]], "tokens": sum(p[2] for p in parts),
-                "generate_s": max(p[3] for p in parts), "rank_s": max(p[4] for p in parts)}
+        return SampledRound(prompts=len(prompts), groups=every,
+                            rejects=[r for p in parts for r in p[1]],
+                            tokens=sum(p[2] for p in parts), generate_s=max(p[3] for p in parts),
+                            rank_s=max(p[4] for p in parts))
 
     def _behaviour(self, groups: list[TokenizedGroup]) -> dict[str, list[float]]:
         """Log-probs of every candidate, as the trainer tokenises it (text + EOS), under the
@@ -264,7 +284,7 @@ class Refresher:
             dtype=self.config.ref_dtype, model=self._reference_model())
         return filled
 
-    def _stats(self, round_: int, step: int, made: dict[str, Any], validated: list[Any],
+    def _stats(self, round_: int, step: int, made: SampledRound, validated: list[ValidatedGroup],
                filled: list[TokenizedGroup], added: int, seconds: dict[str, float],
                t0: float) -> RefreshRound:
         """The round's metrics (collectives inside: every process calls it)."""
@@ -273,11 +293,11 @@ class Refresher:
         seconds = {**seconds, "eval": time.perf_counter() - t, "train": t0 - self._mark}
         kl = on_policy_kl(filled)
         return RefreshRound(
-            round=round_, step=step, prompts=made["prompts"], groups=len(made["groups"]),
-            rejected=sum(r.scope == "row" for r in made["rejects"]),
-            without_signal=len(made["groups"]) - sum(has_signal(g) for g in validated),
-            added=added, buffer=len(self.buffer), tokens_generated=made["tokens"],
-            scores=mean_scores(made["groups"]), held_out=held_out, kl_ref=kl[0],
+            round=round_, step=step, prompts=made.prompts, groups=len(made.groups),
+            rejected=sum(r.scope == "row" for r in made.rejects),
+            without_signal=len(made.groups) - sum(has_signal(g) for g in validated),
+            added=added, buffer=len(self.buffer), tokens_generated=made.tokens,
+            scores=mean_scores(made.groups), held_out=held_out, kl_ref=kl[0],
             kl_ref_per_token=kl[1], rho=self.rho.take() if self.rho is not None else {},
             groups_trained=self._take_trained(),
             seconds={k: round(v, 3) for k, v in seconds.items()})
@@ -297,17 +317,16 @@ class Refresher:
                            autocast_dtype=_autocast(config.mixed_precision))
         return {k: v for k, v in metrics.items() if not math.isnan(v)}
 
-    def _write(self, name: str, round_: int, step: int, made: dict[str, Any],
+    def _write(self, name: str, round_: int, step: int, made: SampledRound,
                stats: RefreshRound) -> None:
         """The round as a stage of the refresh store (main process), then a barrier."""
         acc = self.run.accelerator
         if acc.is_main_process:
             stage = self.store.open_stage(name, self._round_config(round_, step),
                                           record_type=AnnotatedGroup, force=True)
-            records: list[AnnotatedGroup] = made["groups"]
-            rejects: list[Reject] = made["rejects"]
-            stage.write_shard(Shard(index=0, start=0, items=records), records, rejects)
-            stage.finish(inputs=made["prompts"], stats=stats.model_dump(mode="json"))
+            stage.write_shard(Shard(index=0, start=0, items=made.groups), made.groups,
+                              made.rejects)
+            stage.finish(inputs=made.prompts, stats=stats.model_dump(mode="json"))
         acc.wait_for_everyone()
 
 

@@ -90,8 +90,10 @@ def _build(config: RewardModelConfig, acc: Any, model: Any, train_set: list[Toke
     pad = model.config.pad_token_id
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=config.lr, weight_decay=config.weight_decay)
-    loader = DataLoader(train_set, batch_size=config.batch_size, shuffle=True,  # type: ignore[arg-type]
-                        collate_fn=partial(collate_groups, pad_token_id=pad))
+    # torch's stubs want a Dataset; a list is a map-style dataset to the loader itself
+    loader: DataLoader[TokenizedGroup] = DataLoader(
+        train_set, batch_size=config.batch_size, shuffle=True,  # type: ignore[arg-type]
+        collate_fn=partial(collate_groups, pad_token_id=pad))
     model, optimizer, loader = acc.prepare(model, optimizer, loader)
     steps_per_epoch = math.ceil(len(loader) / config.grad_accum)
     total = config.max_steps or config.epochs * steps_per_epoch

@@ -20,17 +20,19 @@ has share 0, every point's shares sum to 1):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal, get_args
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from grouppref.schemas.records import AnnotatorKind
 
 Source = Literal["human", "auto"]
-SOURCES: tuple[str, ...] = get_args(Source)
+SOURCES: tuple[Source, ...] = get_args(Source)
+DEFAULT_HUMAN_KINDS: tuple[AnnotatorKind, ...] = ("human", "simulated")
 MIX_METRICS = tuple(f"mix_{s}" for s in SOURCES) + tuple(f"mix_target_{s}" for s in SOURCES)
 SUM_TOLERANCE = 1e-6
+K = TypeVar("K", bound=str)  # a share's key: a source, or a name the parser read
 
 
 class MixPoint(BaseModel):
@@ -46,11 +48,11 @@ class MixPoint(BaseModel):
 
     @field_validator("shares")
     @classmethod
-    def _sum_to_one(cls, shares: dict[str, float]) -> dict[str, float]:
+    def _sum_to_one(cls, shares: dict[str, float]) -> dict[Source, float]:
         return checked_shares(shares)
 
 
-def checked_shares(shares: dict[str, float], where: str = "") -> dict[str, float]:
+def checked_shares(shares: Mapping[str, float], where: str = "") -> dict[Source, float]:
     """Every source's share (0 where left out).
 
     Raises:
@@ -66,7 +68,7 @@ def checked_shares(shares: dict[str, float], where: str = "") -> dict[str, float
     return full
 
 
-def _show(shares: dict[str, float]) -> str:
+def _show(shares: Mapping[K, float]) -> str:
     return ",".join(f"{k}={v:g}" for k, v in shares.items())
 
 
@@ -122,7 +124,7 @@ class MixConfig(BaseModel):
         "steps, linear between points). Sources: human (a consensus with a ranking by a "
         "human kind), auto (the rest); each point sums to 1.")
     human_kinds: list[AnnotatorKind] = Field(
-        default_factory=lambda: ["human", "simulated"], min_length=1,
+        default_factory=lambda: list(DEFAULT_HUMAN_KINDS), min_length=1,
         description="Annotator kinds that make a group's source 'human' (default: human and "
         "simulated, the simulated panel standing in for people).")
 
@@ -149,7 +151,7 @@ class MixConfig(BaseModel):
                 raise ValueError(f"steps {steps} must increase")
         return points
 
-    def shares_at(self, step: float, total_steps: int) -> dict[str, float]:
+    def shares_at(self, step: float, total_steps: int) -> dict[Source, float]:
         """Scheduled shares for the update made after ``step`` updates of ``total_steps``."""
         points = self.schedule
         if len(points) == 1:
@@ -166,12 +168,12 @@ class MixConfig(BaseModel):
         a, b = points[i].shares, points[i + 1].shares
         return {s: a[s] + f * (b[s] - a[s]) for s in SOURCES}
 
-    def max_share(self, source: str) -> float:
+    def max_share(self, source: Source) -> float:
         """Largest share ``source`` gets anywhere (points are the extremes of a
         piecewise-linear schedule)."""
         return max(p.shares[source] for p in self.schedule)
 
-    def source_of(self, kinds: Sequence[str]) -> str:
+    def source_of(self, kinds: Sequence[str]) -> Source:
         """``human`` when one of ``kinds`` (a group's consensus kinds) is a human kind."""
         return "human" if set(kinds) & set(self.human_kinds) else "auto"
 

@@ -7,6 +7,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from grouppref.models.loading import ModelDtype
 from grouppref.pipeline.rank.config import EnsembleSettings, RankConfig
 from grouppref.pipeline.rank.settings import RankerSettings, validation_message
 from grouppref.schemas import MAX_K, MIN_K
@@ -57,7 +58,7 @@ class RefreshConfig(BaseModel):
             raise ValueError(validation_message(e)) from e
         return self
 
-    def rank_config(self, device: str = "cpu", dtype: str = "float32") -> RankConfig:
+    def rank_config(self, device: str = "cpu", dtype: ModelDtype = "float32") -> RankConfig:
         """The rank stage's settings for these rankers (the refresh rounds rank with them)."""
         return RankConfig(rankers=self.rankers, ensemble=self.ensemble,
                           tie_tolerance=self.tie_tolerance, device=device, dtype=dtype)

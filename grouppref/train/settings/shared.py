@@ -7,6 +7,7 @@ torch at import)."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -116,7 +117,7 @@ class TrainingSettings(BaseModel):
         "under OUT/logs).")
 
 
-def check_trackers(report_to: list[str]) -> None:
+def check_trackers(report_to: Sequence[str]) -> None:
     """Fail before any loading when a requested metric backend is not installed.
 
     Raises:

@@ -11,6 +11,7 @@ are RIGHT-padded. :func:`grouppref.train.tensors.logps.group_logps` relies on bo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -44,7 +45,8 @@ class GroupBatch:
 
     def to(self, device: torch.device | str) -> GroupBatch:
         """The batch with every tensor moved to ``device``."""
-        moved = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in vars(self).items()}
+        moved: dict[str, Any] = {k: v.to(device) if isinstance(v, Tensor) else v
+                                 for k, v in vars(self).items()}
         return GroupBatch(**moved)
 
 

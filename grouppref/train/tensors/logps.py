@@ -51,7 +51,7 @@ Tensor = torch.Tensor
 _FALLBACK: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _NO_FUSED_HEAD: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 # Models whose first packed pass ran the grouped attention in every layer: the mask keys used.
-_CHECKED: weakref.WeakKeyDictionary[Any, frozenset] = weakref.WeakKeyDictionary()
+_CHECKED: weakref.WeakKeyDictionary[Any, frozenset[Any]] = weakref.WeakKeyDictionary()
 
 
 def _positions(mask: Tensor) -> Tensor:
@@ -139,7 +139,7 @@ def _head_bypassed(head: torch.nn.Linear | None) -> Iterator[list[Tensor]]:
         seen.append(x)
         return x
 
-    head.forward = passthrough  # type: ignore[method-assign]
+    head.forward = passthrough  # type: ignore[method-assign, assignment]  # torch types forward as a method
     try:
         yield seen
     finally:
@@ -277,7 +277,7 @@ def _shared(model: Any, batch: GroupBatch, prompt: tuple[Tensor, Tensor]) -> Ten
     return _scatter(_cached(model, prompt, cand, rows), rows, cols, tuple(batch.valid.shape))
 
 
-def _scatter(values: Tensor, rows: Tensor, cols: Tensor, shape: tuple[int, int]) -> Tensor:
+def _scatter(values: Tensor, rows: Tensor, cols: Tensor, shape: tuple[int, ...]) -> Tensor:
     out = values.new_zeros(shape)
     return out.index_put((rows, cols), values)
 

@@ -177,14 +177,14 @@ def grouped_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
     prompt_mask, resp_mask = masks[mask_key]
     p = prompt_mask.shape[-1]
     k, t = resp_mask.shape[0] // b, resp_mask.shape[-1] - p
-    sdpa = dict(dropout_p=dropout, scale=scaling)
     q_prompt, q_resp = query.split([p, k * t], dim=2)  # split, not slices: its backward is one
     k_prompt, k_resp = key.split([p, k * t], dim=2)  # cat (slicing's zero-fills a full-size
     v_prompt, v_resp = value.split([p, k * t], dim=2)  # gradient per slice, then adds them)
     # Contiguous keys/values: sdpa saves its inputs for backward, and a compiled layer's backward
     # with symbolic sizes asserted the strides of the first shapes on these split views.
     out = F.scaled_dot_product_attention(_fold(q_prompt, kv), k_prompt.contiguous(),
-                                         v_prompt.contiguous(), attn_mask=prompt_mask, **sdpa)
+                                         v_prompt.contiguous(), attn_mask=prompt_mask,
+                                         dropout_p=dropout, scale=scaling)
     out = out.reshape(b, h, p, d)
     if t:
         def per_response(x: Tensor) -> Tensor:  # (B, X, K·T, D) -> (B·K, X, T, D)
@@ -196,7 +196,8 @@ def grouped_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
 
         resp = F.scaled_dot_product_attention(
             _fold(per_response(q_resp), kv), with_prompt(k_prompt, k_resp),
-            with_prompt(v_prompt, v_resp), attn_mask=resp_mask, **sdpa)
+            with_prompt(v_prompt, v_resp), attn_mask=resp_mask, dropout_p=dropout,
+            scale=scaling)
         resp = resp.reshape(b, k, h, t, d).transpose(1, 2).reshape(b, h, k * t, d)
         out = torch.cat([out, resp], dim=2)
     return out.transpose(1, 2).contiguous(), None

@@ -82,6 +82,7 @@ class _HeadTakenLogps(torch.autograd.Function):
             inside = (targets >= start) & (targets < start + part.shape[1])
             taken[inside] = part[rows[inside], targets[inside] - start].float()
             chunks.append(part)
+        assert lse is not None  # the head has at least one row
         ctx.save_for_backward(hidden, weight, lse, rows, targets)
         ctx.chunks = chunks
         return taken - lse[rows]

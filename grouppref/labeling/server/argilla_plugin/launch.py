@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 ROUNDS_ENV = "GROUPPREF_ARGILLA_BCRYPT_ROUNDS"
 STOCK_LOGIN_ENV = "GROUPPREF_ARGILLA_STOCK_LOGIN"  # benchmarks only: argilla-server's own login
@@ -119,7 +120,7 @@ def _patch_password_checks() -> None:
 
     dummy_hash = hash_password("no such user")
 
-    async def authenticate_user(db, username: str, password: str):  # noqa: ANN001, ANN202
+    async def authenticate_user(db: Any, username: str, password: str) -> Any:
         user = await accounts.get_user_by_username(db, username)
         stored = user.password_hash if user is not None else dummy_hash
         await db.commit()  # end the read: the pooled connection goes back during bcrypt

@@ -150,8 +150,8 @@ def sort_value(value: Any, descending: bool) -> Any:
     items = flat(value)
     if not items:
         return None
-    numbers = [as_number(v) for v in items]
-    if all(n is not None for n in numbers):
+    numbers = [n for n in (as_number(v) for v in items) if n is not None]
+    if len(numbers) == len(items):
         return max(numbers) if descending else min(numbers)
     texts = [term_text(v) for v in items]
     return max(texts) if descending else min(texts)

@@ -42,10 +42,10 @@ class RowLoader:
         self.db = db
         self.dataset_id = dataset_id
         self.ids = set(ids)
-        self._metadata: dict[Any, dict] | None = None
-        self._responses: list[tuple[Any, Any, Any, dict]] | None = None
+        self._metadata: dict[Any, dict[str, Any]] | None = None
+        self._responses: list[tuple[Any, Any, Any, dict[str, Any]]] | None = None
 
-    async def metadata(self) -> dict[Any, dict]:
+    async def metadata(self) -> dict[Any, dict[str, Any]]:
         if self._metadata is None:
             rows = await self.db.execute(select(Record.id, Record.metadata_)
                                          .where(Record.dataset_id == self.dataset_id))
@@ -60,7 +60,7 @@ class RowLoader:
             .where(Question.dataset_id == self.dataset_id, Question.name == question))
         return {i: _plain(v) for i, v in rows.all() if i in self.ids}
 
-    async def responses(self) -> list[tuple[Any, Any, Any, dict]]:
+    async def responses(self) -> list[tuple[Any, Any, Any, dict[str, Any]]]:
         """``(record id, user id, status, values)`` of every response in the dataset."""
         if self._responses is None:
             rows = await self.db.execute(

@@ -56,7 +56,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 ENGINE_NAME = "sql"
-_SESSIONS: dict[tuple[int, int], async_sessionmaker] = {}
+_SESSIONS: dict[tuple[int, int], async_sessionmaker[AsyncSession]] = {}
 
 
 def AsyncSessionLocal() -> AsyncSession:  # noqa: N802  (mirrors argilla_server.database)
@@ -147,8 +147,9 @@ class SQLSearchEngine(SearchEngine):
             return False
         return True
 
-    async def info(self) -> dict:
+    async def info(self) -> dict[str, Any]:
         async with AsyncSessionLocal() as db:
+            assert db.bind is not None  # the session factory binds every session to the engine
             dialect = db.bind.dialect.name
         return {"engine": ENGINE_NAME, "database": dialect, "version": {"number": "1"}}
 
@@ -186,7 +187,7 @@ class SQLSearchEngine(SearchEngine):
     async def delete_record_suggestion(self, suggestion: Suggestion) -> None:
         return None
 
-    async def get_dataset_progress(self, dataset: Dataset) -> dict:
+    async def get_dataset_progress(self, dataset: Dataset) -> dict[str, Any]:
         if dataset.is_draft:
             return {}
         async with AsyncSessionLocal() as db:
@@ -196,7 +197,7 @@ class SQLSearchEngine(SearchEngine):
         counts = {str(getattr(status, "value", status)): n for status, n in rows}
         return {"total": sum(counts.values()), **counts}
 
-    async def get_dataset_user_progress(self, dataset: Dataset, user: User) -> dict:
+    async def get_dataset_user_progress(self, dataset: Dataset, user: User) -> dict[str, Any]:
         if dataset.is_draft:
             return {}
         async with AsyncSessionLocal() as db:
