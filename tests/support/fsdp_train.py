@@ -120,6 +120,10 @@ def launch(run: Callable[[str, str, int, int], list[float]]) -> None:
     losses = run(model_dir, out_dir, rank, world)
     if rank == 0:
         Path(out_dir, "losses.json").write_text(json.dumps(losses))
+    # every rank's collectives (FSDP's async all-gathers and reduce-scatters included) finish
+    # before any rank tears gloo down: one CI run aborted in rank 1's exit ("terminate called
+    # without an active exception", SIGABRT) while rank 0 was still saving the model
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
