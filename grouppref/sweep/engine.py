@@ -209,8 +209,10 @@ class Sweep:
                     study_name=self.name, direction=self.config.direction, load_if_exists=True)
                 break
             except Exception as e:  # a bad URL, a missing driver, an unreachable server
-                # two workers starting at once race to create the tables: try again
-                if attempt < 3 and "IntegrityError" in type(e).__name__ + repr(e):
+                # workers starting at once race to create the schema: the loser sees a duplicate
+                # row (IntegrityError) or, on PostgreSQL, a table created under it ("relation
+                # alembic_version already exists", DuplicateTable); the next try loads it
+                if attempt < 3 and _lost_schema_race(e):
                     time.sleep(1.0 + attempt)
                     continue
                 raise ConfigError(f"cannot open the study at {redact_credentials(self.url)}: "
@@ -387,6 +389,14 @@ class Sweep:
         summary = summarize(study, self)
         write_outputs(summary, self, self.out)
         return summary
+
+
+def _lost_schema_race(e: Exception) -> bool:
+    """Whether opening the storage failed only because another worker created the study's
+    tables or rows at the same moment (worth a retry), not for a bad URL or server."""
+    text = type(e).__name__ + repr(e)
+    return ("IntegrityError" in text or "DuplicateTable" in text
+            or "UniqueViolation" in text or "already exists" in text)
 
 
 def _driver_url(url: str) -> str:
