@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from grouppref.commands import export as export_commands
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.export.config import ExportConfig
-from grouppref.pipeline.export.stage import consensus_pairs, run_export
+from grouppref.pipeline.export.formats import consensus_pairs
+from grouppref.pipeline.export.stage import run_export
 from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.pipeline.validate.stage import run_validate
 from grouppref.runs.manifest import read_rejects

@@ -27,19 +27,22 @@ import os
 import shutil
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import datasets
+import pyarrow.compute as pc
 from pydantic import ValidationError
 
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.export.card import dataset_card
-from grouppref.pipeline.export.config import INPUT_STAGE, SPLITS, STAGE, STAGE_VERSION, ExportConfig
+from grouppref.pipeline.export.config import INPUT_STAGE, SPLITS, STAGE_VERSION, ExportConfig
+from grouppref.pipeline.export.formats import build_dataset, groups_from_table
 from grouppref.runs.freshness import require_fresh
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
-from grouppref.schemas import Reject, ValidatedGroup, to_dataset
+from grouppref.schemas import Reject, ValidatedGroup
+from grouppref.schemas.arrow import features_for
 from grouppref.schemas.reports import ExportReport
 
 try:  # the HTTP client of huggingface_hub 2.x; its errors are not all OSErrors
@@ -48,18 +51,20 @@ try:  # the HTTP client of huggingface_hub 2.x; its errors are not all OSErrors
     _NETWORK_ERRORS: tuple[type[Exception], ...] = (OSError, _HTTPError)
 except ImportError:  # older huggingface_hub: requests' errors are OSErrors
     _NETWORK_ERRORS = (OSError,)
-_MESSAGES = datasets.List({"role": datasets.Value("string"), "content": datasets.Value("string")})
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 # -- input --------------------------------------------------------------------------------------
-def load_validated(store: RunStore, allow_stale: bool = False) -> tuple[list[ValidatedGroup],
-                                                                        list[str]]:
-    """The groups of ``RUN/validate`` and, with ``allow_stale``, the upstream stages that changed
-    after it ran (without it a stale validate output is refused)."""
-    manifest = store.require(INPUT_STAGE)
-    stale = require_fresh(store, INPUT_STAGE, allow_stale=allow_stale, use="export it")
-    if manifest.counts.outputs == 0:  # nothing passed (and an empty output does not load)
-        return [], stale
+def load_validated(store: RunStore) -> list[ValidatedGroup]:
+    """Every group of ``RUN/validate`` as a validated record (the trl-pairs format, and a
+    validate output not in the stage's own schema).
+
+    Raises:
+        StageError: a row is not a valid group, or has no split.
+    """
+    if store.require(INPUT_STAGE).counts.outputs == 0:  # nothing passed (an empty output
+        return []                                       # does not load)
     try:
         groups = store.load_records(INPUT_STAGE, ValidatedGroup)
     except ValidationError as e:
@@ -69,95 +74,19 @@ def load_validated(store: RunStore, allow_stale: bool = False) -> tuple[list[Val
     if unsplit:
         raise StageError(f"{len(unsplit)} validated groups have no split (first {unsplit[0]}); "
                          f"run `grouppref validate {store.root} --force`")
-    return groups, stale
+    return groups
 
 
-# -- formats ------------------------------------------------------------------------------------
-def consensus_pairs(group: ValidatedGroup, config: ExportConfig) -> tuple[list[Any], Counter]:
-    """The pair preferences exported for ``group`` and the reasons others were skipped."""
-    tier = {cid: t for t, ids in enumerate(group.consensus) for cid in ids}
-    kept, skipped = [], Counter()
-    for pair in group.pairs:
-        if tier[pair.winner] == tier[pair.loser]:
-            skipped["tie_in_consensus"] += 1
-        elif tier[pair.winner] > tier[pair.loser]:
-            skipped["against_consensus"] += 1
-        elif pair.weight < config.min_weight:
-            skipped["below_min_weight"] += 1
-        else:
-            kept.append(pair)
-    if config.pairs == "best_worst":
-        last = len(group.consensus) - 1
-        ends = [p for p in kept if tier[p.winner] == 0 and tier[p.loser] == last]
-        best = max(ends, key=lambda p: (p.p, p.weight, p.winner, p.loser), default=None)
-        skipped["not_best_worst"] += len(kept) - (best is not None)
-        kept = [best] if best is not None else []
-    return kept, skipped
-
-
-def trl_rows(groups: list[ValidatedGroup], config: ExportConfig
-             ) -> tuple[list[dict[str, Any]], Counter, list[Reject], bool]:
-    """TRL rows of ``groups``; rejects for groups left without a pair; whether rows are chat."""
-    chat = config.chat == "always" or any(g.prompt.messages is not None for g in groups)
-    rows, skipped, rejects = [], Counter(), []
-    for number, group in enumerate(groups, start=1):
-        pairs, why = consensus_pairs(group, config)
-        skipped.update(why)
-        if not pairs:
-            rejects.append(Reject(stage=STAGE, row=number, group_id=group.group_id,
-                                  field="pairs", reason="no consensus pair to export "
-                                  f"(skipped: {dict(why) or 'group has no pairs'})"))
-        text = {c.candidate_id: c.text for c in group.candidates}
-        prompt: Any = ([m.model_dump() for m in group.prompt.as_messages()] if chat
-                       else group.prompt.display_text())
-        for pair in pairs:
-            rows.append({
-                "prompt": prompt,
-                "chosen": _answer(text[pair.winner], chat),
-                "rejected": _answer(text[pair.loser], chat),
-                "p": pair.p, "weight": pair.weight, "group_id": group.group_id,
-                "chosen_id": pair.winner, "rejected_id": pair.loser, "split": group.split,
-            })
-    return rows, skipped, rejects, chat
-
-
-def _answer(text: str, chat: bool) -> Any:
-    return [{"role": "assistant", "content": text}] if chat else text
-
-
-def _trl_features(chat: bool) -> datasets.Features:
-    text = _MESSAGES if chat else datasets.Value("string")
-    return datasets.Features({
-        "prompt": text, "chosen": text, "rejected": text, "p": datasets.Value("float64"),
-        "weight": datasets.Value("float64"), "group_id": datasets.Value("string"),
-        "chosen_id": datasets.Value("string"), "rejected_id": datasets.Value("string")})
-
-
-def _splits(config: ExportConfig) -> tuple[str, ...]:
-    return (config.split,) if config.split else SPLITS
-
-
-def build_dataset(groups: list[ValidatedGroup], config: ExportConfig
-                  ) -> tuple[datasets.DatasetDict, Counter, list[Reject]]:
-    """The export as a ``DatasetDict`` (only non-empty splits), skipped pairs, rejected groups."""
-    if config.format == "groups":
-        dsd = datasets.DatasetDict({s: to_dataset([g for g in groups if g.split == s],
-                                                  ValidatedGroup) for s in _splits(config)})
-        skipped, rejects = Counter(), []
-    else:
-        rows, skipped, rejects, chat = trl_rows(groups, config)
-        features = _trl_features(chat)
-        dsd = datasets.DatasetDict({
-            s: datasets.Dataset.from_list(
-                [{k: v for k, v in r.items() if k != "split"} for r in rows if r["split"] == s],
-                features=features) if any(r["split"] == s for r in rows)
-            else datasets.Dataset.from_dict({k: [] for k in features}, features=features)
-            for s in _splits(config)})
-    dsd = datasets.DatasetDict({s: ds for s, ds in dsd.items() if len(ds)})
-    if not dsd:
-        raise StageError("nothing to export: every split is empty (see RUN/validate/report.json"
-                         " and RUN/export/rejects.jsonl)")
-    return dsd, skipped, rejects
+def stored_table(store: RunStore) -> pa.Table | None:
+    """``RUN/validate``'s Arrow table when it is the stage's own output in the
+    ``ValidatedGroup`` schema (rows validated as records when they were written), else None
+    (empty, or another schema: those go through :func:`load_validated`)."""
+    if store.require(INPUT_STAGE).counts.outputs == 0:
+        return None
+    ds = store.load_dataset(INPUT_STAGE)
+    if ds.features != features_for(ValidatedGroup) or ds._indices is not None:
+        return None
+    return ds.data.table
 
 
 # -- targets ------------------------------------------------------------------------------------
@@ -301,25 +230,35 @@ def run_export(store: RunStore, config: ExportConfig,
         StageError: validate has not run, is stale, or nothing is left to export.
         ConfigError: a bad target, or ``--hub`` without a token.
     """
-    groups, stale = load_validated(store, context.allow_stale)
-    groups = [g for g in groups if config.split in (None, g.split)]
+    store.require(INPUT_STAGE)
+    stale = require_fresh(store, INPUT_STAGE, allow_stale=context.allow_stale, use="export it")
     # a stale export is another output (its card says so): it joins the cache key
     marker = sha256_text(canonical_json({"stale": stale})) if stale else ""
-    stage = store.open_stage(config.stage_name(), config, input_fingerprint=marker,
-                             inputs=[INPUT_STAGE], record_type=None,
+    stage: StageRun[Any] = store.open_stage(config.stage_name(), config,
+                             input_fingerprint=marker, inputs=[INPUT_STAGE], record_type=None,
                              stage_version=STAGE_VERSION, force=context.force)
-    if stage.cached:
+    if stage.cached:  # before reading RUN/validate: a cached export reads nothing
         return stage
-    dsd, skipped, rejects = build_dataset(groups, config)
+    splits = [s for s in SPLITS if config.split in (None, s)]
+    table = stored_table(store) if config.format == "groups" else None
+    skipped: Counter[str] = Counter()
+    rejects: list[Reject] = []
+    if table is not None:
+        dsd = groups_from_table(table, config)
+        column = table.column("split")
+        per_split = {s: int(pc.sum(pc.equal(column, s)).as_py() or 0) for s in splits}
+    else:
+        groups = [g for g in load_validated(store) if config.split in (None, g.split)]
+        dsd, skipped, rejects = build_dataset(groups, config)
+        per_split = {s: sum(g.split == s for g in groups) for s in splits}
+    inputs = sum(per_split.values())
     report = ExportReport(format=config.format, target=config.target, location="",
                           rows={s: len(ds) for s, ds in dsd.items()},
-                          skipped_pairs=dict(skipped),
-                          groups={s: sum(g.split == s for g in groups) for s in SPLITS
-                                  if config.split in (None, s)})
+                          skipped_pairs=dict(skipped), groups=per_split)
     card = dataset_card(store, dsd, config, report, data_files=data_files(config, dsd),
                         stale={INPUT_STAGE: stale} if stale else None)
     location, files = _write_target(store, dsd, card, config)
     report = report.model_copy(update={"location": location, "files": files})
     stage.add_rejects("export", rejects)
-    return stage.finish(inputs=len(groups), kept=len(groups) - len(rejects),
+    return stage.finish(inputs=inputs, kept=inputs - len(rejects),
                         stats=report.model_dump(mode="json"), outputs={"location": location})
