@@ -93,13 +93,15 @@ def card_data(dsd: datasets.DatasetDict, config: ExportConfig,
               data_files: dict[str, str] | None) -> DatasetCardData:
     """The YAML metadata: license, task, size, tags, features and splits, and (for a repo whose
     README sits beside Parquet files) the ``configs`` entry mapping each split to its files."""
-    license_fields = ({"license_name": config.license_name, "license_link": config.license_link}
-                      if config.license == "other" else {})
     data = DatasetCardData(
         license=config.license, task_categories=["text-generation"],
         size_categories=[size_category(sum(len(ds) for ds in dsd.values()))],
-        pretty_name=config.pretty_name, tags=["preference", "rlhf", "dpo", "grouppref"],
-        **{k: v for k, v in license_fields.items() if v})
+        pretty_name=config.pretty_name, tags=["preference", "rlhf", "dpo", "grouppref"])
+    if config.license == "other":  # the Hub's custom-license fields, only those given
+        for key, value in (("license_name", config.license_name),
+                           ("license_link", config.license_link)):
+            if value:
+                setattr(data, key, value)
     first = next(iter(dsd.values()))
     info = DatasetInfo(features=first.features)
     info.splits = SplitDict({s: SplitInfo(name=s, num_bytes=ds.data.nbytes,
