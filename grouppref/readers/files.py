@@ -16,10 +16,10 @@ import bz2
 import gzip
 import importlib.util
 import lzma
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from grouppref.errors import InputFileError
 
@@ -44,9 +44,17 @@ def _compression(path: Path) -> str | None:
 def _zstd_open(path: Path) -> IO[bytes]:
     if importlib.util.find_spec("zstandard") is None:
         raise InputFileError(f"{path}: a zstandard-compressed file needs {ZSTD_FIX}")
-    import zstandard
+    import zstandard  # type: ignore[import-not-found]  # optional, untyped
 
-    return zstandard.open(path, "rb")  # type: ignore[no-any-return]
+    stream: IO[bytes] = zstandard.open(path, "rb")
+    return stream
+
+
+# the standard library's readers (binary file objects, though not typing.IO subclasses)
+_OPENERS: dict[str, Callable[[Path], IO[bytes]]] = {
+    ".gz": lambda p: cast(IO[bytes], gzip.open(p, "rb")),
+    ".bz2": lambda p: cast(IO[bytes], bz2.open(p, "rb")),
+    ".xz": lambda p: cast(IO[bytes], lzma.open(p, "rb"))}
 
 
 def _decompress_errors() -> tuple[type[BaseException], ...]:
@@ -71,11 +79,10 @@ def open_binary(path: Path) -> Iterator[IO[bytes]]:
         with path.open("rb") as fh:
             yield fh
         return
-    openers = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
     try:
-        fh = _zstd_open(path) if kind == ".zst" else openers[kind](path, "rb")
-        with fh:
-            yield fh
+        stream = _zstd_open(path) if kind == ".zst" else _OPENERS[kind](path)
+        with stream:
+            yield stream
     except _decompress_errors() as e:
         raise InputFileError(f"{path}: cannot decompress it as {kind} ({e}); check that the "
                              f"file is complete and its suffix names its compression") from e

@@ -117,9 +117,10 @@ def pair_group(data: dict[str, Any], split: Literal["train", "test"]) -> Validat
         chosen, rejected = _pair_answer(data.get("chosen"), "chosen", prompt), \
             _pair_answer(data.get("rejected"), "rejected", prompt)
     gid = "g-" + sha256_text(canonical_json([prompt.content_key(), chosen, rejected]))[:16]
-    ids = [data.get("chosen_id"), data.get("rejected_id")]
-    if not all(isinstance(i, str) and i for i in ids) or ids[0] == ids[1]:
-        ids = [make_candidate_id(gid, chosen), make_candidate_id(gid, rejected)]
+    given = [data.get("chosen_id"), data.get("rejected_id")]
+    ids: list[str] = ([i for i in given if isinstance(i, str)]
+                      if all(isinstance(i, str) and i for i in given) and given[0] != given[1]
+                      else [make_candidate_id(gid, chosen), make_candidate_id(gid, rejected)])
     if isinstance(data.get("group_id"), str):
         prompt = prompt.model_copy(update={"metadata": {"source_group_id": data["group_id"]}})
     p, weight = _unit(data.get("p"), "p"), _unit(data.get("weight"), "weight")

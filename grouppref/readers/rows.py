@@ -371,7 +371,7 @@ def _rows_parquet(path: Path) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path).to_pylist()  # type: ignore[no-any-return]
+        return pq.read_table(path).to_pylist()
     except (pa.ArrowInvalid, OSError) as e:
         raise InputFileError(f"{path}: cannot read as Parquet ({e})") from e
 
