@@ -38,8 +38,7 @@ from benchmarks.evidence import common as c
 from grouppref.labeling.config import PushConfig
 from grouppref.labeling.select import select_groups
 from grouppref.pipeline.aggregate.config import AggregateConfig
-from grouppref.pipeline.aggregate.parse import parse_rows
-from grouppref.pipeline.aggregate.stage import fit_parsed
+from grouppref.pipeline.aggregate.core import collect_groups, fit_parsed
 from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.schemas import (
@@ -120,7 +119,7 @@ def consensus_tiers(groups: list[AnnotatedGroup], config: AggregateConfig
                     ) -> tuple[np.ndarray, float | None]:
     """The aggregate stage's consensus tier index per candidate ``(G, K)``, and the weight
     its reliability step gave the human (``None``: no human ranking; 0: dropped)."""
-    parsed = parse_rows([g.model_dump(mode="json") for g in groups], "simulation", "aggregate")
+    parsed = collect_groups(groups, "simulation", "aggregate")
     agg = fit_parsed(parsed, config)
     human = parsed.index.get("human")
     return agg.fit.tiers, None if human is None else float(agg.rel.annotator_weight[human])

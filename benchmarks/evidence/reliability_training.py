@@ -41,8 +41,7 @@ from benchmarks.evidence import common as c
 from benchmarks.evidence.curves import TESTBED
 from benchmarks.evidence.reliability_weight import SCALE, crowd_groups
 from grouppref.pipeline.aggregate.config import AggregateConfig
-from grouppref.pipeline.aggregate.parse import parse_rows
-from grouppref.pipeline.aggregate.stage import fit_parsed
+from grouppref.pipeline.aggregate.core import collect_groups, fit_parsed
 from grouppref.schemas import (
     AnnotatedGroup,
     Candidate,
@@ -84,7 +83,7 @@ def base_groups(n: int, seed: int) -> list[AnnotatedGroup]:
 def aggregate_arm(groups: list[AnnotatedGroup], reward: torch.Tensor, arm: str
                   ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """What the aggregate stage writes for ``arm`` (targets, order) and how it scores."""
-    parsed = parse_rows([g.model_dump(mode="json") for g in groups], "simulation", "aggregate")
+    parsed = collect_groups(groups, "simulation", "aggregate")
     agg = fit_parsed(parsed, config_of(arm))
     fit = agg.fit
     tiers, theta = torch.from_numpy(fit.tiers), torch.from_numpy(fit.theta)

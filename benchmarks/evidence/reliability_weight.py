@@ -51,8 +51,7 @@ from benchmarks.evidence.active_labeling import (
 from grouppref.labeling.config import PushConfig
 from grouppref.labeling.select import select_groups
 from grouppref.pipeline.aggregate.config import AggregateConfig
-from grouppref.pipeline.aggregate.parse import parse_rows
-from grouppref.pipeline.aggregate.stage import fit_parsed
+from grouppref.pipeline.aggregate.core import collect_groups, fit_parsed
 from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
@@ -94,7 +93,7 @@ def config_of(weight: str) -> AggregateConfig:
 
 def score(groups: list[AnnotatedGroup], truth: np.ndarray, weight: str) -> dict[str, Any]:
     """Accuracy, log loss and every annotator's weight from the aggregate's fit."""
-    parsed = parse_rows([g.model_dump(mode="json") for g in groups], "simulation", "aggregate")
+    parsed = collect_groups(groups, "simulation", "aggregate")
     agg = fit_parsed(parsed, config_of(weight))
     p_true = np.stack([np.where(truth[:, i] > truth[:, j], agg.fit.p[:, i, j],
                                 agg.fit.p[:, j, i])

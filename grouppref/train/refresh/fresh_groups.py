@@ -22,9 +22,6 @@ from grouppref.errors import ConfigError
 from grouppref.models.loading import model_label, resolve_model
 from grouppref.models.sampling import derive_seed, neutral_generation_config
 from grouppref.pipeline.aggregate.config import AggregateConfig
-from grouppref.pipeline.aggregate.outcome import group_outcome
-from grouppref.pipeline.aggregate.parse import parse_rows
-from grouppref.pipeline.aggregate.stage import fit_parsed
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.generate.shard import ModelSlot, PromptEncoder, ShardGenerator, context_length
 from grouppref.pipeline.rank.config import RankConfig
@@ -48,7 +45,6 @@ from grouppref.schemas import (
     make_candidate_id,
     make_group_id,
 )
-from grouppref.schemas.arrow import to_row
 from grouppref.train.settings.policy import TrainConfig
 
 STAGE = "refresh"
@@ -307,20 +303,6 @@ def rank_groups(plan: RefreshPlan, groups: Sequence[CandidateGroup]
         out.append(record)
         rejects.extend(r.model_copy(update={"stage": STAGE}) for r in part)
     return out, rejects
-
-
-def aggregate_groups(groups: Sequence[AnnotatedGroup], source: str
-                     ) -> tuple[list[ValidatedGroup], list[Reject]]:
-    """The aggregate stage's fit of ``groups`` (reliability, BT, noise rules) as
-    ValidatedGroups; a group no ranker could rank becomes a reject."""
-    if not groups:
-        return [], []
-    parsed = parse_rows([to_row(g) for g in groups], source, STAGE)
-    agg = fit_parsed(parsed, AGGREGATE)
-    outcomes = [group_outcome(parsed, b, agg.fit, agg.dec, AGGREGATE, STAGE)
-                for b in range(len(parsed.groups))]
-    return ([o for o in outcomes if isinstance(o, ValidatedGroup)],
-            parsed.rejects + [o for o in outcomes if isinstance(o, Reject)])
 
 
 def has_signal(group: ValidatedGroup) -> bool:
