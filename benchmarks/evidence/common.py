@@ -41,7 +41,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.fit import fit_groups
 from grouppref.pipeline.simulate.config import AnnotatorSpec
-from grouppref.pipeline.simulate.stage import simulate_order
+from grouppref.pipeline.simulate.core import simulate_order
 from grouppref.stats import rankstats
 from grouppref.stats.reliability import estimate_reliability, noise_rate
 from grouppref.train.policy.step import Objective, run_steps

@@ -53,7 +53,7 @@ from grouppref.labeling.select import select_groups
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.core import collect_groups, fit_parsed
 from grouppref.pipeline.simulate.config import AnnotatorSpec
-from grouppref.pipeline.simulate.stage import simulate_order
+from grouppref.pipeline.simulate.core import simulate_order
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 
 WEIGHTS = ("tau", "tau_scaled", "log_odds")
