@@ -25,6 +25,7 @@ from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.generate.shard import ModelSlot, PromptEncoder, ShardGenerator, context_length
 from grouppref.pipeline.rank.config import RankConfig
+from grouppref.pipeline.rank.core import rank_groups as rank_core
 from grouppref.pipeline.rank.rankers import Ranker, build_ranker
 from grouppref.pipeline.rank.settings import (
     RankerSettings,
@@ -33,7 +34,6 @@ from grouppref.pipeline.rank.settings import (
     annotator_for,
 )
 from grouppref.pipeline.rank.shard_scoring import ShardScorer
-from grouppref.pipeline.rank.stage import rank_group
 from grouppref.schemas import (
     AnnotatedGroup,
     Annotator,
@@ -284,25 +284,18 @@ def _for_round(group: CandidateGroup, suffix: str, round_: int, step: int) -> Ca
 # -- ranking and aggregation ------------------------------------------------------------------
 def rank_groups(plan: RefreshPlan, groups: Sequence[CandidateGroup]
                 ) -> tuple[list[AnnotatedGroup], list[Reject]]:
-    """Every ranker's ranking of every group (as the rank stage adds them); part-rejects for
-    the groups a ranker skipped. The rankers score together (:class:`ShardScorer`: the served
-    judges' requests at once, the in-process rankers meanwhile); the served judges' connection
-    pool is closed when the round is ranked (training holds no idle connections)."""
+    """Every ranker's ranking of every group (the rank stage's core,
+    :func:`~grouppref.pipeline.rank.core.rank_groups`); part-rejects for the groups a ranker
+    skipped. The served judges' connection pool is closed when the round is ranked (training
+    holds no idle connections)."""
     if not groups:
         return [], []
     annotated = [AnnotatedGroup(**dict(g)) for g in groups]
     try:
-        outcomes = plan.scorer.score(annotated)  # (rankers, groups)
+        ranked = rank_core(annotated, plan.scorer, plan.rank_config)
     finally:
         plan.scorer.close()
-    out: list[AnnotatedGroup] = []
-    rejects: list[Reject] = []
-    for j, group in enumerate(annotated):
-        record, part = rank_group(group, [o[j] for o in outcomes], plan.rank_config,
-                                  plan.annotators, j + 1)
-        out.append(record)
-        rejects.extend(r.model_copy(update={"stage": STAGE}) for r in part)
-    return out, rejects
+    return ranked.groups, [r.model_copy(update={"stage": STAGE}) for r in ranked.rejects]
 
 
 def has_signal(group: ValidatedGroup) -> bool:
