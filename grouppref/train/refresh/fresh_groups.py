@@ -23,7 +23,8 @@ from grouppref.models.loading import model_label, resolve_model
 from grouppref.models.sampling import derive_seed, neutral_generation_config
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
-from grouppref.pipeline.generate.shard import ModelSlot, PromptEncoder, ShardGenerator, context_length
+from grouppref.pipeline.generate.core import context_length, prompt_encoder
+from grouppref.pipeline.generate.core import sample_groups as sample_core
 from grouppref.pipeline.rank.config import RankConfig
 from grouppref.pipeline.rank.core import rank_groups as rank_core
 from grouppref.pipeline.rank.rankers import Ranker, build_ranker
@@ -141,17 +142,22 @@ def _check_sampler(config: TrainConfig, tokenizer: Any, distributed_type: str) -
         raise ConfigError(f"refresh: model {config.model!r} is a {arch[0]}, which the sampler "
                           "cannot generate with; train a causal LM or drop refresh")
     context = context_length(path, tokenizer)
-    _encoder(config, tokenizer, model_label(config.model), context)  # room for the answers?
+    # room for the answers? (ConfigError if not)
+    prompt_encoder(_generate_config(config, model_label(config.model)), tokenizer, context)
     return context
 
 
-def _encoder(config: TrainConfig, tokenizer: Any, label: str, context: int | None) -> PromptEncoder:
-    """The generate stage's prompt encoder for the policy (ConfigError: no room for
-    ``max_new_tokens`` in its context)."""
+def _generate_config(config: TrainConfig, label: str) -> GenerateConfig:
+    """The generate stage's settings of a round: the policy (named ``label``) fills all K
+    slots."""
     refresh = config.refresh
     assert refresh is not None
-    return PromptEncoder(label, tokenizer, context, refresh.max_new_tokens,
-                         config.data.chat_template, truncate=False)
+    return GenerateConfig(
+        models=[ModelShare(name=label, count=refresh.k)], k=refresh.k,
+        temperature=refresh.temperature, top_p=refresh.top_p,
+        max_new_tokens=refresh.max_new_tokens, max_resample=refresh.max_resample,
+        seed=derive_seed(config.seed, "refresh") % 2**31, batch_size=refresh.batch_size,
+        chat_template=config.data.chat_template)
 
 
 def plan_refresh(config: TrainConfig, groups: Sequence[ValidatedGroup], tokenizer: Any,
@@ -242,32 +248,23 @@ def policy_label(config: TrainConfig, step: int) -> str:
 
 def sample_groups(plan: RefreshPlan, model: Any, tokenizer: Any, prompts: Sequence[Prompt],
                   round_: int, step: int) -> tuple[list[CandidateGroup], list[Reject], int]:
-    """K candidates per prompt from ``model`` (the policy, unwrapped), renamed for the round.
+    """K candidates per prompt from ``model`` (the policy, unwrapped) by the generate stage's
+    seeded sampler (:func:`~grouppref.pipeline.generate.core.sample_groups`), renamed for the
+    round.
 
     Returns:
         tuple: the groups, the rejects (prompts without a group, slots left out), and the
         number of tokens generated.
     """
-    config, refresh = plan.config, plan.config.refresh
-    assert refresh is not None
-    label = policy_label(config, step)
-    gen_config = GenerateConfig(
-        models=[ModelShare(name=label, count=refresh.k)], k=refresh.k,
-        temperature=refresh.temperature, top_p=refresh.top_p,
-        max_new_tokens=refresh.max_new_tokens, max_resample=refresh.max_resample,
-        seed=derive_seed(config.seed, "refresh") % 2**31, batch_size=refresh.batch_size,
-        chat_template=config.data.chat_template)
-    encoder = _encoder(config, tokenizer, label, plan.context)
-    slot = ModelSlot(gen_config.models[0], label, range(refresh.k))
-    generator = ShardGenerator([slot], {slot.key: encoder}, gen_config)
+    gen_config = _generate_config(plan.config, policy_label(plan.config, step))
     with sampling_mode(model, tokenizer) as eos_ids:
-        generator.attach(slot.key, model, eos_ids, tokenizer.pad_token_id)
-        groups, rejects = generator.run(list(prompts))
-    tokens = generator.generated_tokens
+        sampled = sample_core(prompts, model, tokenizer, gen_config, context=plan.context,
+                              eos_ids=eos_ids)
     suffix = f"-r{round_:03d}"
     rejects = [r.model_copy(update={"stage": STAGE, "group_id": r.group_id and r.group_id + suffix})
-               for r in rejects]
-    return [_for_round(g, suffix, round_, step) for g in groups], rejects, tokens
+               for r in sampled.rejects]
+    return ([_for_round(g, suffix, round_, step) for g in sampled.groups], rejects,
+            sampled.tokens)
 
 
 def _for_round(group: CandidateGroup, suffix: str, round_: int, step: int) -> CandidateGroup:
