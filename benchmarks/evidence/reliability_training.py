@@ -7,7 +7,7 @@ with its training groups ranked by the mixed crowd of ``reliability_weight.py``:
 annotators of kind ``simulated``, flip rates 0.05, 0.10, 0.20, 0.30 (Mallows) and a random
 clicker, three of them drawn at random per group (its ``mixed3`` regime). Each arm
 aggregates these rankings with the aggregate stage's own code
-(:func:`~grouppref.pipeline.aggregate.stage.fit_parsed`, default settings, so the pair
+(:func:`~grouppref.pipeline.aggregate.core.fit_parsed`, default settings, so the pair
 targets are what ``pair_targets=auto`` writes) and trains the package's ``gspo`` loss on the
 written ``p_ij``/``w_ij`` and consensus order for 1,000 steps:
 
@@ -40,8 +40,7 @@ import torch
 from benchmarks.evidence import common as c
 from benchmarks.evidence.curves import TESTBED
 from benchmarks.evidence.reliability_weight import SCALE, crowd_groups
-from grouppref.pipeline.aggregate.config import AggregateConfig
-from grouppref.pipeline.aggregate.core import collect_groups, fit_parsed
+from grouppref.api import AggregateConfig, collect_groups, fit_parsed
 from grouppref.schemas import (
     AnnotatedGroup,
     Candidate,
