@@ -7,12 +7,12 @@ automatic rankers with the same known flip rate ``f_auto`` (expected share of pa
 against the truth): a reward model ``rm`` scoring truth + N(0, sigma^2) with
 ``sigma = tan(pi f_auto)`` (for a pair of N(0, 1) scores the flip probability is
 ``arctan(sigma) / pi``), and a rule and an LLM judge ranking by Mallows around the truth
-(:func:`grouppref.pipeline.simulate.stage.simulate_order`). A budget of ``n`` groups gets one
+(:func:`grouppref.pipeline.simulate.core.simulate_order`). A budget of ``n`` groups gets one
 human ranking each (Mallows, flip rate ``f_human``), chosen by
 :func:`grouppref.labeling.select.select_groups` (the code behind ``label push --select``).
 Every group is then aggregated by the aggregate stage's own code
-(:func:`~grouppref.pipeline.aggregate.parse.parse_rows` and
-:func:`~grouppref.pipeline.aggregate.stage.fit_parsed`, default settings: human weight 1,
+(:func:`~grouppref.pipeline.aggregate.core.collect_groups` and
+:func:`~grouppref.pipeline.aggregate.core.fit_parsed`, default settings: human weight 1,
 automatic kinds 0.5, annotator reliability), and the consensus order of every group is
 compared with the truth: pair accuracy over all pairs of all groups (a consensus tie counts
 half). ``oracle`` is not an option of grouppref: it sends the groups whose machine-only
@@ -35,13 +35,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks.evidence import common as c
+from grouppref.api import AggregateConfig, AnnotatorSpec, collect_groups, fit_parsed, simulate_order
 from grouppref.labeling.config import PushConfig
 from grouppref.labeling.select import select_groups
-from grouppref.pipeline.aggregate.config import AggregateConfig
-from grouppref.pipeline.aggregate.parse import parse_rows
-from grouppref.pipeline.aggregate.stage import fit_parsed
-from grouppref.pipeline.simulate.config import AnnotatorSpec
-from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.schemas import (
     AnnotatedGroup,
     Annotator,
@@ -120,7 +116,7 @@ def consensus_tiers(groups: list[AnnotatedGroup], config: AggregateConfig
                     ) -> tuple[np.ndarray, float | None]:
     """The aggregate stage's consensus tier index per candidate ``(G, K)``, and the weight
     its reliability step gave the human (``None``: no human ranking; 0: dropped)."""
-    parsed = parse_rows([g.model_dump(mode="json") for g in groups], "simulation", "aggregate")
+    parsed = collect_groups(groups, "simulation", "aggregate")
     agg = fit_parsed(parsed, config)
     human = parsed.index.get("human")
     return agg.fit.tiers, None if human is None else float(agg.rel.annotator_weight[human])

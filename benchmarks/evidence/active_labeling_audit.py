@@ -37,9 +37,9 @@ from benchmarks.evidence.active_labeling import (
     with_humans,
     wrong_pairs,
 )
+from grouppref.api import AggregateConfig
 from grouppref.labeling.config import PushConfig
 from grouppref.labeling.select import select_groups, split_budget
-from grouppref.pipeline.aggregate.config import AggregateConfig
 
 SHARES = (0.1, 0.2, 0.4, 0.6)
 AUDIT = (0.1, 0.2)

@@ -12,7 +12,7 @@ Testbed (one per seed):
 * a simulated annotator panel from :mod:`grouppref.pipeline.simulate.stage` ranks each group
   (Mallows around the true order, flip rate = expected share of votes against the truth);
 * aggregation with the package's own tensors (:mod:`grouppref.stats.reliability`,
-  :func:`grouppref.pipeline.aggregate.fit.fit_groups`): reliability weights, BT ``p_ij``,
+  :func:`grouppref.pipeline.aggregate.core.fit_groups`): reliability weights, BT ``p_ij``,
   ``w_ij``, consensus order and the noise estimate the aggregate report would show;
 * training with the package's own step (:func:`grouppref.train.policy.step.run_steps`: the losses
   of :mod:`grouppref.train.objective.losses` on log-probs from
@@ -38,13 +38,9 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grouppref.pipeline.aggregate.config import AggregateConfig
-from grouppref.pipeline.aggregate.fit import fit_groups
-from grouppref.pipeline.simulate.config import AnnotatorSpec
-from grouppref.pipeline.simulate.stage import simulate_order
+from grouppref.api import AggregateConfig, AnnotatorSpec, Objective, fit_groups, run_steps, simulate_order
 from grouppref.stats import rankstats
 from grouppref.stats.reliability import estimate_reliability, noise_rate
-from grouppref.train.policy.step import Objective, run_steps
 from grouppref.train.tensors.batch import GroupBatch
 from grouppref.train.tensors.logps import group_logps
 

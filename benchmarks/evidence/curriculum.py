@@ -45,8 +45,8 @@ import torch
 
 from benchmarks.evidence import common as c
 from benchmarks.evidence.curves import TESTBED
+from grouppref.api import Objective, run_steps
 from grouppref.train.policy.mix_sampler import MixSampler
-from grouppref.train.policy.step import Objective, run_steps
 from grouppref.train.settings.mix import MixConfig
 
 METHODS = ("curriculum", "all_mixed", "human_only", "auto_only")

@@ -25,7 +25,7 @@ import torch
 
 from benchmarks.evidence import common as c
 from benchmarks.evidence import smol
-from grouppref.train.policy.step import Objective, run_steps
+from grouppref.api import Objective, run_steps
 from grouppref.train.tensors.batch import TokenizedGroup, collate_groups
 from grouppref.train.tensors.logps import group_logps
 

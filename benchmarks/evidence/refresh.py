@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from benchmarks.evidence import common as c
-from grouppref.train.policy.step import Objective, run_steps
+from grouppref.api import Objective, run_steps
 from grouppref.train.refresh.buffer import FreshBuffer, RhoStats, mix_batch
 from grouppref.train.refresh.fresh_groups import round_prompts
 from grouppref.train.tensors.batch import TokenizedGroup, collate_groups

@@ -7,7 +7,7 @@ with its training groups ranked by the mixed crowd of ``reliability_weight.py``:
 annotators of kind ``simulated``, flip rates 0.05, 0.10, 0.20, 0.30 (Mallows) and a random
 clicker, three of them drawn at random per group (its ``mixed3`` regime). Each arm
 aggregates these rankings with the aggregate stage's own code
-(:func:`~grouppref.pipeline.aggregate.stage.fit_parsed`, default settings, so the pair
+(:func:`~grouppref.pipeline.aggregate.core.fit_parsed`, default settings, so the pair
 targets are what ``pair_targets=auto`` writes) and trains the package's ``gspo`` loss on the
 written ``p_ij``/``w_ij`` and consensus order for 1,000 steps:
 
@@ -40,9 +40,7 @@ import torch
 from benchmarks.evidence import common as c
 from benchmarks.evidence.curves import TESTBED
 from benchmarks.evidence.reliability_weight import SCALE, crowd_groups
-from grouppref.pipeline.aggregate.config import AggregateConfig
-from grouppref.pipeline.aggregate.parse import parse_rows
-from grouppref.pipeline.aggregate.stage import fit_parsed
+from grouppref.api import AggregateConfig, collect_groups, fit_parsed
 from grouppref.schemas import (
     AnnotatedGroup,
     Candidate,
@@ -84,7 +82,7 @@ def base_groups(n: int, seed: int) -> list[AnnotatedGroup]:
 def aggregate_arm(groups: list[AnnotatedGroup], reward: torch.Tensor, arm: str
                   ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """What the aggregate stage writes for ``arm`` (targets, order) and how it scores."""
-    parsed = parse_rows([g.model_dump(mode="json") for g in groups], "simulation", "aggregate")
+    parsed = collect_groups(groups, "simulation", "aggregate")
     agg = fit_parsed(parsed, config_of(arm))
     fit = agg.fit
     tiers, theta = torch.from_numpy(fit.tiers), torch.from_numpy(fit.theta)

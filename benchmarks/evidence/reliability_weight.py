@@ -4,13 +4,13 @@
 :func:`grouppref.stats.reliability.log_odds_weight`).
 
 Three regimes, each ``groups`` groups of K = 4 with true scores ~ N(0, 1) per seed, aggregated
-by the aggregate stage's own code (:func:`~grouppref.pipeline.aggregate.stage.fit_parsed`,
+by the aggregate stage's own code (:func:`~grouppref.pipeline.aggregate.core.fit_parsed`,
 default settings but for ``reliability_weight`` and soft pair targets, so that ``p_ij`` is
 the Bradley-Terry fit's in both arms; the consensus order does not depend on the targets):
 
 * ``mixed3``: a crowd of five annotators of kind ``simulated`` (kind weight 1) of mixed
   quality, flip rates 0.05, 0.10, 0.20, 0.30 (Mallows, the simulate stage's
-  :func:`~grouppref.pipeline.simulate.stage.simulate_order`) and one random clicker; each
+  :func:`~grouppref.pipeline.simulate.core.simulate_order`) and one random clicker; each
   group is ranked by 3 of them drawn at random (``simulate --per-group 3``);
 * ``mixed5``: the same crowd, every annotator ranks every group;
 * ``active``: the panel of :mod:`benchmarks.evidence.active_labeling` (three automatic
@@ -48,13 +48,9 @@ from benchmarks.evidence.active_labeling import (
     panel_parser,
     with_humans,
 )
+from grouppref.api import AggregateConfig, AnnotatorSpec, collect_groups, fit_parsed, simulate_order
 from grouppref.labeling.config import PushConfig
 from grouppref.labeling.select import select_groups
-from grouppref.pipeline.aggregate.config import AggregateConfig
-from grouppref.pipeline.aggregate.parse import parse_rows
-from grouppref.pipeline.aggregate.stage import fit_parsed
-from grouppref.pipeline.simulate.config import AnnotatorSpec
-from grouppref.pipeline.simulate.stage import simulate_order
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 
 WEIGHTS = ("tau", "tau_scaled", "log_odds")
@@ -94,7 +90,7 @@ def config_of(weight: str) -> AggregateConfig:
 
 def score(groups: list[AnnotatedGroup], truth: np.ndarray, weight: str) -> dict[str, Any]:
     """Accuracy, log loss and every annotator's weight from the aggregate's fit."""
-    parsed = parse_rows([g.model_dump(mode="json") for g in groups], "simulation", "aggregate")
+    parsed = collect_groups(groups, "simulation", "aggregate")
     agg = fit_parsed(parsed, config_of(weight))
     p_true = np.stack([np.where(truth[:, i] > truth[:, j], agg.fit.p[:, i, j],
                                 agg.fit.p[:, j, i])

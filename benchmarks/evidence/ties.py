@@ -22,9 +22,7 @@ import numpy as np
 import torch
 
 from benchmarks.evidence import common as c
-from grouppref.pipeline.aggregate.config import AggregateConfig
-from grouppref.pipeline.simulate.config import AnnotatorSpec
-from grouppref.pipeline.simulate.stage import order_flips, simulate_order
+from grouppref.api import AggregateConfig, AnnotatorSpec, order_flips, simulate_order
 from grouppref.stats import noise
 from grouppref.stats.reliability import estimate_reliability, noise_rate, pairwise_agreement
 

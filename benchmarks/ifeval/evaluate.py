@@ -6,7 +6,7 @@ the training groups), and the KL divergence to the reference model along each an
 Why not ``grouppref generate`` for this: it re-samples duplicate candidates (a mean over
 de-duplicated samples is biased towards diversity), it has no greedy decoding, and it computes
 no KL. The decoding here shares what the package's sampler does (chat template through
-:class:`~grouppref.pipeline.generate.shard.PromptEncoder`,
+:func:`~grouppref.pipeline.generate.core.prompt_encoder`,
 :func:`~grouppref.models.sampling.gumbel_argmax`) and is batched for speed: each prompt is
 prefilled once for its 1 + S answers (the KV cache is repeated per row), and every step is one
 batched forward on the device with no per-row host work (finished rows are padded and masked).
@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
+from grouppref.api import GenerateConfig, ModelShare, prompt_encoder
 from grouppref.models.loading import load_causal_lm, load_tokenizer, resolve_model
 from grouppref.models.sampling import derive_seed, gumbel_argmax, left_pad
-from grouppref.pipeline.generate.shard import PromptEncoder
 from grouppref.pipeline.rank.constraints import check, parse_constraints
 from grouppref.schemas import Prompt
 
@@ -149,7 +149,10 @@ def evaluate(models: list[Any], tokenizer: Any, prompts: list[dict[str, Any]], *
 
     ``models``: ``[policy]`` or ``[policy, reference]`` (then every answer has its KL).
     """
-    encoder = PromptEncoder("policy", tokenizer, None, max_new_tokens, True, False)
+    # the generate stage's prompt encoding: chat template, no truncation, no context limit
+    encoder = prompt_encoder(GenerateConfig(models=[ModelShare(name="policy")],
+                                            max_new_tokens=max_new_tokens, chat_template=True,
+                                            truncate_prompts=False), tokenizer, None)
     stop = eos_ids(tokenizer, models[0])
     per, out = 1 + samples, []
     for start in range(0, len(prompts), chunk):

@@ -16,7 +16,8 @@ from grouppref.schemas.reports import ExportReport
 
 
 def _run_validate(config: ValidateConfig, extras: RunExtras, force: bool) -> None:
-    from grouppref.pipeline.validate.stage import CHECKS, load_report, run_validate
+    from grouppref.pipeline.validate.core import CHECKS
+    from grouppref.pipeline.validate.stage import load_report, run_validate
 
     store = RunStore(extras["run"])
     stage = run_validate(store, config, StageContext(force=force))

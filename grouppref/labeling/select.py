@@ -49,8 +49,7 @@ import torch
 from grouppref.errors import ConfigError
 from grouppref.labeling.config import PushConfig
 from grouppref.pipeline.aggregate.config import AggregateConfig
-from grouppref.pipeline.aggregate.parse import ParsedInput, encode_rankings
-from grouppref.pipeline.aggregate.stage import fit_parsed
+from grouppref.pipeline.aggregate.core import ParsedInput, encode_rankings, fit_parsed
 from grouppref.pipeline.simulate.config import AUTOMATIC_KINDS
 from grouppref.schemas import AnnotatedGroup
 from grouppref.schemas.label_reports import LabelSelection, SelectedGroup, SelectionRole

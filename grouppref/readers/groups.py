@@ -149,7 +149,13 @@ class GroupRows:
             self.rejects.append(Reject(stage=self.stage, reason=err.reason, source=self.source,
                                        row=number, group_id=err.group_id, field=err.field))
             return
-        self.rejects.extend(rejects)
+        self.add_group(group, number, rejects)
+
+    def add_group(self, group: AnnotatedGroup, number: int, rejects: list[Reject] | None = None
+                  ) -> None:
+        """Collect one valid group read from row ``number`` (``rejects``: the part-rejects
+        made reading it); a group id seen before is merged or rejected."""
+        self.rejects.extend(rejects or [])
         if group.group_id not in self.where:
             self.where[group.group_id] = len(self.groups)
             self.groups.append(group)

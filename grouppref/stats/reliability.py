@@ -298,7 +298,7 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
         weight (str): ``tau`` (``clip(tau, 0, 1)``) or ``log_odds`` (:func:`log_odds_weight`
             of its votes against the leave-one-out consensus, on the same groups as tau).
         alpha, iterations, min_groups, unreliable_tau, z, drop, batch_size, max_iter, tie_tol:
-            the :class:`~grouppref.pipeline.aggregate.stage.AggregateConfig` settings.
+            the :class:`~grouppref.pipeline.aggregate.config.AggregateConfig` settings.
 
     Returns:
         Reliability: per-annotator tensors.

@@ -22,7 +22,7 @@ from grouppref.pipeline.aggregate.fit import resolve_targets
 from grouppref.pipeline.aggregate.outcome import recommendation
 from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
 from grouppref.pipeline.simulate.config import AnnotatorSpec
-from grouppref.pipeline.simulate.stage import order_flips, simulate_order
+from grouppref.pipeline.simulate.core import order_flips, simulate_order
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking

@@ -142,6 +142,49 @@ def test_the_registry_lists_every_stage_with_one_call_shape():
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[3:]), stage.name
 
 
+# What code outside a stage package (grouppref.pipeline.<stage>) may import from it: its
+# settings (config) and its core (core: typed records in and out, no run store); from its
+# stage.py only the run function and its report readers; a few more modules that are a stage's
+# public library (the rankers and their settings, the constraint checks, selection notes, the
+# served sampler's seed mask for the server benchmark); never a name starting with "_".
+STAGE_PUBLIC = {"config", "core"}
+STAGE_PUBLIC_MORE = {"rank": {"settings", "rankers", "constraints", "shard_scoring"},
+                     "report": {"selection"}, "generate": {"served"}}
+STAGE_ENTRY = {"read_report", "load_report"}  # besides the run_<stage> functions
+
+
+def stage_imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """Every ``from grouppref.pipeline.<stage>.<module> import names`` of ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [(node.lineno, node.module, [a.name for a in node.names]) for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module
+            and node.module.startswith("grouppref.pipeline.") and node.module.count(".") >= 3]
+
+
+def own_stage(path: Path) -> str | None:
+    parts = path.relative_to(ROOT.parent).parts
+    return parts[2] if parts[:2] == ("grouppref", "pipeline") and len(parts) > 3 else None
+
+
+def test_stages_are_used_through_their_core():
+    """grouppref/ outside a stage package, and the benchmarks, import a stage's settings,
+    core and run function, not its internals (the helpers of stage.py, private names)."""
+    found = []
+    for path in [*FILES, *sorted((ROOT.parent / "benchmarks").rglob("*.py"))]:
+        for line, module, names in stage_imports(path):
+            stage, part = module.split(".")[2:4]
+            if stage == own_stage(path):
+                continue
+            bad = [n for n in names if n.startswith("_")]
+            if part == "stage":
+                bad += [n for n in names if not (n.startswith("run_") or n in STAGE_ENTRY)]
+            elif part not in STAGE_PUBLIC | STAGE_PUBLIC_MORE.get(stage, set()):
+                bad += names
+            if bad:
+                found.append(f"{path.relative_to(ROOT.parent)}:{line}: {module} {sorted(set(bad))}")
+    assert found == []
+
+
 HEAVY = ("torch", "transformers", "datasets", "accelerate", "optuna")
 
 

@@ -15,7 +15,7 @@ import torch
 from scipy import stats
 
 from grouppref.pipeline.simulate.config import AnnotatorSpec
-from grouppref.pipeline.simulate.stage import simulate_order
+from grouppref.pipeline.simulate.core import simulate_order
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats.reliability import UNIFORM, estimate_reliability, log_odds_weight
 from tests.support.cli import grouppref_here

@@ -25,7 +25,8 @@ from grouppref.pipeline.export.stage import run_export
 from grouppref.pipeline.imports.config import ImportConfig
 from grouppref.pipeline.imports.stage import read_import
 from grouppref.pipeline.validate.config import ValidateConfig
-from grouppref.pipeline.validate.stage import run_validate, split_key, split_of
+from grouppref.pipeline.validate.core import split_key, split_of
+from grouppref.pipeline.validate.stage import run_validate
 from grouppref.readers.pairs import FROM_PAIR
 from grouppref.readers.published import read_validated
 from grouppref.runner import load_run_config, run_pipeline

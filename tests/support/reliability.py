@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from grouppref.pipeline.simulate.config import AnnotatorSpec
-from grouppref.pipeline.simulate.stage import simulate_order
+from grouppref.pipeline.simulate.core import simulate_order
 from grouppref.stats.reliability import (
     TARGETED,
     UNIFORM,

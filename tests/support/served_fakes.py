@@ -14,9 +14,9 @@ import pytest
 
 from grouppref.models.served.pool import merge_usage
 from grouppref.pipeline.rank.config import RankConfig
+from grouppref.pipeline.rank.core import rank_group
 from grouppref.pipeline.rank.rankers import build_ranker
 from grouppref.pipeline.rank.settings import annotator_for
-from grouppref.pipeline.rank.stage import rank_group
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, from_row
 from tests.support.factories import JUDGED_ROWS, imported_run

@@ -107,7 +107,7 @@ class AggregateConfig(BaseModel):
 
     @field_validator("kind_weights")
     @classmethod
-    def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
+    def _non_negative(cls, v: dict[AnnotatorKind, float]) -> dict[AnnotatorKind, float]:
         bad = {k: w for k, w in v.items() if not w >= 0}
         if bad:
             raise ValueError(f"kind weights must be >= 0, got {bad}")

@@ -38,7 +38,7 @@ class BTFit:
 
 
 def fit_groups(ranks: torch.Tensor, slot_w: torch.Tensor, valid: torch.Tensor,
-               config: AggregateConfig) -> dict[str, torch.Tensor]:
+               config: AggregateConfig) -> BTFit:
     """The final per-group fit and statistics, in batches (no per-group Python loop).
 
     Args:

@@ -154,8 +154,8 @@ def decide(ann: torch.Tensor, rel: Reliability, fit: BTFit,
            config: AggregateConfig) -> Decisions:
     """Apply the noise rules to every group (vectorised)."""
     used = slot_weights(ann, rel.annotator_weight).numpy() > 0
-    had_dropped = slot_weights(ann, rel.dropped.to(torch.float64)).numpy() > 0
-    had_dropped = had_dropped.any(-1)
+    had_dropped = np.asarray((slot_weights(ann, rel.dropped.to(torch.float64)).numpy() > 0)
+                             .any(-1))
     used_n = used.sum(-1)
     matches = rule_matches(used_n, fit, config)
     rejected = matches["no_rankings"] & (config.no_rankings == "reject")
@@ -219,7 +219,7 @@ def _annotators(parsed: ParsedInput, rel: Reliability) -> list[AnnotatorReliabil
 
 
 def recommendation(noise: float | None, threshold: float, all_unreliable: bool = False,
-                   targets: str = "soft") -> Recommendation:
+                   targets: Literal["soft", "hard"] = "soft") -> Recommendation:
     """The DPO fallback only when the noise is above ``threshold`` and the pair targets are
     soft (with hard targets gspo held its own against DPO at 30-40% noise); no loss at all (do
     not train) when every annotator was found unreliable."""
@@ -261,7 +261,8 @@ def settings_of(parsed: ParsedInput, config: AggregateConfig) -> AggregateSettin
     return AggregateSettings(
         prior_strength=config.prior_strength, reliability_weight=config.reliability_weight,
         reliability_iterations=config.reliability_iterations,
-        reliability_groups=config.reliability_groups, kind_weights=dict(config.kind_weights),
+        reliability_groups=config.reliability_groups,
+        kind_weights={str(k): w for k, w in config.kind_weights.items()},
         drop_unreliable=config.drop_unreliable, unreliable_z=config.unreliable_z,
         pair_targets=config.pair_targets, hard_targets_above=config.hard_targets_above,
         noise_filters=filters, audit_groups=audit, targeted_groups=targeted,
@@ -269,7 +270,8 @@ def settings_of(parsed: ParsedInput, config: AggregateConfig) -> AggregateSettin
 
 
 def build_report(parsed: ParsedInput, rel: Reliability, fit: BTFit, dec: Decisions,
-                 config: AggregateConfig, source: str, targets: str = "soft") -> AggregateReport:
+                 config: AggregateConfig, source: str,
+                 targets: Literal["soft", "hard"] = "soft") -> AggregateReport:
     """The report: annotators, agreement, noise, rules, recommendation; ``summary`` for the
     manifest stats."""
     kept = ~dec.rejected

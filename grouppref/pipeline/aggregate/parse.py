@@ -1,6 +1,10 @@
-"""Reading the aggregate stage's input row by row, salvaging what is valid
-(:mod:`grouppref.readers.groups`: a bad ranking is a part-reject, the group is kept; a partial
-ranking is valid), and encoding the rankings as tensors. ``inputs == groups + row rejects``.
+"""The aggregate stage's input collected into :class:`ParsedInput`, and its rankings encoded
+as tensors. ``inputs == groups + row rejects``.
+
+Typed groups (a stage of the run, a refresh round) are collected by :func:`collect_groups`;
+raw rows (a published or hand-edited dataset) by :func:`parse_rows`, which salvages what is
+valid (:mod:`grouppref.readers.groups`: a bad ranking is a part-reject, the group is kept; a
+partial ranking is valid).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from grouppref.pipeline.aggregate.config import (
 )
 from grouppref.readers.groups import GroupRows
 from grouppref.schemas import AnnotatedGroup, Reject
+from grouppref.schemas.records import AnnotatorKind
 from grouppref.stats.reliability import TARGETED, UNIFORM, UNMARKED
 
 
@@ -32,18 +37,33 @@ class ParsedInput:
     rows: list[int] = field(default_factory=list)
     rejects: list[Reject] = field(default_factory=list)
     annotators: list[str] = field(default_factory=list)
-    kinds: list[str] = field(default_factory=list)
+    kinds: list[AnnotatorKind] = field(default_factory=list)
     index: dict[str, int] = field(default_factory=dict)
 
 
 def parse_rows(rows: Sequence[dict[str, Any]], source: str, stage: str) -> ParsedInput:
     """Every row parsed (:class:`~grouppref.readers.groups.GroupRows`: bad rankings left out
     as part-rejects, a repeated group merged or rejected); annotators indexed in order of
-    appearance."""
+    appearance. For rows nobody validated: an imported or hand-edited dataset."""
     collected = GroupRows(source=source, stage=stage)
     for number, row in enumerate(rows, start=1):
         collected.add(row, number)
-    out = ParsedInput(source=source, inputs=len(rows), groups=collected.groups,
+    return _indexed(collected, len(rows))
+
+
+def collect_groups(groups: Sequence[AnnotatedGroup], source: str, stage: str) -> ParsedInput:
+    """Valid groups (``groups[i]`` is input row ``i + 1``) collected as :func:`parse_rows`
+    collects rows: a repeated group id is merged or rejected, nothing else can fail (a valid
+    ``AnnotatedGroup`` passes every check a row gets)."""
+    collected = GroupRows(source=source, stage=stage)
+    for number, group in enumerate(groups, start=1):
+        collected.add_group(group, number)
+    return _indexed(collected, len(groups))
+
+
+def _indexed(collected: GroupRows, inputs: int) -> ParsedInput:
+    """The collected groups with their annotators indexed in order of appearance."""
+    out = ParsedInput(source=collected.source, inputs=inputs, groups=collected.groups,
                       rows=collected.rows, rejects=collected.rejects)
     for group in out.groups:
         for r in group.rankings:

@@ -15,36 +15,29 @@ default) picks hard ones above ``hard_targets_above`` estimated noise (docs/evid
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
 
-import torch
+from pydantic import ValidationError
 
-from grouppref.errors import ConfigError, StageError
+from grouppref.errors import StageError
 from grouppref.pipeline.aggregate.config import INPUT_STAGES, STAGE, STAGE_VERSION, AggregateConfig
-from grouppref.pipeline.aggregate.fit import BTFit, fit_groups, resolve_targets, with_targets
-from grouppref.pipeline.aggregate.outcome import (
-    Decisions,
-    build_report,
-    decide,
-    group_outcome,
-    slot_weights,
-)
-from grouppref.pipeline.aggregate.parse import (
+from grouppref.pipeline.aggregate.core import (
     ParsedInput,
-    encode_design,
-    encode_rankings,
+    check_kind_weights,
+    collect_groups,
+    fit_parsed,
+    outcomes,
     parse_rows,
+    report_of,
 )
 from grouppref.readers.published import annotated_rows, open_published
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
-from grouppref.schemas import Reject, ValidatedGroup
+from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject, ValidatedGroup
 from grouppref.schemas.arrow import dataset_rows
 from grouppref.schemas.reports import AggregateReport
-from grouppref.stats import bt
-from grouppref.stats.reliability import Reliability, estimate_reliability, noise_rate
 
 REPORT = "report.json"
 
@@ -69,62 +62,56 @@ def resolve_input(store: RunStore, config: AggregateConfig) -> str:
 
 @dataclass
 class _Input:
-    """What aggregate reads: rows, rejects made reading them, where from, the cache key's input
-    half (external fingerprint, stages of the run read) and the settings as recorded."""
+    """What aggregate reads (``read``: collect it, rejects made reading it included; called
+    only when the stage is not cached), where from, the cache key's input half (external
+    fingerprint, stages of the run read) and the settings as recorded."""
 
-    rows: list[dict[str, Any]]
-    rejects: list[Reject]
+    read: Callable[[], ParsedInput]
+    rejects: list[Reject]  # rows of a published dataset that hold no group at all
     source: str
     fingerprint: str
     reads: list[str]
     config: AggregateConfig
 
 
+# the record types of a run's stages that hold groups, read as such
+_GROUP_TYPES: dict[str, type[CandidateGroup]] = {
+    "CandidateGroup": CandidateGroup, "AnnotatedGroup": AnnotatedGroup,
+    "ValidatedGroup": ValidatedGroup}
+
+
+def _annotated(group: CandidateGroup) -> AnnotatedGroup:
+    """A stored group as the AnnotatedGroup it holds (a ValidatedGroup's aggregate left out,
+    a CandidateGroup without rankings); its validated parts are reused as they are."""
+    fields = {k: getattr(group, k) for k in CandidateGroup.model_fields}
+    return AnnotatedGroup.model_construct(**fields, rankings=getattr(group, "rankings", []))
+
+
+def _stage_groups(store: RunStore, source: str) -> ParsedInput:
+    """The groups of stage ``source`` of the run, read as the records it wrote
+    (:func:`collect_groups`). Rows that do not read as their record type (another record type,
+    a dataset edited by hand) go through the salvaging reader (:func:`parse_rows`) instead,
+    which rejects what is invalid row by row and ranking by ranking."""
+    record_type = _GROUP_TYPES.get(store.require(source).record_type or "")
+    if record_type is not None:
+        try:
+            records = store.load_records(source, record_type)
+        except (ValidationError, ValueError, TypeError):
+            pass  # a row that is not a valid record: salvage it below
+        else:
+            return collect_groups([_annotated(g) for g in records], source, STAGE)
+    return parse_rows(list(dataset_rows(store.load_dataset(source))), source, STAGE)
+
+
 def _input(store: RunStore, config: AggregateConfig) -> _Input:
     if config.source:  # a published dataset, read instead of a stage of the run
         published = open_published(config.source, STAGE)
-        return _Input(annotated_rows(published), published.rejects, published.source,
-                      published.fingerprint, [], config)
+        rows = annotated_rows(published)
+        return _Input(lambda: parse_rows(rows, published.source, STAGE), published.rejects,
+                      published.source, published.fingerprint, [], config)
     source = resolve_input(store, config)
-    store.require(source)
-    return _Input(list(dataset_rows(store.load_dataset(source))), [], source, "", [source],
+    return _Input(lambda: _stage_groups(store, source), [], source, "", [source],
                   config.model_copy(update={"input_stage": source}))
-
-
-def _kind_weights(parsed: ParsedInput, config: AggregateConfig) -> torch.Tensor:
-    return torch.tensor([config.kind_weights.get(k, 0.0) for k in parsed.kinds],
-                        dtype=bt.DTYPE)
-
-
-@dataclass
-class Aggregation:
-    """The fit of every parsed group: annotator reliability, the BT fit (numpy) and what
-    the noise rules decide for each group."""
-
-    rel: Reliability
-    fit: BTFit
-    dec: Decisions
-    targets: Literal["soft", "hard"]  # the pair targets written (resolve_targets)
-
-
-def fit_parsed(parsed: ParsedInput, config: AggregateConfig) -> Aggregation:
-    """Reliability -> weighted per-group BT fit -> noise-rule decisions, for all groups at once
-    (the aggregate stage's numerics; the trainer's refresh rounds use them too). Turn the
-    result into rows with :func:`~grouppref.pipeline.aggregate.outcome.group_outcome`."""
-    ranks, ann, valid = encode_rankings(parsed)
-    design = encode_design(parsed) if config.reliability_groups == "auto" else None
-    with bt.torch_threads(1):  # many tiny problems: threads only add contention
-        rel = estimate_reliability(
-            ranks, ann, _kind_weights(parsed, config), alpha=config.prior_strength,
-            iterations=config.reliability_iterations, min_groups=config.min_groups_for_reliability,
-            unreliable_tau=config.unreliable_tau, z=config.unreliable_z,
-            drop=config.drop_unreliable, batch_size=config.batch_size, max_iter=config.max_iter,
-            tie_tol=config.tie_tolerance, design=design, weight=config.reliability_weight)
-        slot_w = slot_weights(ann, rel.annotator_weight)
-        targets = resolve_targets(config, noise_rate(rel))
-        fit = with_targets(fit_groups(ranks, slot_w, valid, config), targets)
-    fit_np = fit.numpy()
-    return Aggregation(rel=rel, fit=fit_np, dec=decide(ann, rel, fit_np, config), targets=targets)
 
 
 def run_aggregate(store: RunStore, config: AggregateConfig,
@@ -142,29 +129,24 @@ def run_aggregate(store: RunStore, config: AggregateConfig,
         ConfigError: the settings leave no annotator kind with a positive weight.
         ConvergenceError: a fit did not converge (raise ``max_iter`` or ``prior_strength``).
     """
-    if not any(w > 0 for w in config.kind_weights.values()):
-        raise ConfigError("aggregate: every kind weight is 0; give at least one kind (e.g. "
-                          "human=1) a positive weight")
+    check_kind_weights(config)
     got = _input(store, config)
     stage = store.open_stage(STAGE, got.config, input_fingerprint=got.fingerprint,
                              inputs=got.reads, record_type=ValidatedGroup,
                              stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
-    parsed = parse_rows(got.rows, got.source, STAGE)
+    parsed = got.read()
     stage.add_rejects("input", got.rejects + parsed.rejects)
     agg = fit_parsed(parsed, config)
-    rel, fit_np, dec, targets = agg.rel, agg.fit, agg.dec, agg.targets
     indices = list(range(len(parsed.groups)))
     with stage_progress() as bar:
         task = bar.add_task(STAGE, total=len(indices), unit="groups",
                             completed=stage.done_items(indices, config.shard_size))
         for shard in stage.pending_shards(indices, shard_size=config.shard_size):
-            outcomes = [group_outcome(parsed, b, fit_np, dec, config, STAGE) for b in shard.items]
-            stage.write_shard(shard, [o for o in outcomes if isinstance(o, ValidatedGroup)],
-                              [o for o in outcomes if isinstance(o, Reject)])
+            stage.write_shard(shard, *outcomes(parsed, agg, config, shard.items))
             bar.advance(task, len(shard.items))
-    report = build_report(parsed, rel, fit_np, dec, config, got.source, targets)
+    report = report_of(parsed, agg, config, got.source)
     done = stage.finish(inputs=parsed.inputs + len(got.rejects),
                         stats=report.summary.model_dump(mode="json"))
     report.counts = done.counts.model_dump()

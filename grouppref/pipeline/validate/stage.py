@@ -7,7 +7,8 @@ Hub id; TRL pairs become groups of K=2), row by row and writes
 that failed, with its 1-based row number, group id, field and reason) and
 ``RUN/validate/report.json`` (:class:`ValidationReport`).
 
-Checks, in order (the first that fails names the row's reject):
+Checks, in order (the first that fails names the row's reject; the stage parses each row,
+``schema``, and :class:`~grouppref.pipeline.validate.core.Checks` makes the others):
 
 ==========================  ====================================================================
 check                        a row fails when
@@ -35,35 +36,30 @@ with the seed and test fraction it was made with gives back its splits.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import datasets
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grouppref.errors import StageError
 from grouppref.pipeline.validate.config import INPUT_STAGE, STAGE, STAGE_VERSION, ValidateConfig
-from grouppref.readers.pairs import FROM_PAIR
+from grouppref.pipeline.validate.core import CHECKS, Checks
 from grouppref.readers.published import open_published, validated_rows
-from grouppref.runs.hashing import canonical_json
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import DATA, RunStore, StageRun
-from grouppref.schemas import Reject, ValidatedGroup, check_tiers, from_row, normalise_text
+from grouppref.schemas import Reject, ValidatedGroup, check_tiers, from_row
 from grouppref.schemas.arrow import dataset_rows, features_for, from_stored_row
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 REPORT = "report.json"
-CHECKS = ("schema", "conflicting_contents", "duplicate_group_id", "duplicate_prompt",
-          "too_few_pairs", "flagged")
 MAX_FAILURES_IN_REPORT = 1000
-Rows = Sequence[dict[str, Any]] | datasets.Dataset  # raw Arrow rows of RUN/aggregate
+Rows: TypeAlias = Sequence[dict[str, Any]] | datasets.Dataset  # raw Arrow rows of RUN/aggregate
 
 
 class Failure(BaseModel):
@@ -99,20 +95,6 @@ class ValidationReport(BaseModel):
     @property
     def passed(self) -> bool:
         return self.rejected == 0
-
-
-def split_of(key: str, seed: int, test_fraction: float) -> Literal["train", "test"]:
-    """The split of a prompt: ``test`` iff ``sha256(seed, key)[:8] / 2**64 < test_fraction``."""
-    digest = hashlib.sha256(f"{seed}\x1f{key}".encode()).digest()
-    u = int.from_bytes(digest[:8], "big") / 2.0**64
-    return "test" if u < test_fraction else "train"
-
-
-def split_key(group: ValidatedGroup, split_by: str) -> str:
-    """The text whose hash decides the split of ``group`` (see :class:`ValidateConfig`)."""
-    if split_by == "prompt_text":
-        return normalise_text(group.prompt.display_text())
-    return group.prompt.content_key()
 
 
 def _loc(loc: tuple[Any, ...]) -> str | None:
@@ -195,133 +177,25 @@ def parse_row(row: dict[str, Any], number: int, source: str, *, stored: bool = F
                       group_id=group_id)
 
 
-def _contents(group: ValidatedGroup) -> tuple[str, str]:
-    prompt = canonical_json(group.prompt.model_dump(mode="json"))
-    candidates = canonical_json([c.model_dump(mode="json") for c in group.candidates])
-    return prompt, candidates
-
-
-@dataclass(frozen=True)
-class _RowInfo:
-    """What pass 1 keeps of a parsed row (not the row itself, to stay small)."""
-
-    split: Literal["train", "test"]
-    key: str
-    pairs: int
-    annotators: int
-    kendall_w: float | None
-    noise: float | None
-    flags: tuple[str, ...]
-
-
-class _Plan:
-    """Pass 1: parse every row once, keep only keys, decide which rows are rejected and why."""
-
-    def __init__(self, config: ValidateConfig, source: str, stored: bool = False) -> None:
-        self.config = config
-        self.stored = stored  # rows of a table with ValidatedGroup's own schema
-        self.source = source
-        self.rejects: dict[int, tuple[str, Reject]] = {}  # row -> (check, reject)
-        self.info: dict[int, _RowInfo] = {}
-        self.by_group: dict[str, list[tuple[int, tuple[str, str]]]] = defaultdict(list)
-        self.first_prompt: dict[str, tuple[int, str]] = {}
-        self.rows = 0
-
-    def _reject(self, check: str, number: int, group_id: str | None, reason: str,
-                field: str | None = None) -> None:
-        self.rejects[number] = (check, Reject(stage=STAGE, reason=f"{check}: {reason}",
-                                              source=self.source, row=number,
-                                              group_id=group_id, field=field))
-
-    def add(self, number: int, row: dict[str, Any]) -> None:
-        self.rows += 1
-        parsed = parse_row(row, number, self.source, stored=self.stored)
-        if isinstance(parsed, Reject):
-            self.rejects[number] = ("schema", parsed)
-            return
-        gid, cfg = parsed.group_id, self.config
-        key = split_key(parsed, cfg.split_by)
-        self.info[number] = _RowInfo(
-            split=split_of(key, cfg.seed, cfg.test_fraction), key=_sha(key),
-            pairs=len(parsed.pairs), annotators=parsed.agreement.num_annotators,
-            kendall_w=parsed.agreement.kendall_w, noise=parsed.agreement.noise,
-            flags=tuple(parsed.flags))
-        self.by_group[gid].append((number, _contents(parsed)))
-        first = self.first_prompt.setdefault(_sha(parsed.prompt.content_key()), (number, gid))
-        if first[1] != gid and FROM_PAIR not in parsed.flags:
-            self._reject("duplicate_prompt", number, gid,
-                         f"same prompt as group {first[1]!r} at row {first[0]}", "prompt")
-        elif len(parsed.pairs) < cfg.min_pairs:
-            self._reject("too_few_pairs", number, gid, f"{len(parsed.pairs)} pair preferences, "
-                         f"fewer than min_pairs={cfg.min_pairs}", "pairs")
-        elif hit := sorted(set(parsed.flags) & set(cfg.reject_flags)):
-            self._reject("flagged", number, gid, f"flagged {', '.join(hit)} (reject_flags)",
-                         "flags")
-
-    def finish_groups(self) -> None:
-        """Group-id checks need every row: conflicts reject all rows, duplicates the later ones."""
-        for gid, rows in self.by_group.items():
-            if len(rows) < 2:
-                continue
-            first_row, first_contents = rows[0]
-            differ = [c for _, c in rows[1:] if c != first_contents]
-            if differ:
-                numbers = [n for n, _ in rows]
-                parts = {"prompt" if c[0] != first_contents[0] else "candidates" for c in differ}
-                for number, _ in rows:
-                    self._reject("conflicting_contents", number, gid,
-                                 f"rows {numbers} share this group id but differ in "
-                                 f"{' and '.join(sorted(parts))}; keep one and re-run aggregate",
-                                 "group_id")
-            else:
-                for number, _ in rows[1:]:
-                    self._reject("duplicate_group_id", number, gid,
-                                 f"duplicate group id, first at row {first_row}", "group_id")
-
-    def accepted(self) -> list[int]:
-        return [n for n in range(1, self.rows + 1) if n not in self.rejects]
-
-    def summary(self) -> dict[str, Any]:
-        """Split sizes, prompt overlap, agreement and flags of the accepted rows."""
-        kept = [self.info[n] for n in self.accepted()]
-        splits = {s: {"groups": sum(i.split == s for i in kept),
-                      "pairs": sum(i.pairs for i in kept if i.split == s)}
-                  for s in ("train", "test")}
-        keys = {s: {i.key for i in kept if i.split == s} for s in ("train", "test")}
-        w = [i.kendall_w for i in kept if i.kendall_w is not None]
-        noise = [i.noise for i in kept if i.noise is not None]
-        flags = Counter(f for i in kept for f in i.flags)
-        return {
-            "splits": splits,
-            "prompt_overlap": len(keys["train"] & keys["test"]),
-            "agreement": {"mean_kendall_w": _mean(w), "mean_noise": _mean(noise),
-                          "mean_annotators": _mean([float(i.annotators) for i in kept])},
-            "flags": dict(sorted(flags.items())),
-        }
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _mean(values: list[float]) -> float | None:
-    return round(sum(values) / len(values), 6) if values else None
-
-
-def _plan(ds: Rows, config: ValidateConfig, source: str) -> _Plan:
+def _plan(ds: Rows, config: ValidateConfig, source: str) -> Checks:
+    """Pass 1: parse every row once (the schema check) and check it (:class:`Checks`)."""
     stored = isinstance(ds, datasets.Dataset) and ds.features == features_for(ValidatedGroup)
-    plan = _Plan(config, source, stored)
+    plan = Checks(config, source)
     with stage_progress() as bar:
         task = bar.add_task(f"{STAGE}: check", total=len(ds), unit="groups")
         rows = dataset_rows(ds) if isinstance(ds, datasets.Dataset) else ds
         for number, row in enumerate(rows, start=1):
-            plan.add(number, row)
+            parsed = parse_row(row, number, source, stored=stored)
+            if isinstance(parsed, Reject):
+                plan.add_schema_failure(number, parsed)
+            else:
+                plan.add(number, parsed)
             bar.advance(task)
     plan.finish_groups()
     return plan
 
 
-def _accepted_table(ds: Rows, numbers: Sequence[int], splits: list[str]) -> pa.Table:
+def _accepted_table(ds: Rows, numbers: Sequence[int], splits: Sequence[str]) -> pa.Table:
     """The rows ``numbers`` (1-based) of ``ds`` as they are, with ``split`` set: pass 1 parsed
     each of them into a valid ``ValidatedGroup``, and a valid row is what :func:`to_row` gives
     of its record (stored rows, and rows of a published dataset, are written by it), so the
@@ -337,7 +211,7 @@ def _accepted_table(ds: Rows, numbers: Sequence[int], splits: list[str]) -> pa.T
                             pa.array(splits, pa.string()))
 
 
-def _write(stage: StageRun[ValidatedGroup], ds: Rows, plan: _Plan,
+def _write(stage: StageRun[ValidatedGroup], ds: Rows, plan: Checks,
            shard_size: int) -> None:
     """Pass 2: write the accepted rows with the split pass 1 gave them (resumable)."""
     accepted = plan.accepted()

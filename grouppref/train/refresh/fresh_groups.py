@@ -22,12 +22,11 @@ from grouppref.errors import ConfigError
 from grouppref.models.loading import model_label, resolve_model
 from grouppref.models.sampling import derive_seed, neutral_generation_config
 from grouppref.pipeline.aggregate.config import AggregateConfig
-from grouppref.pipeline.aggregate.outcome import group_outcome
-from grouppref.pipeline.aggregate.parse import parse_rows
-from grouppref.pipeline.aggregate.stage import fit_parsed
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
-from grouppref.pipeline.generate.shard import ModelSlot, PromptEncoder, ShardGenerator, context_length
+from grouppref.pipeline.generate.core import context_length, prompt_encoder
+from grouppref.pipeline.generate.core import sample_groups as sample_core
 from grouppref.pipeline.rank.config import RankConfig
+from grouppref.pipeline.rank.core import rank_groups as rank_core
 from grouppref.pipeline.rank.rankers import Ranker, build_ranker
 from grouppref.pipeline.rank.settings import (
     RankerSettings,
@@ -36,7 +35,6 @@ from grouppref.pipeline.rank.settings import (
     annotator_for,
 )
 from grouppref.pipeline.rank.shard_scoring import ShardScorer
-from grouppref.pipeline.rank.stage import rank_group
 from grouppref.schemas import (
     AnnotatedGroup,
     Annotator,
@@ -48,7 +46,6 @@ from grouppref.schemas import (
     make_candidate_id,
     make_group_id,
 )
-from grouppref.schemas.arrow import to_row
 from grouppref.train.settings.policy import TrainConfig
 
 STAGE = "refresh"
@@ -145,17 +142,22 @@ def _check_sampler(config: TrainConfig, tokenizer: Any, distributed_type: str) -
         raise ConfigError(f"refresh: model {config.model!r} is a {arch[0]}, which the sampler "
                           "cannot generate with; train a causal LM or drop refresh")
     context = context_length(path, tokenizer)
-    _encoder(config, tokenizer, model_label(config.model), context)  # room for the answers?
+    # room for the answers? (ConfigError if not)
+    prompt_encoder(_generate_config(config, model_label(config.model)), tokenizer, context)
     return context
 
 
-def _encoder(config: TrainConfig, tokenizer: Any, label: str, context: int | None) -> PromptEncoder:
-    """The generate stage's prompt encoder for the policy (ConfigError: no room for
-    ``max_new_tokens`` in its context)."""
+def _generate_config(config: TrainConfig, label: str) -> GenerateConfig:
+    """The generate stage's settings of a round: the policy (named ``label``) fills all K
+    slots."""
     refresh = config.refresh
     assert refresh is not None
-    return PromptEncoder(label, tokenizer, context, refresh.max_new_tokens,
-                         config.data.chat_template, truncate=False)
+    return GenerateConfig(
+        models=[ModelShare(name=label, count=refresh.k)], k=refresh.k,
+        temperature=refresh.temperature, top_p=refresh.top_p,
+        max_new_tokens=refresh.max_new_tokens, max_resample=refresh.max_resample,
+        seed=derive_seed(config.seed, "refresh") % 2**31, batch_size=refresh.batch_size,
+        chat_template=config.data.chat_template)
 
 
 def plan_refresh(config: TrainConfig, groups: Sequence[ValidatedGroup], tokenizer: Any,
@@ -246,32 +248,23 @@ def policy_label(config: TrainConfig, step: int) -> str:
 
 def sample_groups(plan: RefreshPlan, model: Any, tokenizer: Any, prompts: Sequence[Prompt],
                   round_: int, step: int) -> tuple[list[CandidateGroup], list[Reject], int]:
-    """K candidates per prompt from ``model`` (the policy, unwrapped), renamed for the round.
+    """K candidates per prompt from ``model`` (the policy, unwrapped) by the generate stage's
+    seeded sampler (:func:`~grouppref.pipeline.generate.core.sample_groups`), renamed for the
+    round.
 
     Returns:
         tuple: the groups, the rejects (prompts without a group, slots left out), and the
         number of tokens generated.
     """
-    config, refresh = plan.config, plan.config.refresh
-    assert refresh is not None
-    label = policy_label(config, step)
-    gen_config = GenerateConfig(
-        models=[ModelShare(name=label, count=refresh.k)], k=refresh.k,
-        temperature=refresh.temperature, top_p=refresh.top_p,
-        max_new_tokens=refresh.max_new_tokens, max_resample=refresh.max_resample,
-        seed=derive_seed(config.seed, "refresh") % 2**31, batch_size=refresh.batch_size,
-        chat_template=config.data.chat_template)
-    encoder = _encoder(config, tokenizer, label, plan.context)
-    slot = ModelSlot(gen_config.models[0], label, range(refresh.k))
-    generator = ShardGenerator([slot], {slot.key: encoder}, gen_config)
+    gen_config = _generate_config(plan.config, policy_label(plan.config, step))
     with sampling_mode(model, tokenizer) as eos_ids:
-        generator.attach(slot.key, model, eos_ids, tokenizer.pad_token_id)
-        groups, rejects = generator.run(list(prompts))
-    tokens = generator.generated_tokens
+        sampled = sample_core(prompts, model, tokenizer, gen_config, context=plan.context,
+                              eos_ids=eos_ids)
     suffix = f"-r{round_:03d}"
     rejects = [r.model_copy(update={"stage": STAGE, "group_id": r.group_id and r.group_id + suffix})
-               for r in rejects]
-    return [_for_round(g, suffix, round_, step) for g in groups], rejects, tokens
+               for r in sampled.rejects]
+    return ([_for_round(g, suffix, round_, step) for g in sampled.groups], rejects,
+            sampled.tokens)
 
 
 def _for_round(group: CandidateGroup, suffix: str, round_: int, step: int) -> CandidateGroup:
@@ -288,39 +281,18 @@ def _for_round(group: CandidateGroup, suffix: str, round_: int, step: int) -> Ca
 # -- ranking and aggregation ------------------------------------------------------------------
 def rank_groups(plan: RefreshPlan, groups: Sequence[CandidateGroup]
                 ) -> tuple[list[AnnotatedGroup], list[Reject]]:
-    """Every ranker's ranking of every group (as the rank stage adds them); part-rejects for
-    the groups a ranker skipped. The rankers score together (:class:`ShardScorer`: the served
-    judges' requests at once, the in-process rankers meanwhile); the served judges' connection
-    pool is closed when the round is ranked (training holds no idle connections)."""
+    """Every ranker's ranking of every group (the rank stage's core,
+    :func:`~grouppref.pipeline.rank.core.rank_groups`); part-rejects for the groups a ranker
+    skipped. The served judges' connection pool is closed when the round is ranked (training
+    holds no idle connections)."""
     if not groups:
         return [], []
     annotated = [AnnotatedGroup(**dict(g)) for g in groups]
     try:
-        outcomes = plan.scorer.score(annotated)  # (rankers, groups)
+        ranked = rank_core(annotated, plan.scorer, plan.rank_config)
     finally:
         plan.scorer.close()
-    out: list[AnnotatedGroup] = []
-    rejects: list[Reject] = []
-    for j, group in enumerate(annotated):
-        record, part = rank_group(group, [o[j] for o in outcomes], plan.rank_config,
-                                  plan.annotators, j + 1)
-        out.append(record)
-        rejects.extend(r.model_copy(update={"stage": STAGE}) for r in part)
-    return out, rejects
-
-
-def aggregate_groups(groups: Sequence[AnnotatedGroup], source: str
-                     ) -> tuple[list[ValidatedGroup], list[Reject]]:
-    """The aggregate stage's fit of ``groups`` (reliability, BT, noise rules) as
-    ValidatedGroups; a group no ranker could rank becomes a reject."""
-    if not groups:
-        return [], []
-    parsed = parse_rows([to_row(g) for g in groups], source, STAGE)
-    agg = fit_parsed(parsed, AGGREGATE)
-    outcomes = [group_outcome(parsed, b, agg.fit, agg.dec, AGGREGATE, STAGE)
-                for b in range(len(parsed.groups))]
-    return ([o for o in outcomes if isinstance(o, ValidatedGroup)],
-            parsed.rejects + [o for o in outcomes if isinstance(o, Reject)])
+    return ranked.groups, [r.model_copy(update={"stage": STAGE}) for r in ranked.rejects]
 
 
 def has_signal(group: ValidatedGroup) -> bool:

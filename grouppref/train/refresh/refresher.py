@@ -44,6 +44,7 @@ import torch
 
 from grouppref.errors import StageError
 from grouppref.models.loading import load_causal_lm
+from grouppref.pipeline.aggregate.core import aggregate_groups
 from grouppref.runs.store import RunStore, Shard
 from grouppref.schemas import AnnotatedGroup, Reject, ValidatedGroup, make_group_id
 from grouppref.schemas.reports import RefreshRound
@@ -55,9 +56,9 @@ from grouppref.train.engine.prepare import LoopRun
 from grouppref.train.eval.metrics import evaluate
 from grouppref.train.refresh.buffer import KINDS, FreshBuffer, RhoStats, mix_batch
 from grouppref.train.refresh.fresh_groups import (
+    AGGREGATE,
     STAGE,
     RefreshPlan,
-    aggregate_groups,
     has_signal,
     mean_scores,
     rank_groups,
@@ -189,7 +190,10 @@ class Refresher:
             made = self._sample(round_, step)
             groups = made.groups
         t1 = time.perf_counter()
-        validated, _ = aggregate_groups(groups, str(self.store.root / name))
+        # the aggregate stage's fit (reliability, BT, noise rules); a group no ranker could
+        # rank is left out
+        validated = aggregate_groups(groups, AGGREGATE, source=str(self.store.root / name),
+                                     stage=STAGE).groups if groups else []
         tokenized, _ = tokenize_groups(validated, self.tokenizer, self.config.data, stage=STAGE)
         t2 = time.perf_counter()
         if made is not None:  # the sampling policy's log-probs of the candidates as trained

@@ -10,14 +10,14 @@ import pytest
 
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.simulate.config import AnnotatorSpec, SimulateConfig
-from grouppref.pipeline.simulate.stage import (
+from grouppref.pipeline.simulate.core import (
     mallows_flip_rate,
     mallows_phi,
     order_flips,
-    run_simulate,
     simulate_order,
     true_scores,
 )
+from grouppref.pipeline.simulate.stage import run_simulate
 from grouppref.schemas import (
     AnnotatedGroup,
 )

@@ -15,7 +15,8 @@ from grouppref.errors import StageError
 from grouppref.pipeline.export.config import ExportConfig
 from grouppref.pipeline.export.stage import run_export
 from grouppref.pipeline.validate.config import ValidateConfig
-from grouppref.pipeline.validate.stage import load_report, run_validate, split_key, split_of
+from grouppref.pipeline.validate.core import split_key, split_of
+from grouppref.pipeline.validate.stage import load_report, run_validate
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas import (

@@ -1,0 +1,194 @@
+"""The validate stage's core: checks and the train/test split of typed groups, no run store.
+
+:func:`validate_groups` is the stage on records: ``Sequence[ValidatedGroup]`` and a
+:class:`~grouppref.pipeline.validate.config.ValidateConfig` in, a :class:`Validated` (the
+groups that pass with their split set, a reject for each that fails, per-check counts and the
+summary) out. :class:`Checks` is the same one group at a time, for the ``validate`` stage
+(:mod:`grouppref.pipeline.validate.stage`), which parses raw rows itself (its ``schema``
+check) and writes the rows that pass as they are.
+
+Checks after the schema, in order (the first that fails names the row's reject):
+``duplicate_prompt`` (an earlier group has the same prompt; not for groups made of TRL
+pairs), ``too_few_pairs`` (fewer than ``min_pairs``), ``flagged`` (a flag of
+``reject_flags``); then, over all rows, ``conflicting_contents`` (rows sharing a group id with
+other contents: all rejected) and ``duplicate_group_id`` (the later rows of the same contents).
+
+The split is a pure function of (seed, prompt): ``u = sha256(seed, key)[:8] / 2**64`` and the
+row goes to ``test`` when ``u < test_fraction`` (:func:`split_of`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from grouppref.pipeline.validate.config import STAGE, ValidateConfig
+from grouppref.readers.pairs import FROM_PAIR
+from grouppref.runs.hashing import canonical_json
+from grouppref.schemas import Reject, ValidatedGroup, normalise_text
+
+CHECKS = ("schema", "conflicting_contents", "duplicate_group_id", "duplicate_prompt",
+          "too_few_pairs", "flagged")
+
+
+def split_of(key: str, seed: int, test_fraction: float) -> Literal["train", "test"]:
+    """The split of a prompt: ``test`` iff ``sha256(seed, key)[:8] / 2**64 < test_fraction``."""
+    digest = hashlib.sha256(f"{seed}\x1f{key}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2.0**64
+    return "test" if u < test_fraction else "train"
+
+
+def split_key(group: ValidatedGroup, split_by: str) -> str:
+    """The text whose hash decides the split of ``group`` (see :class:`ValidateConfig`)."""
+    if split_by == "prompt_text":
+        return normalise_text(group.prompt.display_text())
+    return group.prompt.content_key()
+
+
+def _contents(group: ValidatedGroup) -> tuple[str, str]:
+    prompt = canonical_json(group.prompt.model_dump(mode="json"))
+    candidates = canonical_json([c.model_dump(mode="json") for c in group.candidates])
+    return prompt, candidates
+
+
+@dataclass(frozen=True)
+class RowInfo:
+    """What the checks keep of a valid group (not the group itself, to stay small)."""
+
+    split: Literal["train", "test"]
+    key: str
+    pairs: int
+    annotators: int
+    kendall_w: float | None
+    noise: float | None
+    flags: tuple[str, ...]
+
+
+class Checks:
+    """The checks of every group, added one at a time in input order (row numbers from 1);
+    only keys are kept (not the groups), so a pass over a large dataset stays small. Call
+    :meth:`finish_groups` after the last group, then read :meth:`accepted`, ``rejects``,
+    ``info`` (each accepted row's split) and :meth:`summary`."""
+
+    def __init__(self, config: ValidateConfig, source: str) -> None:
+        self.config = config
+        self.source = source
+        self.rejects: dict[int, tuple[str, Reject]] = {}  # row -> (check, reject)
+        self.info: dict[int, RowInfo] = {}
+        self.by_group: dict[str, list[tuple[int, tuple[str, str]]]] = defaultdict(list)
+        self.first_prompt: dict[str, tuple[int, str]] = {}
+        self.rows = 0
+
+    def _reject(self, check: str, number: int, group_id: str | None, reason: str,
+                field: str | None = None) -> None:
+        self.rejects[number] = (check, Reject(stage=STAGE, reason=f"{check}: {reason}",
+                                              source=self.source, row=number,
+                                              group_id=group_id, field=field))
+
+    def add_schema_failure(self, number: int, reject: Reject) -> None:
+        """Row ``number`` is no valid group (the ``schema`` check, made by the caller)."""
+        self.rows += 1
+        self.rejects[number] = ("schema", reject)
+
+    def add(self, number: int, parsed: ValidatedGroup) -> None:
+        """Check the valid group of row ``number`` against the rows before it."""
+        self.rows += 1
+        gid, cfg = parsed.group_id, self.config
+        key = split_key(parsed, cfg.split_by)
+        self.info[number] = RowInfo(
+            split=split_of(key, cfg.seed, cfg.test_fraction), key=_sha(key),
+            pairs=len(parsed.pairs), annotators=parsed.agreement.num_annotators,
+            kendall_w=parsed.agreement.kendall_w, noise=parsed.agreement.noise,
+            flags=tuple(parsed.flags))
+        self.by_group[gid].append((number, _contents(parsed)))
+        first = self.first_prompt.setdefault(_sha(parsed.prompt.content_key()), (number, gid))
+        if first[1] != gid and FROM_PAIR not in parsed.flags:
+            self._reject("duplicate_prompt", number, gid,
+                         f"same prompt as group {first[1]!r} at row {first[0]}", "prompt")
+        elif len(parsed.pairs) < cfg.min_pairs:
+            self._reject("too_few_pairs", number, gid, f"{len(parsed.pairs)} pair preferences, "
+                         f"fewer than min_pairs={cfg.min_pairs}", "pairs")
+        elif hit := sorted(set(parsed.flags) & set(cfg.reject_flags)):
+            self._reject("flagged", number, gid, f"flagged {', '.join(hit)} (reject_flags)",
+                         "flags")
+
+    def finish_groups(self) -> None:
+        """Group-id checks need every row: conflicts reject all rows, duplicates the later ones."""
+        for gid, rows in self.by_group.items():
+            if len(rows) < 2:
+                continue
+            first_row, first_contents = rows[0]
+            differ = [c for _, c in rows[1:] if c != first_contents]
+            if differ:
+                numbers = [n for n, _ in rows]
+                parts = {"prompt" if c[0] != first_contents[0] else "candidates" for c in differ}
+                for number, _ in rows:
+                    self._reject("conflicting_contents", number, gid,
+                                 f"rows {numbers} share this group id but differ in "
+                                 f"{' and '.join(sorted(parts))}; keep one and re-run aggregate",
+                                 "group_id")
+            else:
+                for number, _ in rows[1:]:
+                    self._reject("duplicate_group_id", number, gid,
+                                 f"duplicate group id, first at row {first_row}", "group_id")
+
+    def accepted(self) -> list[int]:
+        return [n for n in range(1, self.rows + 1) if n not in self.rejects]
+
+    def summary(self) -> dict[str, Any]:
+        """Split sizes, prompt overlap, agreement and flags of the accepted rows."""
+        kept = [self.info[n] for n in self.accepted()]
+        splits = {s: {"groups": sum(i.split == s for i in kept),
+                      "pairs": sum(i.pairs for i in kept if i.split == s)}
+                  for s in ("train", "test")}
+        keys = {s: {i.key for i in kept if i.split == s} for s in ("train", "test")}
+        w = [i.kendall_w for i in kept if i.kendall_w is not None]
+        noise = [i.noise for i in kept if i.noise is not None]
+        flags = Counter(f for i in kept for f in i.flags)
+        return {
+            "splits": splits,
+            "prompt_overlap": len(keys["train"] & keys["test"]),
+            "agreement": {"mean_kendall_w": _mean(w), "mean_noise": _mean(noise),
+                          "mean_annotators": _mean([float(i.annotators) for i in kept])},
+            "flags": dict(sorted(flags.items())),
+        }
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 6) if values else None
+
+
+@dataclass(frozen=True)
+class Validated:
+    """What :func:`validate_groups` makes: the groups that pass, in input order with their
+    split set; a reject for each that fails (in input order, ``reason`` starting with the
+    check's name); failed groups per check (:data:`CHECKS`); and the summary (``splits``:
+    groups and pairs per split, ``prompt_overlap``, ``agreement``, ``flags`` of the kept)."""
+
+    groups: list[ValidatedGroup]
+    rejects: list[Reject]
+    checks: dict[str, int]
+    summary: dict[str, Any]
+
+
+def validate_groups(groups: Sequence[ValidatedGroup], config: ValidateConfig, *,
+                    source: str = "groups") -> Validated:
+    """Check ``groups`` (``groups[i]`` is row ``i + 1``; ``source`` goes into the rejects) and
+    split the ones that pass, as the ``validate`` stage does with the rows it reads."""
+    checks = Checks(config, source)
+    for number, group in enumerate(groups, start=1):
+        checks.add(number, group)
+    checks.finish_groups()
+    failed = [checks.rejects[n] for n in sorted(checks.rejects)]
+    counts = Counter(check for check, _ in failed)
+    kept = [groups[n - 1].model_copy(update={"split": checks.info[n].split})
+            for n in checks.accepted()]
+    return Validated(groups=kept, rejects=[r for _, r in failed],
+                     checks={c: counts.get(c, 0) for c in CHECKS}, summary=checks.summary())
