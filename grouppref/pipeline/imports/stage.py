@@ -27,6 +27,7 @@ from grouppref.readers.rows import iter_rows, source_fingerprint
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject
+from grouppref.schemas.arrow import rows_table
 
 
 def read_import(config: ImportConfig, stage: str = STAGE) -> Imported:
@@ -66,8 +67,8 @@ def run_import(store: RunStore, config: ImportConfig,
         return stage
     imported = read_import(config)
     stage.add_rejects("input", imported.rejects)
-    for shard in stage.pending_shards(imported.groups, shard_size=config.shard_size):
-        stage.write_shard(shard, list(shard.items), [])
+    for shard in stage.pending_shards(imported.stored, shard_size=config.shard_size):
+        stage.write_table(shard, rows_table(shard.items, AnnotatedGroup), [])
     return stage.finish(inputs=imported.units, stats=imported.stats)
 
 
@@ -84,17 +85,18 @@ def run_import_candidates(store: RunStore, config: ImportConfig,
         return stage
     imported = read_import(config, stage=CANDIDATES_STAGE)
     rejects = list(imported.rejects)
-    groups = []
-    for group, row in zip(imported.groups, imported.group_rows, strict=True):
-        if group.rankings:
+    groups: list[dict[str, object]] = []
+    for group, row in zip(imported.stored, imported.group_rows, strict=True):
+        if group["rankings"]:
             rejects.append(Reject(
-                stage=CANDIDATES_STAGE, source=imported.stats["source"], group_id=group.group_id,
-                field="rankings", scope="part", row=row,
-                reason=f"{len(group.rankings)} ranking(s) not kept: generate --import keeps the "
-                "candidates only (`grouppref import` keeps the rankings)"))
-        groups.append(CandidateGroup(group_id=group.group_id, prompt=group.prompt,
-                                     candidates=group.candidates))
+                stage=CANDIDATES_STAGE, source=imported.stats["source"],
+                group_id=group["group_id"], field="rankings", scope="part", row=row,
+                reason=f"{len(group['rankings'])} ranking(s) not kept: generate --import keeps "
+                "the candidates only (`grouppref import` keeps the rankings)"))
+        # a CandidateGroup's stored row: the AnnotatedGroup's without its rankings
+        groups.append({"group_id": group["group_id"], "prompt": group["prompt"],
+                       "candidates": group["candidates"]})
     stage.add_rejects("input", rejects)
     for shard in stage.pending_shards(groups, shard_size=config.shard_size):
-        stage.write_shard(shard, list(shard.items), [])
+        stage.write_table(shard, rows_table(shard.items, CandidateGroup), [])
     return stage.finish(inputs=imported.units, stats=imported.stats)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from grouppref.errors import RowError
 from grouppref.pipeline.imports.config import ImportConfig
+from grouppref.pipeline.imports.layouts.stored import GroupRow
 from grouppref.readers.mapping import ColumnMapping
 from grouppref.readers.prompts import PromptIds, prompt_from_row
 from grouppref.readers.rows import BlankLine, Row, maybe_json, to_reject
@@ -24,6 +26,7 @@ from grouppref.schemas import (
     Prompt,
     Reject,
 )
+from grouppref.schemas.arrow import from_stored_row
 from grouppref.schemas.records import AnnotatorKind
 
 
@@ -237,19 +240,25 @@ class Collected:
 
 @dataclass
 class Imported:
-    """The result of a layout: the groups, every reject, and the counts the stage reports."""
+    """The result of a layout: the groups (in their stored form, as the stage writes them),
+    every reject, and the counts the stage reports."""
 
-    groups: list[AnnotatedGroup]
+    stored: list[GroupRow]  # each group as to_row gives it
     group_rows: list[int]  # the (first) row each group was read from
     rejects: list[Reject]
     rows: int
     blank: int
     stats: dict[str, Any]
 
+    @cached_property
+    def groups(self) -> list[AnnotatedGroup]:
+        """The groups as records (read back from their stored form and validated)."""
+        return [from_stored_row(AnnotatedGroup, dict(row)) for row in self.stored]
+
     @property
     def units(self) -> int:
         """Stage inputs: groups as assembled plus rows rejected on their own."""
-        return len(self.groups) + sum(r.scope == "row" for r in self.rejects)
+        return len(self.stored) + sum(r.scope == "row" for r in self.rejects)
 
 
 class Grouper:
