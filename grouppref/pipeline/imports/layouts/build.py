@@ -42,6 +42,7 @@ from grouppref.schemas import (
     CandidateSource,
     Ranking,
     Reject,
+    group_id_of,
     make_candidate_id,
     make_group_id,
     normalise_text,
@@ -139,7 +140,7 @@ def _parts(n: int, oversize: str) -> list[range] | None:
 def build(raw: RawGroup, ctx: Context) -> tuple[list[GroupRow], list[Reject]]:
     """The stored rows of one raw group's records (several when split) and its rejects."""
     rejects: list[Reject] = []
-    gid = make_group_id(raw.prompt)
+    gid = make_group_id(raw.prompt) if raw.content is None else group_id_of(raw.content)
     kept, index = _merge_responses(raw, ctx, gid, rejects)
     votes = _candidate_votes(raw, index, ctx, gid, rejects)
     parts = _parts(len(kept), ctx.config.oversize)

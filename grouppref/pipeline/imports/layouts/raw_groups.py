@@ -64,6 +64,7 @@ class RawGroup:
     responses: list[Response] = field(default_factory=list)
     votes: list[Vote] = field(default_factory=list)
     repeats_expected: bool = False  # pairs: a response recurs across rows; no note for that
+    content: str | None = None  # the prompt's content_key, when the grouper made it
 
     def vote(self, annotator: str, row: int) -> Vote:
         """The vote of ``annotator`` (made on first use)."""
@@ -97,6 +98,8 @@ class Context:
     kind: AnnotatorKind
     text_key: str
     scores: list[str]
+    # the mapping with extra metadata columns, made once per set of columns (see prompt)
+    extended: dict[tuple[str, ...], ColumnMapping] = field(default_factory=dict, repr=False)
 
     def fail(self, reason: str, number: int, field_name: str | None = None) -> RowError:
         return RowError(reason, field=field_name, source=self.source, row=number)
@@ -143,8 +146,11 @@ class Context:
         present = [c for c in extra if isinstance(row.get(c), str | int | float | bool)
                    and c not in mapping.metadata_columns]
         if present:
-            mapping = mapping.model_copy(update={"metadata_columns": [
-                *mapping.metadata_columns, *present]})
+            key = tuple(present)
+            if key not in self.extended:
+                self.extended[key] = mapping.model_copy(update={"metadata_columns": [
+                    *mapping.metadata_columns, *present]})
+            mapping = self.extended[key]
         return prompt_from_row(row, mapping, self.source, number, text=text, messages=messages)
 
     def response(self, value: Any, number: int, where: str) -> tuple[Any, str | None]:
@@ -283,16 +289,18 @@ class Grouper:
             RowError: the prompt id names another prompt; a repeated prompt where rows do not
                 merge; a ``group_by`` value seen with another prompt.
         """
-        key = prompt.content_key() if key is None else f"key:{key}"
+        content = prompt.content_key()
+        key = content if key is None else f"key:{key}"
         found = self.groups.get(key)
         if found is None:
-            self.ids.check(prompt, number)
-            self.groups[key] = RawGroup(prompt=prompt, row=number, kind=self.ctx.kind)
+            self.ids.check(prompt, number, content)
+            self.groups[key] = RawGroup(prompt=prompt, row=number, kind=self.ctx.kind,
+                                        content=content)
             return self.groups[key]
         if not (self.merge if merge is None else merge):
             raise self.ctx.fail(f"same prompt as row {found.row} (this layout has one row per "
                                 "prompt)", number, self.ctx.mapping.text)
-        if found.prompt.content_key() != prompt.content_key():
+        if found.prompt.content_key() != content:
             raise self.ctx.fail(f"group {key[4:]!r} already has a different prompt (row "
                                 f"{found.row})", number, self.ctx.config.group_by)
         return found

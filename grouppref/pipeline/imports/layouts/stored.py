@@ -26,7 +26,7 @@ from typing import TypedDict
 
 from pydantic import TypeAdapter
 
-from grouppref.schemas import MAX_K, MIN_K, Prompt, to_row
+from grouppref.schemas import MAX_K, MIN_K, ChatMessage, Prompt, to_row
 from grouppref.schemas.arrow import json_text
 from grouppref.schemas.records import AnnotatorKind, Scalar
 
@@ -87,9 +87,23 @@ def time_text(when: datetime) -> str:
     return str(TypeAdapter(datetime).dump_python(when, mode="json"))
 
 
+_PROMPT_FIELDS = ("prompt_id", "messages", "text", "reference", "metadata")
+# the fields prompt_row writes by hand; another field set (a schema change) goes to to_row
+_HAND_MADE = (tuple(Prompt.model_fields) == _PROMPT_FIELDS
+              and tuple(ChatMessage.model_fields) == ("role", "content"))
+
+
 def prompt_row(prompt: Prompt) -> dict[str, object]:
-    """The stored form of a (validated) prompt."""
-    return to_row(prompt)
+    """The stored form of a (validated) prompt: ``to_row(prompt)``, written out by hand (a
+    prompt's values are already JSON's: text, ids, str/int/float/bool metadata)."""
+    if not _HAND_MADE:
+        return to_row(prompt)
+    messages = prompt.messages
+    return {"prompt_id": prompt.prompt_id,
+            "messages": None if messages is None else [
+                {"role": m.role, "content": m.content} for m in messages],
+            "text": prompt.text, "reference": prompt.reference,
+            "metadata": json_text(prompt.metadata)}
 
 
 def _sure_scores(scores: dict[str, float] | None) -> bool:
@@ -124,14 +138,15 @@ def fast_row(gid: str, prompt: Prompt, candidates: Sequence[tuple[str, str, str 
     if not all(_sure_scores(r[2]) and _sure_notes(r[3]) for r in rankings):
         return None
     created = time_text(when)
+    # dict displays, not the TypedDict calls: a call with keywords costs twice as much
     return GroupRow(
         group_id=gid, prompt=prompt_row(prompt),
-        candidates=[CandidateRow(candidate_id=cid, text=text, source=SourceRow(
-            kind="import", model=model, params="{}", seed=None), num_tokens=None,
-            behavior_logp=None) for cid, text, model in candidates],
-        rankings=[RankingRow(annotator=AnnotatorRow(id=a, kind=kind, name=None, version=None),
-                             group_id=gid, tiers=tiers, scores=json_text(scores),
-                             metadata=json_text(notes), created_at=created)
+        candidates=[{"candidate_id": cid, "text": text, "source": {
+            "kind": "import", "model": model, "params": "{}", "seed": None},
+            "num_tokens": None, "behavior_logp": None} for cid, text, model in candidates],
+        rankings=[{"annotator": {"id": a, "kind": kind, "name": None, "version": None},
+                   "group_id": gid, "tiers": tiers, "scores": json_text(scores),
+                   "metadata": json_text(notes), "created_at": created}
                   for a, tiers, scores, notes in rankings])
 
 

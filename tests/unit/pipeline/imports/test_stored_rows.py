@@ -10,7 +10,12 @@ import pytest
 from pydantic import ValidationError
 
 from grouppref.pipeline.imports.layouts.build import UNKNOWN_TIME
-from grouppref.pipeline.imports.layouts.stored import PlainRanking, fast_row, row_stats
+from grouppref.pipeline.imports.layouts.stored import (
+    PlainRanking,
+    fast_row,
+    prompt_row,
+    row_stats,
+)
 from grouppref.schemas import (
     AnnotatedGroup,
     Annotator,
@@ -82,3 +87,12 @@ def test_row_stats() -> None:
     annotators, partial, candidates, models = row_stats([row, row])
     assert annotators == {"a": 2, "b": 2} and partial == 2 and candidates == 6
     assert models == ["gpt-4", "m"]
+
+
+@pytest.mark.parametrize("prompt", [
+    PROMPT, CHAT, Prompt(prompt_id="p-3", text="Sum?", reference="4",
+                         metadata={"z": 1.5, "a": "x", "n": 2, "b": False}),
+    Prompt(prompt_id="p-4", messages=[{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "Hi?"}], metadata={})])
+def test_prompt_row_is_to_row(prompt: Prompt) -> None:
+    assert prompt_row(prompt) == to_row(prompt)
