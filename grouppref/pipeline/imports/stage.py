@@ -11,6 +11,9 @@ blank lines, the rankings (partial ones too) and the annotators are in the manif
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from grouppref.errors import InputFileError
@@ -42,11 +45,30 @@ def read_import(config: ImportConfig, stage: str = STAGE) -> Imported:
     layout = config.layout
     if layout == "auto":
         layout = detect(first, config, source) if first is not None else "responses"
-    imported = READERS[layout](rows, context(config, layout, source, stage))
+    with _no_cycle_collection():
+        imported = READERS[layout](rows, context(config, layout, source, stage))
     if imported.rows - imported.blank == 0:
         extra = f" (only {imported.blank} blank lines)" if imported.blank else ""
         raise InputFileError(f"{source}: no rows{extra}")
     return imported
+
+
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Python's cycle collector paused while a file is read into groups.
+
+    Why: reading allocates millions of containers (rows, responses, stored rows) that all
+    stay alive, and each allocation burst triggers collections that walk every live object
+    to find nothing (the read makes no garbage cycles worth the walk): at 50,000 Nectar groups
+    half of the read's CPU time. Reference counting still frees everything as usual; any
+    cycle made meanwhile is collected once the collector runs again."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _settings(config: ImportConfig) -> ImportConfig:
