@@ -55,12 +55,14 @@ def read_import(config: ImportConfig, stage: str = STAGE) -> Imported:
 
 @contextmanager
 def _no_cycle_collection() -> Iterator[None]:
-    """Python's cycle collector paused while a file is read into groups.
+    """Python's cycle collector paused while a file is read into groups (and, in the stages,
+    until those groups are written).
 
     Why: reading allocates millions of containers (rows, responses, stored rows) that all
     stay alive, and each allocation burst triggers collections that walk every live object
     to find nothing (the read makes no garbage cycles worth the walk): at 50,000 Nectar groups
-    half of the read's CPU time. Reference counting still frees everything as usual; any
+    half of the read's CPU time, and ~3.5 CPU-s more while the shards are written and merged
+    beside those live groups. Reference counting still frees everything as usual; any
     cycle made meanwhile is collected once the collector runs again."""
     was_enabled = gc.isenabled()
     gc.disable()
@@ -87,11 +89,12 @@ def run_import(store: RunStore, config: ImportConfig,
                              record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
-    imported = read_import(config)
-    stage.add_rejects("input", imported.rejects)
-    for shard in stage.pending_shards(imported.stored, shard_size=config.shard_size):
-        stage.write_table(shard, rows_table(shard.items, AnnotatedGroup), [])
-    return stage.finish(inputs=imported.units, stats=imported.stats)
+    with _no_cycle_collection():  # the groups stay alive until the shards are merged
+        imported = read_import(config)
+        stage.add_rejects("input", imported.rejects)
+        for shard in stage.pending_shards(imported.stored, shard_size=config.shard_size):
+            stage.write_table(shard, rows_table(shard.items, AnnotatedGroup), [])
+        return stage.finish(inputs=imported.units, stats=imported.stats)
 
 
 def run_import_candidates(store: RunStore, config: ImportConfig,
@@ -105,7 +108,13 @@ def run_import_candidates(store: RunStore, config: ImportConfig,
                              force=context.force)
     if stage.cached:
         return stage
-    imported = read_import(config, stage=CANDIDATES_STAGE)
+    with _no_cycle_collection():
+        return _write_candidates(stage, config, read_import(config, stage=CANDIDATES_STAGE))
+
+
+def _write_candidates(stage: StageRun[CandidateGroup], config: ImportConfig,
+                      imported: Imported) -> StageRun[CandidateGroup]:
+    """The candidates of ``imported`` as ``RUN/generate``'s shards; the rankings a part-reject."""
     rejects = list(imported.rejects)
     groups: list[dict[str, object]] = []
     for group, row in zip(imported.stored, imported.group_rows, strict=True):
