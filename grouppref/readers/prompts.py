@@ -109,7 +109,8 @@ def prompt_from_row(row: dict[str, Any], mapping: ColumnMapping, source: str, nu
         if "prompt_id" not in data:
             data["prompt_id"] = "pending"
             probe = Prompt.model_validate(data)
-            data["prompt_id"] = "p-" + make_group_id(probe)[2:]
+            # the id made from the hash is always a valid one: no second validation
+            return probe.model_copy(update={"prompt_id": "p-" + make_group_id(probe)[2:]})
         return Prompt.model_validate(data)
     except ValidationError as e:
         msg, loc = validation_reason(e)
@@ -132,9 +133,12 @@ class PromptIds:
         self.first: dict[str, tuple[int, str]] = {}  # id -> (row, content key)
         self.clashes: dict[str, list[int]] = {}  # id -> the later rows that reused it
 
-    def check(self, prompt: Prompt, number: int) -> None:
-        seen = self.first.setdefault(prompt.prompt_id, (number, prompt.content_key()))
-        if seen[1] == prompt.content_key():
+    def check(self, prompt: Prompt, number: int, content: str | None = None) -> None:
+        """Raise ``RowError`` when ``prompt``'s id was read first with another prompt
+        (``content``: its :meth:`~grouppref.schemas.Prompt.content_key`, when known)."""
+        content = prompt.content_key() if content is None else content
+        seen = self.first.setdefault(prompt.prompt_id, (number, content))
+        if seen[1] == content:
             return
         self.clashes.setdefault(prompt.prompt_id, []).append(number)
         raise RowError(f"duplicate prompt_id {prompt.prompt_id!r} with a different prompt; first "

@@ -19,6 +19,7 @@ from grouppref.schemas.records import (
     Reject,
     ValidatedGroup,
     check_tiers,
+    group_id_of,
     make_candidate_id,
     make_group_id,
     normalise_text,
@@ -28,5 +29,5 @@ __all__ = [
     "MAX_K", "MIN_K", "RECORD_TYPES", "Agreement", "AnnotatedGroup", "Annotator", "Candidate",
     "CandidateGroup", "CandidateSource", "ChatMessage", "PairPreference", "Prompt", "Ranking",
     "Record", "Reject", "ValidatedGroup", "check_tiers", "features_for", "from_dataset",
-    "from_row", "make_candidate_id", "make_group_id", "normalise_text", "to_dataset", "to_row",
+    "from_row", "group_id_of", "make_candidate_id", "make_group_id", "normalise_text", "to_dataset", "to_row",
 ]

@@ -98,10 +98,14 @@ Convert = Callable[[Any], Any]
 _DUMPS = json.JSONEncoder(sort_keys=True, ensure_ascii=False).encode  # json.dumps(...), made once
 
 
-def _json_dump(value: Any) -> Any:
+def json_text(value: object) -> str | None:
+    """A dict field's stored form: canonical JSON text (``None`` stays ``None``)."""
     if value is None:
         return None
     return "{}" if value == {} else _DUMPS(value)  # most metadata and params are empty
+
+
+_json_dump: Convert = json_text
 
 
 def _json_load(value: Any) -> Any:
@@ -209,10 +213,16 @@ def dataset_rows(ds: datasets.Dataset, batch_size: int = 1024) -> Iterator[dict[
 
 def to_table(records: typing.Iterable[BaseModel], model: type[BaseModel]) -> pa.Table:
     """Records of one type as one Arrow table with the schema of :func:`features_for`."""
+    return rows_table([to_row(r) for r in records], model)
+
+
+def rows_table(rows: typing.Sequence[typing.Mapping[str, object]],
+               model: type[BaseModel]) -> pa.Table:
+    """Rows already in stored form (what :func:`to_row` gives for records of ``model``) as one
+    Arrow table with the schema of :func:`features_for`."""
     import pyarrow as pa
 
-    return pa.Table.from_pylist([to_row(r) for r in records],
-                                schema=features_for(model).arrow_schema)
+    return pa.Table.from_pylist(list(rows), schema=features_for(model).arrow_schema)
 
 
 def to_dataset(records: typing.Iterable[BaseModel], model: type[BaseModel]) -> datasets.Dataset:

@@ -121,7 +121,13 @@ class Prompt(Record):
 
 def make_group_id(prompt: Prompt) -> str:
     """Stable id of the group built on ``prompt``: a hash of the prompt's content."""
-    return "g-" + _short_hash(prompt.content_key())
+    return group_id_of(prompt.content_key())
+
+
+def group_id_of(content_key: str) -> str:
+    """:func:`make_group_id` of the prompt whose :meth:`Prompt.content_key` is ``content_key``
+    (for a caller that has the key already)."""
+    return "g-" + _short_hash(content_key)
 
 
 def make_candidate_id(group_id: str, text: str) -> str:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import matplotlib
+from pydantic import BaseModel, ConfigDict, Field
 
 from grouppref.runs.stage import StageSpec
-
-matplotlib.use("Agg")  # no display; must precede pyplot
-from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 
 STAGE = "report"
 

@@ -17,7 +17,7 @@ rejected on its own, so ``inputs == outputs + rejected``; the rows read are in t
 from __future__ import annotations
 
 import math
-from collections import Counter
+import typing
 from datetime import datetime, timezone
 
 from grouppref.pipeline.imports.layouts.raw_groups import (
@@ -28,6 +28,12 @@ from grouppref.pipeline.imports.layouts.raw_groups import (
     Response,
     Vote,
 )
+from grouppref.pipeline.imports.layouts.stored import (
+    GroupRow,
+    PlainRanking,
+    fast_row,
+    row_stats,
+)
 from grouppref.schemas import (
     MAX_K,
     AnnotatedGroup,
@@ -36,9 +42,11 @@ from grouppref.schemas import (
     CandidateSource,
     Ranking,
     Reject,
+    group_id_of,
     make_candidate_id,
     make_group_id,
     normalise_text,
+    to_row,
 )
 
 # Imported data carries no time for its rankings; a fixed one keeps an import's output (and so
@@ -129,10 +137,10 @@ def _parts(n: int, oversize: str) -> list[range] | None:
     return [range(bounds[j], bounds[j + 1]) for j in range(count)]
 
 
-def build(raw: RawGroup, ctx: Context) -> tuple[list[AnnotatedGroup], list[Reject]]:
-    """The records of one raw group (several when split) and its rejects."""
+def build(raw: RawGroup, ctx: Context) -> tuple[list[GroupRow], list[Reject]]:
+    """The stored rows of one raw group's records (several when split) and its rejects."""
     rejects: list[Reject] = []
-    gid = make_group_id(raw.prompt)
+    gid = make_group_id(raw.prompt) if raw.content is None else group_id_of(raw.content)
     kept, index = _merge_responses(raw, ctx, gid, rejects)
     votes = _candidate_votes(raw, index, ctx, gid, rejects)
     parts = _parts(len(kept), ctx.config.oversize)
@@ -151,18 +159,19 @@ def build(raw: RawGroup, ctx: Context) -> tuple[list[AnnotatedGroup], list[Rejec
                               rejects))
     if len(parts) > 1:
         rejects.append(ctx.reject(f"{len(kept)} distinct responses split into {len(parts)} "
-                                  f"groups of at most {MAX_K} ({', '.join(g.group_id for g in groups)})",
+                                  f"groups of at most {MAX_K} "
+                                  f"({', '.join(g['group_id'] for g in groups)})",
                                   raw.row, ctx.mapping.responses, group_id=gid))
     return groups, rejects
 
 
 def _record(raw: RawGroup, gid: str, responses: list[Response], part: range,
-            votes: list[Scored], ctx: Context, rejects: list[Reject]) -> AnnotatedGroup:
-    candidates = [Candidate(candidate_id=make_candidate_id(gid, r.text), text=r.text,
-                            source=CandidateSource(kind="import", model=r.model))
-                  for r in responses]
-    ids = {c: candidates[c - part.start].candidate_id for c in part}
-    rankings = []
+            votes: list[Scored], ctx: Context, rejects: list[Reject]) -> GroupRow:
+    """One record's stored row: made directly (:func:`.stored.fast_row`) or, when a value is
+    one only the models can judge, through :class:`AnnotatedGroup` (its errors as ever)."""
+    candidates = [(make_candidate_id(gid, r.text), r.text, r.model) for r in responses]
+    ids = {c: candidates[c - part.start][0] for c in part}
+    rankings: list[PlainRanking] = []
     for vote, scores, shown in votes:
         mine = {c: s for c, s in scores.items() if c in ids}
         if len(mine) == 1:  # a split left this vote one candidate here: that comparison is lost
@@ -172,33 +181,38 @@ def _record(raw: RawGroup, gid: str, responses: list[Response], part: range,
         if len(mine) < 2:
             continue
         kept = {ids[c]: v for c, v in (shown or {}).items() if c in ids}
-        rankings.append(Ranking(
-            annotator=Annotator(id=vote.annotator, kind=raw.kind), group_id=gid,
-            tiers=[[ids[c] for c in tier] for tier in tiers_from_scores(mine)],
-            scores=kept or None, metadata=vote.notes or None, created_at=UNKNOWN_TIME))
-    return AnnotatedGroup(group_id=gid, prompt=raw.prompt, candidates=candidates,
-                          rankings=rankings)
+        rankings.append((vote.annotator, [[ids[c] for c in tier] for tier in
+                                          tiers_from_scores(mine)],
+                         kept or None, vote.notes or None))
+    row = fast_row(gid, raw.prompt, candidates, rankings, raw.kind, UNKNOWN_TIME)
+    if row is not None:
+        return row
+    group = AnnotatedGroup(group_id=gid, prompt=raw.prompt, candidates=[
+        Candidate(candidate_id=cid, text=text, source=CandidateSource(kind="import", model=model))
+        for cid, text, model in candidates], rankings=[
+        Ranking(annotator=Annotator(id=annotator, kind=raw.kind), group_id=gid, tiers=tiers,
+                scores=scores, metadata=notes, created_at=UNKNOWN_TIME)
+        for annotator, tiers, scores, notes in rankings])
+    return typing.cast(GroupRow, to_row(group))
 
 
 def finish(collected: Collected, ctx: Context) -> Imported:
     """Every raw group built; the stats the stage reports."""
-    groups, group_rows = list(collected.built), list(collected.built_rows)
+    stored = [typing.cast(GroupRow, to_row(g)) for g in collected.built]
+    group_rows = list(collected.built_rows)
     rejects = list(collected.rejects)
     split = 0
     for raw in collected.raw:
         built, more = build(raw, ctx)
-        groups.extend(built)
+        stored.extend(built)
         group_rows.extend([raw.row] * len(built))
         rejects.extend(more)
         split += len(built) > 1
-    annotators = Counter(r.annotator.id for g in groups for r in g.rankings)
-    partial = sum(len({c for t in r.tiers for c in t}) < g.k for g in groups for r in g.rankings)
+    annotators, partial, candidates, models = row_stats(stored)
     stats = {"source": ctx.source, "layout": ctx.layout, "rows": collected.rows,
-             "blank_lines": collected.blank, "groups": len(groups),
-             "candidates": sum(g.k for g in groups), "rankings": sum(annotators.values()),
+             "blank_lines": collected.blank, "groups": len(stored),
+             "candidates": candidates, "rankings": sum(annotators.values()),
              "partial_rankings": partial, "groups_split": split,
-             "annotators": dict(sorted(annotators.items())),
-             "models": sorted({c.source.model for g in groups for c in g.candidates
-                               if c.source.model})}
-    return Imported(groups=groups, group_rows=group_rows, rejects=rejects, rows=collected.rows,
+             "annotators": dict(sorted(annotators.items())), "models": models}
+    return Imported(stored=stored, group_rows=group_rows, rejects=rejects, rows=collected.rows,
                     blank=collected.blank, stats=stats)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from grouppref.errors import RowError
 from grouppref.pipeline.imports.config import ImportConfig
+from grouppref.pipeline.imports.layouts.stored import GroupRow
 from grouppref.readers.mapping import ColumnMapping
 from grouppref.readers.prompts import PromptIds, prompt_from_row
 from grouppref.readers.rows import BlankLine, Row, maybe_json, to_reject
@@ -24,6 +26,7 @@ from grouppref.schemas import (
     Prompt,
     Reject,
 )
+from grouppref.schemas.arrow import from_stored_row
 from grouppref.schemas.records import AnnotatorKind
 
 
@@ -61,6 +64,7 @@ class RawGroup:
     responses: list[Response] = field(default_factory=list)
     votes: list[Vote] = field(default_factory=list)
     repeats_expected: bool = False  # pairs: a response recurs across rows; no note for that
+    content: str | None = None  # the prompt's content_key, when the grouper made it
 
     def vote(self, annotator: str, row: int) -> Vote:
         """The vote of ``annotator`` (made on first use)."""
@@ -94,6 +98,8 @@ class Context:
     kind: AnnotatorKind
     text_key: str
     scores: list[str]
+    # the mapping with extra metadata columns, made once per set of columns (see prompt)
+    extended: dict[tuple[str, ...], ColumnMapping] = field(default_factory=dict, repr=False)
 
     def fail(self, reason: str, number: int, field_name: str | None = None) -> RowError:
         return RowError(reason, field=field_name, source=self.source, row=number)
@@ -140,8 +146,11 @@ class Context:
         present = [c for c in extra if isinstance(row.get(c), str | int | float | bool)
                    and c not in mapping.metadata_columns]
         if present:
-            mapping = mapping.model_copy(update={"metadata_columns": [
-                *mapping.metadata_columns, *present]})
+            key = tuple(present)
+            if key not in self.extended:
+                self.extended[key] = mapping.model_copy(update={"metadata_columns": [
+                    *mapping.metadata_columns, *present]})
+            mapping = self.extended[key]
         return prompt_from_row(row, mapping, self.source, number, text=text, messages=messages)
 
     def response(self, value: Any, number: int, where: str) -> tuple[Any, str | None]:
@@ -237,19 +246,25 @@ class Collected:
 
 @dataclass
 class Imported:
-    """The result of a layout: the groups, every reject, and the counts the stage reports."""
+    """The result of a layout: the groups (in their stored form, as the stage writes them),
+    every reject, and the counts the stage reports."""
 
-    groups: list[AnnotatedGroup]
+    stored: list[GroupRow]  # each group as to_row gives it
     group_rows: list[int]  # the (first) row each group was read from
     rejects: list[Reject]
     rows: int
     blank: int
     stats: dict[str, Any]
 
+    @cached_property
+    def groups(self) -> list[AnnotatedGroup]:
+        """The groups as records (read back from their stored form and validated)."""
+        return [from_stored_row(AnnotatedGroup, dict(row)) for row in self.stored]
+
     @property
     def units(self) -> int:
         """Stage inputs: groups as assembled plus rows rejected on their own."""
-        return len(self.groups) + sum(r.scope == "row" for r in self.rejects)
+        return len(self.stored) + sum(r.scope == "row" for r in self.rejects)
 
 
 class Grouper:
@@ -274,16 +289,18 @@ class Grouper:
             RowError: the prompt id names another prompt; a repeated prompt where rows do not
                 merge; a ``group_by`` value seen with another prompt.
         """
-        key = prompt.content_key() if key is None else f"key:{key}"
+        content = prompt.content_key()
+        key = content if key is None else f"key:{key}"
         found = self.groups.get(key)
         if found is None:
-            self.ids.check(prompt, number)
-            self.groups[key] = RawGroup(prompt=prompt, row=number, kind=self.ctx.kind)
+            self.ids.check(prompt, number, content)
+            self.groups[key] = RawGroup(prompt=prompt, row=number, kind=self.ctx.kind,
+                                        content=content)
             return self.groups[key]
         if not (self.merge if merge is None else merge):
             raise self.ctx.fail(f"same prompt as row {found.row} (this layout has one row per "
                                 "prompt)", number, self.ctx.mapping.text)
-        if found.prompt.content_key() != prompt.content_key():
+        if found.prompt.content_key() != content:
             raise self.ctx.fail(f"group {key[4:]!r} already has a different prompt (row "
                                 f"{found.row})", number, self.ctx.config.group_by)
         return found
