@@ -4,8 +4,8 @@ names (docs/evidence.md, "The decision"): the loss screen ran every loss at one 
 
 The loss screen's jobs (:mod:`benchmarks.evidence.loss_screen`: section 6's testbed, K = 8,
 2,000 prompts, flip rate 0.1, 1,000 steps of 32 groups, seeds 0-4) for ``gspo_soft`` and
-``lipo`` at Adam rates 1e-4, 1e-3 and 3e-3; the 3e-4 runs are read from the screen's JSON (same jobs,
-same seeds), so each loss has a 4-point grid. Each loss's rate is the one with the best mean
+``lipo`` at Adam rates 1e-4, 1e-3, 3e-3 and 1e-2; the 3e-4 runs are read from the screen's JSON (same jobs,
+same seeds), so each loss has a 5-point grid. Each loss's rate is the one with the best mean
 held-out pair accuracy at 1,000 steps over the 5 seeds (one choice per loss, the same selection
 for both, on the metric being compared: it favours neither); then the losses are paired seed by
 seed at their chosen rates (95% t-interval).
@@ -26,7 +26,7 @@ from benchmarks.evidence import common as c
 from benchmarks.evidence import loss_screen
 
 METHODS = ("gspo_soft", "lipo")
-NEW_RATES = (1e-4, 1e-3, 3e-3)  # 3e-3: 1e-3 was the best of the first grid for both, at its edge
+NEW_RATES = (1e-4, 1e-3, 3e-3, 1e-2)  # 3e-3, then 1e-2: the best rate sat at the grid's edge
 SHARED_RATE = 3e-4  # the loss screen's
 
 
