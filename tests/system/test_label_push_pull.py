@@ -160,8 +160,8 @@ def test_chat_prompt_becomes_chat_turns() -> None:
 
 def test_suggestion_is_the_ensemble_else_the_first_automatic_else_the_chosen_one() -> None:
     from grouppref.pipeline.rank.config import EnsembleSettings
-    from grouppref.pipeline.rank.settings import LengthCheck, RuleRankerSettings
     from grouppref.pipeline.rank.core import ensemble_annotator
+    from grouppref.pipeline.rank.settings import LengthCheck, RuleRankerSettings
 
     g = make_group(3)
     a, b, c = g.candidate_ids()
