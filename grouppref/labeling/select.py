@@ -67,11 +67,12 @@ MEASURES = {
 
 def automatic_only(groups: Sequence[AnnotatedGroup]) -> ParsedInput:
     """The groups with their automatic rankings only, indexed as the aggregate stage does."""
-    parsed = ParsedInput(source="label push", inputs=len(groups))
-    for g in groups:
-        rankings = [r for r in g.rankings if r.annotator.kind in AUTOMATIC_KINDS]
-        parsed.groups.append(g.model_copy(update={"rankings": rankings}))
-        for r in rankings:
+    kept = [g.model_copy(update={"rankings": [r for r in g.rankings
+                                              if r.annotator.kind in AUTOMATIC_KINDS]})
+            for g in groups]
+    parsed = ParsedInput(source="label push", inputs=len(groups), groups=kept)
+    for g in kept:
+        for r in g.rankings:
             if r.annotator.id not in parsed.index:
                 parsed.index[r.annotator.id] = len(parsed.annotators)
                 parsed.annotators.append(r.annotator.id)

@@ -159,6 +159,13 @@ class RunStore:
             "data": content, "outputs": manifest.outputs, "config": manifest.config_hash,
             "input": manifest.input_fingerprint}))
 
+    def intact(self, stage: str) -> bool:
+        """Stage ``stage`` is complete and its ``data/`` is byte for byte what it wrote (its
+        output fingerprint): rows it wrote from validated records, not edited since."""
+        m = self.manifest(stage)
+        return (m is not None and m.status == "complete" and bool(m.output_fingerprint)
+                and self.output_fingerprint(m) == m.output_fingerprint)
+
     def stale_inputs(self, stage: str) -> list[str]:
         """The stages this stage read that changed (re-run with other settings or results,
         or gone) since it ran; empty when it is current or has not run."""

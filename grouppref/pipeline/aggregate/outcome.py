@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict
 
 import numpy as np
 import torch
 
-from grouppref.pipeline.aggregate.config import SELECTION_KEY, AggregateConfig
+from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.fit import BTFit
 from grouppref.pipeline.aggregate.parse import ParsedInput
 from grouppref.schemas import Agreement, PairPreference, Reject, ValidatedGroup
@@ -69,22 +70,45 @@ def _detail(rule: str, b: int, used_n: np.ndarray, fit: BTFit,
     return f"coin_flip (p(best > worst) < {0.5 + config.coin_flip_margin:.2f})"
 
 
-def _pairs(ids: list[str], p: np.ndarray, w: np.ndarray, wins: np.ndarray,
-           labels: np.ndarray) -> list[PairPreference]:
-    """Every pair of the group; a pair no chain of comparisons links (different components
-    of the comparison graph) has ``p = 0.5`` and weight 0: the fit's order across components
-    comes from the prior, and its confidence there from the prior's centring, not from data."""
-    out = []
+class PairFields(TypedDict):
+    """The fields of a :class:`PairPreference` (its stored row)."""
+
+    winner: str
+    loser: str
+    p: float
+    weight: float
+    votes_for: float
+    votes_against: float
+
+
+class AgreementFields(TypedDict):
+    """The fields of an :class:`Agreement` (its stored row)."""
+
+    num_annotators: int
+    kendall_w: float | None
+    mean_tau: float | None
+    noise: float | None
+
+
+def pair_fields(ids: list[str], p: np.ndarray, w: np.ndarray, wins: np.ndarray,
+                labels: np.ndarray) -> list[PairFields]:
+    """Every pair of the group as the fields of a :class:`PairPreference` (all six, defaults
+    included: what ``model_dump`` gives); a pair no chain of comparisons links (different
+    components of the comparison graph) has ``p = 0.5`` and weight 0: the fit's order across
+    components comes from the prior, and its confidence there from the prior's centring, not
+    from data."""
+    out: list[PairFields] = []
     p, w, wins, labels = p.tolist(), w.tolist(), wins.tolist(), labels.tolist()  # floats
     for i in range(len(ids)):
         for j in range(i + 1, len(ids)):
             if labels[i] != labels[j]:
-                out.append(PairPreference(winner=ids[i], loser=ids[j], p=0.5, weight=0.0))
+                out.append({"winner": ids[i], "loser": ids[j], "p": 0.5, "weight": 0.0,
+                            "votes_for": 0.0, "votes_against": 0.0})
                 continue
             win, lose = (i, j) if p[i][j] >= 0.5 else (j, i)
-            out.append(PairPreference(
-                winner=ids[win], loser=ids[lose], p=max(p[win][lose], 0.5), weight=w[win][lose],
-                votes_for=wins[win][lose], votes_against=wins[lose][win]))
+            out.append({"winner": ids[win], "loser": ids[lose], "p": max(p[win][lose], 0.5),
+                        "weight": w[win][lose], "votes_for": wins[win][lose],
+                        "votes_against": wins[lose][win]})
     return out
 
 
@@ -98,35 +122,83 @@ def _labels(fit: BTFit, b: int) -> np.ndarray:
     return fit.labels[b]
 
 
-def _record(parsed: ParsedInput, b: int, fit: BTFit, used: np.ndarray,
-            flags: list[str]) -> ValidatedGroup:
-    group = parsed.groups[b]
-    ids = group.candidate_ids()
+@dataclass
+class GroupAggregate:
+    """What aggregation adds to group ``b``: the fields a ValidatedGroup has beyond its
+    AnnotatedGroup, as plain values (pairs and agreement as the fields of their records)."""
+
+    consensus: list[list[str]]
+    strengths: dict[str, float]
+    pairs: list[PairFields]
+    agreement: AgreementFields
+    flags: list[str]
+    consensus_kinds: list[str]
+
+    def holds(self) -> bool:
+        """Every check of ValidatedGroup and its parts holds, so a record or row can be made
+        without validating it again: non-empty consensus tiers, finite strengths, pair and
+        agreement values in their ranges (by construction they are; a fit gone wrong is left
+        to the records' own validation, which names it)."""
+        def unit(x: object, low: float = 0.0) -> bool:
+            return x is None or (isinstance(x, float) and low <= x <= 1.0)
+
+        a = self.agreement
+        return (all(self.consensus) and all(map(math.isfinite, self.strengths.values()))
+                and all(unit(q["p"], 0.5) and unit(q["weight"])
+                        and math.isfinite(q["votes_for"]) and q["votes_for"] >= 0
+                        and math.isfinite(q["votes_against"]) and q["votes_against"] >= 0
+                        for q in self.pairs)
+                and unit(a["kendall_w"]) and unit(a["mean_tau"], -1.0) and unit(a["noise"]))
+
+
+def group_aggregate(ids: list[str], kinds: Sequence[str], b: int, fit: BTFit,
+                    used: np.ndarray, flags: list[str]) -> GroupAggregate:
+    """The aggregate of group ``b`` (candidate ``ids``; ``kinds``: its rankings' annotator
+    kinds, in order) from the fit's arrays."""
     k = len(ids)
     tiers = fit.tiers[b, :k]
-    consensus = [[ids[i] for i in range(k) if tiers[i] == t] for t in range(int(tiers.max()) + 1)]
     c, d = fit.conc[b][used[b]].sum(), fit.disc[b][used[b]].sum()
     kw = fit.kendall_w[b]
-    agreement = Agreement(
-        num_annotators=int(used[b].sum()),
-        kendall_w=None if math.isnan(kw) else float(min(max(kw, 0.0), 1.0)),
-        mean_tau=_nanmean_or_none(fit.tau[b][used[b]]),
-        noise=float(d / (c + d)) if c + d > 0 else None)
-    fields = dict(  # dict(group): the validated sub-records are reused, not re-parsed
-        **dict(group), consensus=consensus,
+    return GroupAggregate(
+        consensus=[[ids[i] for i in range(k) if tiers[i] == t]
+                   for t in range(int(tiers.max()) + 1)],
         strengths={cid: float(fit.theta[b, i]) for i, cid in enumerate(ids)},
-        pairs=_pairs(ids, fit.p[b, :k, :k], fit.w[b, :k, :k], fit.wins[b, :k, :k],
-                     _labels(fit, b)[:k]),
-        agreement=agreement, flags=flags,
-        consensus_kinds=sorted({r.annotator.kind for r, u in zip(group.rankings, used[b],
-                                                                  strict=False) if u}))
-    if all(consensus) and all(map(math.isfinite, fields["strengths"].values())):
+        pairs=pair_fields(ids, fit.p[b, :k, :k], fit.w[b, :k, :k], fit.wins[b, :k, :k],
+                          _labels(fit, b)[:k]),
+        agreement={"num_annotators": int(used[b].sum()),
+                   "kendall_w": None if math.isnan(kw) else float(min(max(kw, 0.0), 1.0)),
+                   "mean_tau": _nanmean_or_none(fit.tau[b][used[b]]),
+                   "noise": float(d / (c + d)) if c + d > 0 else None},
+        flags=flags,
+        consensus_kinds=sorted({kind for kind, u in zip(kinds, used[b], strict=False) if u}))
+
+
+def validated_group(parsed: ParsedInput, b: int, fit: BTFit, used: np.ndarray,
+                    flags: list[str]) -> ValidatedGroup:
+    """Group ``b`` with its aggregate as a ValidatedGroup (``flags``: :func:`group_flags`)."""
+    group = parsed.groups[b]
+    part = group_aggregate(group.candidate_ids(), [r.annotator.kind for r in group.rankings],
+                           b, fit, used, flags)
+    fields = dict(  # dict(group): the validated sub-records are reused, not re-parsed
+        **dict(group), consensus=part.consensus, strengths=part.strengths,
+        pairs=[PairPreference(**q) for q in part.pairs], agreement=Agreement(**part.agreement),
+        flags=part.flags, consensus_kinds=part.consensus_kinds)
+    if part.holds():
         # every check of ValidatedGroup holds by construction: the group, its rankings, pairs
         # and agreement were validated, the consensus covers each candidate once (in
         # non-empty tiers), the strengths name each candidate, the pairs each pair once;
         # validating the whole again cost ~0.6 ms a group
         return ValidatedGroup.model_construct(**fields)
     return ValidatedGroup(**fields)
+
+
+def group_flags(b: int, dec: Decisions, config: AggregateConfig) -> list[str]:
+    """The flags of a kept group ``b``: the rules set to flag that match it."""
+    flags = ["no_rankings"] if dec.matches["no_rankings"][b] else []
+    flags += [r for r in RULES if dec.matches[r][b] and getattr(config, r) == "flag"]
+    if dec.had_dropped[b]:
+        flags.append("unreliable_annotator_dropped")
+    return flags
 
 
 @dataclass
@@ -171,21 +243,22 @@ def decide(ann: torch.Tensor, rel: Reliability, fit: BTFit,
 def group_outcome(parsed: ParsedInput, b: int, fit: BTFit, dec: Decisions,
                   config: AggregateConfig, stage: str) -> ValidatedGroup | Reject:
     """Group ``b`` as a ValidatedGroup with its flags, or a row Reject naming the rules."""
-    group, used_n = parsed.groups[b], dec.used_n
     if dec.rejected[b]:
-        why = []
-        if dec.matches["no_rankings"][b] and config.no_rankings == "reject":
-            why.append("no usable ranking (none left after validation, kind weights and "
-                       "dropped annotators)")
-        why += [f"dropped by rule {_detail(r, b, used_n, fit, config)}"
-                for r in RULES if dec.matches[r][b] and getattr(config, r) == "drop"]
-        return Reject(stage=stage, reason="; ".join(why), source=parsed.source,
-                      row=parsed.rows[b], group_id=group.group_id)
-    flags = ["no_rankings"] if dec.matches["no_rankings"][b] else []
-    flags += [r for r in RULES if dec.matches[r][b] and getattr(config, r) == "flag"]
-    if dec.had_dropped[b]:
-        flags.append("unreliable_annotator_dropped")
-    return _record(parsed, b, fit, dec.used, flags)
+        return group_reject(parsed, b, fit, dec, config, stage)
+    return validated_group(parsed, b, fit, dec.used, group_flags(b, dec, config))
+
+
+def group_reject(parsed: ParsedInput, b: int, fit: BTFit, dec: Decisions,
+                 config: AggregateConfig, stage: str) -> Reject:
+    """The row Reject of a group the rules drop (``dec.rejected[b]``), naming the rules."""
+    why = []
+    if dec.matches["no_rankings"][b] and config.no_rankings == "reject":
+        why.append("no usable ranking (none left after validation, kind weights and "
+                   "dropped annotators)")
+    why += [f"dropped by rule {_detail(r, b, dec.used_n, fit, config)}"
+            for r in RULES if dec.matches[r][b] and getattr(config, r) == "drop"]
+    return Reject(stage=stage, reason="; ".join(why), source=parsed.source,
+                  row=parsed.rows[b], group_id=parsed.groups[b].group_id)
 
 
 def _distribution(x: np.ndarray) -> Distribution:
@@ -249,8 +322,7 @@ def settings_of(parsed: ParsedInput, config: AggregateConfig) -> AggregateSettin
     """The settings that shaped the numbers, and the audit share the rankings carry (groups
     with an ``audit`` ranking against those with an ``uncertain`` one)."""
     def groups_marked(value: str) -> int:
-        return sum(any((r.metadata or {}).get(SELECTION_KEY) == value for r in g.rankings)
-                   for g in parsed.groups)
+        return parsed.groups_marked(value)
 
     audit, targeted = groups_marked("audit"), groups_marked("uncertain")
     filters = {rule: NoiseFilter(action=config.no_rankings if rule == "no_rankings"

@@ -27,18 +27,39 @@ from grouppref.schemas.records import AnnotatorKind
 from grouppref.stats.reliability import TARGETED, UNIFORM, UNMARKED
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """The rankings as tensors (:func:`encode_rankings`, :func:`encode_design`), when the
+    reader made them itself (:mod:`grouppref.pipeline.aggregate.stored`)."""
+
+    ranks: torch.Tensor  # (B, A, K)
+    ann: torch.Tensor  # (B, A)
+    valid: torch.Tensor  # (B, K)
+    design: torch.Tensor  # (B, A)
+    marked: dict[str, int]  # selection marker -> groups with a ranking so marked
+
+
 @dataclass
 class ParsedInput:
-    """Valid groups (with their 1-based input row numbers), rejects, and the annotators seen."""
+    """Valid groups (with their 1-based input row numbers), rejects, and the annotators seen;
+    ``encoded``: the rankings already encoded (else :func:`encode_rankings` reads ``groups``)."""
 
     source: str
     inputs: int = 0
-    groups: list[AnnotatedGroup] = field(default_factory=list)
+    groups: Sequence[AnnotatedGroup] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
     rejects: list[Reject] = field(default_factory=list)
     annotators: list[str] = field(default_factory=list)
     kinds: list[AnnotatorKind] = field(default_factory=list)
     index: dict[str, int] = field(default_factory=dict)
+    encoded: Encoded | None = None
+
+    def groups_marked(self, value: str) -> int:
+        """How many groups have a ranking with ``metadata["selection"] == value``."""
+        if self.encoded is not None:
+            return self.encoded.marked.get(value, 0)
+        return sum(any((r.metadata or {}).get(SELECTION_KEY) == value for r in g.rankings)
+                   for g in self.groups)
 
 
 def parse_rows(rows: Sequence[dict[str, Any]], source: str, stage: str) -> ParsedInput:
@@ -79,6 +100,8 @@ def encode_rankings(parsed: ParsedInput) -> tuple[torch.Tensor, torch.Tensor, to
     or a candidate a partial ranking leaves out),
     ``ann`` (B, A) annotator index of each slot (-1: padding) and ``valid`` (B, K) bool, the
     real candidates (a group without rankings still has them)."""
+    if parsed.encoded is not None:
+        return parsed.encoded.ranks, parsed.encoded.ann, parsed.encoded.valid
     b = len(parsed.groups)
     k = max((g.k for g in parsed.groups), default=2)
     a = max((len(g.rankings) for g in parsed.groups), default=1) or 1
@@ -107,6 +130,8 @@ def selection_code(marker: object) -> int:
 def encode_design(parsed: ParsedInput) -> torch.Tensor:
     """``(B, A)`` design code of each ranking slot, in the layout of :func:`encode_rankings`
     (padding: unmarked)."""
+    if parsed.encoded is not None:
+        return parsed.encoded.design
     b = len(parsed.groups)
     a = max((len(g.rankings) for g in parsed.groups), default=1) or 1
     design = np.full((b, a), UNMARKED, dtype=np.int64)

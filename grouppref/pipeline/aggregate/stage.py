@@ -31,12 +31,13 @@ from grouppref.pipeline.aggregate.core import (
     parse_rows,
     report_of,
 )
+from grouppref.pipeline.aggregate.stored import Row, annotated, stored_input, stored_outcomes
 from grouppref.readers.published import annotated_rows, open_published
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject, ValidatedGroup
-from grouppref.schemas.arrow import dataset_rows
+from grouppref.schemas.arrow import dataset_rows, features_for, from_dataset, rows_table
 from grouppref.schemas.reports import AggregateReport
 
 REPORT = "report.json"
@@ -61,12 +62,21 @@ def resolve_input(store: RunStore, config: AggregateConfig) -> str:
 
 
 @dataclass
+class _Read:
+    """The input collected; ``rows``: its stored rows when aggregate writes from them
+    (:mod:`grouppref.pipeline.aggregate.stored`), else ``None`` (records)."""
+
+    parsed: ParsedInput
+    rows: list[Row] | None = None
+
+
+@dataclass
 class _Input:
     """What aggregate reads (``read``: collect it, rejects made reading it included; called
     only when the stage is not cached), where from, the cache key's input half (external
     fingerprint, stages of the run read) and the settings as recorded."""
 
-    read: Callable[[], ParsedInput]
+    read: Callable[[], _Read]
     rejects: list[Reject]  # rows of a published dataset that hold no group at all
     source: str
     fingerprint: str
@@ -80,34 +90,34 @@ _GROUP_TYPES: dict[str, type[CandidateGroup]] = {
     "ValidatedGroup": ValidatedGroup}
 
 
-def _annotated(group: CandidateGroup) -> AnnotatedGroup:
-    """A stored group as the AnnotatedGroup it holds (a ValidatedGroup's aggregate left out,
-    a CandidateGroup without rankings); its validated parts are reused as they are."""
-    fields = {k: getattr(group, k) for k in CandidateGroup.model_fields}
-    return AnnotatedGroup.model_construct(**fields, rankings=getattr(group, "rankings", []))
-
-
-def _stage_groups(store: RunStore, source: str) -> ParsedInput:
-    """The groups of stage ``source`` of the run, read as the records it wrote
-    (:func:`collect_groups`). Rows that do not read as their record type (another record type,
-    a dataset edited by hand) go through the salvaging reader (:func:`parse_rows`) instead,
+def _stage_groups(store: RunStore, source: str) -> _Read:
+    """The groups of stage ``source`` of the run. Rows its stage wrote and nobody edited since
+    (:meth:`RunStore.intact`, the record type's schema) are aggregated as stored rows
+    (:func:`stored_input`); other rows are read as the records they hold
+    (:func:`collect_groups`), and rows that do not read as their record type (another record
+    type, a dataset edited by hand) go through the salvaging reader (:func:`parse_rows`),
     which rejects what is invalid row by row and ranking by ranking."""
     record_type = _GROUP_TYPES.get(store.require(source).record_type or "")
+    ds = store.load_dataset(source)
     if record_type is not None:
+        if ds.features == features_for(record_type) and store.intact(source):
+            rows = list(dataset_rows(ds))
+            if (parsed := stored_input(rows, record_type, source)) is not None:
+                return _Read(parsed, rows)
         try:
-            records = store.load_records(source, record_type)
+            records = from_dataset(ds, record_type)
         except (ValidationError, ValueError, TypeError):
             pass  # a row that is not a valid record: salvage it below
         else:
-            return collect_groups([_annotated(g) for g in records], source, STAGE)
-    return parse_rows(list(dataset_rows(store.load_dataset(source))), source, STAGE)
+            return _Read(collect_groups([annotated(g) for g in records], source, STAGE))
+    return _Read(parse_rows(list(dataset_rows(ds)), source, STAGE))
 
 
 def _input(store: RunStore, config: AggregateConfig) -> _Input:
     if config.source:  # a published dataset, read instead of a stage of the run
         published = open_published(config.source, STAGE)
         rows = annotated_rows(published)
-        return _Input(lambda: parse_rows(rows, published.source, STAGE), published.rejects,
+        return _Input(lambda: _Read(parse_rows(rows, published.source, STAGE)), published.rejects,
                       published.source, published.fingerprint, [], config)
     source = resolve_input(store, config)
     return _Input(lambda: _stage_groups(store, source), [], source, "", [source],
@@ -136,7 +146,8 @@ def run_aggregate(store: RunStore, config: AggregateConfig,
                              stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
-    parsed = got.read()
+    read = got.read()
+    parsed = read.parsed
     stage.add_rejects("input", got.rejects + parsed.rejects)
     agg = fit_parsed(parsed, config)
     indices = list(range(len(parsed.groups)))
@@ -144,7 +155,12 @@ def run_aggregate(store: RunStore, config: AggregateConfig,
         task = bar.add_task(STAGE, total=len(indices), unit="groups",
                             completed=stage.done_items(indices, config.shard_size))
         for shard in stage.pending_shards(indices, shard_size=config.shard_size):
-            stage.write_shard(shard, *outcomes(parsed, agg, config, shard.items))
+            if read.rows is not None:
+                kept, dropped = stored_outcomes(parsed, read.rows, agg.fit, agg.dec, config,
+                                                shard.items, STAGE)
+                stage.write_table(shard, rows_table(kept, ValidatedGroup), dropped)
+            else:
+                stage.write_shard(shard, *outcomes(parsed, agg, config, shard.items))
             bar.advance(task, len(shard.items))
     report = report_of(parsed, agg, config, got.source)
     done = stage.finish(inputs=parsed.inputs + len(got.rejects),

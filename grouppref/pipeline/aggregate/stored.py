@@ -1,0 +1,147 @@
+"""The aggregate stage on its input stage's stored Arrow rows (issue 32): no record is built
+for a group the rules keep and whose aggregate holds every check.
+
+A stage of the run wrote each of its rows from a validated record; when its ``data/`` is
+still byte for byte what it wrote (:meth:`~grouppref.runs.store.RunStore.intact`) in its
+record type's schema, the rows need no second validation. :func:`stored_input` then encodes
+the rankings straight from the row dicts (the tensors :func:`~.parse.encode_rankings` would
+make of the records), and :func:`stored_outcomes` writes each kept group as the stored row
+:func:`~grouppref.schemas.arrow.to_row` would give for its ``ValidatedGroup``: the input row's
+own values (texts, metadata as their JSON text) plus the aggregate. Anything else goes
+through the records as before: a repeated group id (merged or rejected by
+:func:`~.parse.collect_groups`), a group a rule drops (its reject reads the record), and an
+aggregate that fails a check (the record's validation names it). ``tests/integration/
+test_data_equivalence.py`` and ``tests/integration/test_aggregate_stored.py`` hold the two
+paths equal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, overload
+
+import numpy as np
+import torch
+
+from grouppref.pipeline.aggregate.config import SELECTION_KEY, AggregateConfig
+from grouppref.pipeline.aggregate.fit import BTFit
+from grouppref.pipeline.aggregate.outcome import (
+    Decisions,
+    group_aggregate,
+    group_flags,
+    group_reject,
+    validated_group,
+)
+from grouppref.pipeline.aggregate.parse import Encoded, ParsedInput, selection_code
+from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject
+from grouppref.schemas.arrow import from_stored_row, json_text, to_row
+
+Row = dict[str, Any]  # a stored row: what grouppref.schemas.arrow.table_rows gives
+_GROUP_FIELDS = tuple(CandidateGroup.model_fields)
+
+
+def annotated(group: CandidateGroup) -> AnnotatedGroup:
+    """A stored group as the AnnotatedGroup it holds (a ValidatedGroup's aggregate left out,
+    a CandidateGroup without rankings); its validated parts are reused as they are."""
+    fields = {k: getattr(group, k) for k in _GROUP_FIELDS}
+    return AnnotatedGroup.model_construct(**fields, rankings=getattr(group, "rankings", []))
+
+
+class StoredGroups(Sequence[AnnotatedGroup]):
+    """The rows of a stage's table read as AnnotatedGroups only when asked for (a reject's
+    group id, a check that failed), each once."""
+
+    def __init__(self, rows: list[Row], record_type: type[CandidateGroup]) -> None:
+        self.rows, self.record_type = rows, record_type
+        self._made: dict[int, AnnotatedGroup] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, i: int) -> AnnotatedGroup: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[AnnotatedGroup]: ...
+
+    def __getitem__(self, i: int | slice) -> AnnotatedGroup | list[AnnotatedGroup]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(len(self))[i]]
+        if i not in self._made:
+            self._made[i] = annotated(from_stored_row(self.record_type, self.rows[i]))
+        return self._made[i]
+
+
+def _selection(ranking: Row) -> object:
+    meta = ranking.get("metadata")
+    if not meta or meta == "{}":
+        return None
+    return json.loads(meta).get(SELECTION_KEY)
+
+
+def stored_input(rows: list[Row], record_type: type[CandidateGroup], source: str
+                 ) -> ParsedInput | None:
+    """The rows (valid stored groups in ``record_type``'s schema) as :func:`collect_groups`
+    would collect their records, rankings encoded; ``None`` when a group id repeats (the
+    records path merges or rejects repeats)."""
+    if len({row["group_id"] for row in rows}) != len(rows):
+        return None
+    parsed = ParsedInput(source=source, inputs=len(rows), groups=StoredGroups(rows, record_type),
+                         rows=list(range(1, len(rows) + 1)))
+    b = len(rows)
+    k = max((len(row["candidates"]) for row in rows), default=2)
+    a = max((len(row.get("rankings") or ()) for row in rows), default=1) or 1
+    ranks = np.full((b, a, k), -1, dtype=np.int64)
+    ann = np.full((b, a), -1, dtype=np.int64)
+    valid = np.zeros((b, k), dtype=bool)
+    design = np.full((b, a), selection_code(None), dtype=np.int64)
+    marked: Counter[str] = Counter()
+    for gi, row in enumerate(rows):
+        valid[gi, : len(row["candidates"])] = True
+        pos = {c["candidate_id"]: i for i, c in enumerate(row["candidates"])}
+        markers = set()
+        for ai, ranking in enumerate(row.get("rankings") or ()):
+            annotator = ranking["annotator"]
+            if (at := parsed.index.get(annotator["id"])) is None:
+                at = parsed.index[annotator["id"]] = len(parsed.annotators)
+                parsed.annotators.append(annotator["id"])
+                parsed.kinds.append(annotator["kind"])
+            ann[gi, ai] = at
+            for t, tier in enumerate(ranking["tiers"]):
+                for cid in tier:
+                    ranks[gi, ai, pos[cid]] = t
+            if (marker := _selection(ranking)) is not None:
+                design[gi, ai] = selection_code(marker)
+                markers.add(marker)
+        marked.update(m for m in markers if isinstance(m, str))
+    parsed.encoded = Encoded(ranks=torch.from_numpy(ranks), ann=torch.from_numpy(ann),
+                             valid=torch.from_numpy(valid), design=torch.from_numpy(design),
+                             marked=dict(marked))
+    return parsed
+
+
+def stored_outcomes(parsed: ParsedInput, rows: list[Row], fit: BTFit, dec: Decisions,
+                    config: AggregateConfig, indices: Sequence[int], stage: str
+                    ) -> tuple[list[Row], list[Reject]]:
+    """Groups ``indices`` as the stored rows of their ValidatedGroups (what ``to_row`` gives)
+    and the row rejects of those a rule drops, each list in the order of ``indices``."""
+    out: list[Row] = []
+    rejects: list[Reject] = []
+    for b in indices:
+        if dec.rejected[b]:
+            rejects.append(group_reject(parsed, b, fit, dec, config, stage))
+            continue
+        row, flags = rows[b], group_flags(b, dec, config)
+        rankings = row.get("rankings") or []
+        part = group_aggregate([c["candidate_id"] for c in row["candidates"]],
+                               [r["annotator"]["kind"] for r in rankings], b, fit, dec.used,
+                               flags)
+        if not part.holds():  # the record's own validation decides, and names what failed
+            out.append(to_row(validated_group(parsed, b, fit, dec.used, flags)))
+            continue
+        out.append({**{f: row[f] for f in _GROUP_FIELDS}, "rankings": rankings,
+                    "consensus": part.consensus, "strengths": json_text(part.strengths),
+                    "pairs": part.pairs, "agreement": part.agreement, "flags": part.flags,
+                    "split": None, "consensus_kinds": part.consensus_kinds})
+    return out, rejects
