@@ -94,8 +94,8 @@ def test_stored_rows_give_what_the_records_give(tmp_path: Path, name: str) -> No
     config, groups = CONFIGS[name], _corpus()
     store = RunStore(tmp_path / "run")
     write_stage(store, "rank", groups)
-    rows = list(dataset_rows(store.load_dataset("rank")))
-    assert stored_input(rows, AnnotatedGroup, "rank") is not None  # the stored path is taken
+    table = store.load_dataset("rank").with_format("arrow")[:]
+    assert stored_input(table, AnnotatedGroup, "rank") is not None  # the stored path is taken
 
     done = run_aggregate(store, config, StageContext())
     want = aggregate_groups(groups, config, source="rank")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -31,7 +32,7 @@ from grouppref.pipeline.aggregate.core import (
     parse_rows,
     report_of,
 )
-from grouppref.pipeline.aggregate.stored import Row, annotated, stored_input, stored_outcomes
+from grouppref.pipeline.aggregate.stored import annotated, stored_input, stored_outcomes
 from grouppref.readers.published import annotated_rows, open_published
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
@@ -39,6 +40,9 @@ from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject, ValidatedGroup
 from grouppref.schemas.arrow import dataset_rows, features_for, from_dataset, rows_table
 from grouppref.schemas.reports import AggregateReport
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 REPORT = "report.json"
 
@@ -63,11 +67,11 @@ def resolve_input(store: RunStore, config: AggregateConfig) -> str:
 
 @dataclass
 class _Read:
-    """The input collected; ``rows``: its stored rows when aggregate writes from them
+    """The input collected; ``table``: its stored table when aggregate writes from its rows
     (:mod:`grouppref.pipeline.aggregate.stored`), else ``None`` (records)."""
 
     parsed: ParsedInput
-    rows: list[Row] | None = None
+    table: pa.Table | None = None
 
 
 @dataclass
@@ -101,9 +105,9 @@ def _stage_groups(store: RunStore, source: str) -> _Read:
     ds = store.load_dataset(source)
     if record_type is not None:
         if ds.features == features_for(record_type) and store.intact(source):
-            rows = list(dataset_rows(ds))
-            if (parsed := stored_input(rows, record_type, source)) is not None:
-                return _Read(parsed, rows)
+            table = ds.with_format("arrow")[:]
+            if (parsed := stored_input(table, record_type, source)) is not None:
+                return _Read(parsed, table)
         try:
             records = from_dataset(ds, record_type)
         except (ValidationError, ValueError, TypeError):
@@ -155,8 +159,8 @@ def run_aggregate(store: RunStore, config: AggregateConfig,
         task = bar.add_task(STAGE, total=len(indices), unit="groups",
                             completed=stage.done_items(indices, config.shard_size))
         for shard in stage.pending_shards(indices, shard_size=config.shard_size):
-            if read.rows is not None:
-                kept, dropped = stored_outcomes(parsed, read.rows, agg.fit, agg.dec, config,
+            if read.table is not None:
+                kept, dropped = stored_outcomes(parsed, read.table, agg.fit, agg.dec, config,
                                                 shard.items, STAGE)
                 stage.write_table(shard, rows_table(kept, ValidatedGroup), dropped)
             else:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any, overload
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from grouppref.pipeline.aggregate.config import SELECTION_KEY, AggregateConfig
@@ -36,7 +37,7 @@ from grouppref.pipeline.aggregate.outcome import (
 )
 from grouppref.pipeline.aggregate.parse import Encoded, ParsedInput, selection_code
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject
-from grouppref.schemas.arrow import from_stored_row, json_text, to_row
+from grouppref.schemas.arrow import from_stored_row, json_text, table_rows, to_row
 
 Row = dict[str, Any]  # a stored row: what grouppref.schemas.arrow.table_rows gives
 _GROUP_FIELDS = tuple(CandidateGroup.model_fields)
@@ -49,16 +50,28 @@ def annotated(group: CandidateGroup) -> AnnotatedGroup:
     return AnnotatedGroup.model_construct(**fields, rankings=getattr(group, "rankings", []))
 
 
+def table_slice_rows(table: pa.Table, indices: Sequence[int]) -> list[Row]:
+    """Rows ``indices`` (0-based) of ``table`` as Python dicts (a contiguous run is sliced,
+    others taken), converted column-wise."""
+    if not indices:
+        return []
+    start = indices[0]
+    if list(indices) == list(range(start, start + len(indices))):
+        return table.slice(start, len(indices)).to_pylist()
+    return table.take(list(indices)).to_pylist()
+
+
 class StoredGroups(Sequence[AnnotatedGroup]):
     """The rows of a stage's table read as AnnotatedGroups only when asked for (a reject's
-    group id, a check that failed), each once."""
+    group id, a check that failed), each once; the table stays Arrow (memory-mapped from the
+    stage's files), so no group is held as Python objects."""
 
-    def __init__(self, rows: list[Row], record_type: type[CandidateGroup]) -> None:
-        self.rows, self.record_type = rows, record_type
+    def __init__(self, table: pa.Table, record_type: type[CandidateGroup]) -> None:
+        self.table, self.record_type = table, record_type
         self._made: dict[int, AnnotatedGroup] = {}
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self.table.num_rows
 
     @overload
     def __getitem__(self, i: int) -> AnnotatedGroup: ...
@@ -69,7 +82,8 @@ class StoredGroups(Sequence[AnnotatedGroup]):
         if isinstance(i, slice):
             return [self[j] for j in range(len(self))[i]]
         if i not in self._made:
-            self._made[i] = annotated(from_stored_row(self.record_type, self.rows[i]))
+            row = self.table.slice(i, 1).to_pylist()[0]
+            self._made[i] = annotated(from_stored_row(self.record_type, row))
         return self._made[i]
 
 
@@ -80,24 +94,34 @@ def _selection(ranking: Row) -> object:
     return json.loads(meta).get(SELECTION_KEY)
 
 
-def stored_input(rows: list[Row], record_type: type[CandidateGroup], source: str
-                 ) -> ParsedInput | None:
-    """The rows (valid stored groups in ``record_type``'s schema) as :func:`collect_groups`
-    would collect their records, rankings encoded; ``None`` when a group id repeats (the
-    records path merges or rejects repeats)."""
-    if len({row["group_id"] for row in rows}) != len(rows):
+def stored_input(table: pa.Table, record_type: type[CandidateGroup], source: str,
+                 batch_size: int = 1024) -> ParsedInput | None:
+    """The rows of ``table`` (valid stored groups in ``record_type``'s schema) as
+    :func:`collect_groups` would collect their records, rankings encoded, reading one batch
+    of rows at a time; ``None`` when a group id repeats (the records path merges or rejects
+    repeats)."""
+    import pyarrow.compute as pc
+
+    b = table.num_rows
+    if pc.count_distinct(table.column("group_id")).as_py() != b:
         return None
-    parsed = ParsedInput(source=source, inputs=len(rows), groups=StoredGroups(rows, record_type),
-                         rows=list(range(1, len(rows) + 1)))
-    b = len(rows)
-    k = max((len(row["candidates"]) for row in rows), default=2)
-    a = max((len(row.get("rankings") or ()) for row in rows), default=1) or 1
+    parsed = ParsedInput(source=source, inputs=b, groups=StoredGroups(table, record_type),
+                         rows=list(range(1, b + 1)))
+
+    def longest(column: str, default: int) -> int:
+        if column not in table.column_names or b == 0:
+            return default
+        return int(pc.max(pc.list_value_length(table.column(column))).as_py() or 0)
+
+    k, a = longest("candidates", 2), longest("rankings", 1) or 1
     ranks = np.full((b, a, k), -1, dtype=np.int64)
     ann = np.full((b, a), -1, dtype=np.int64)
     valid = np.zeros((b, k), dtype=bool)
     design = np.full((b, a), selection_code(None), dtype=np.int64)
     marked: Counter[str] = Counter()
-    for gi, row in enumerate(rows):
+    for gi, row in enumerate(table_rows(table.select([c for c in ("candidates", "rankings")
+                                                      if c in table.column_names]),
+                                        batch_size)):
         valid[gi, : len(row["candidates"])] = True
         pos = {c["candidate_id"]: i for i, c in enumerate(row["candidates"])}
         markers = set()
@@ -121,18 +145,19 @@ def stored_input(rows: list[Row], record_type: type[CandidateGroup], source: str
     return parsed
 
 
-def stored_outcomes(parsed: ParsedInput, rows: list[Row], fit: BTFit, dec: Decisions,
+def stored_outcomes(parsed: ParsedInput, table: pa.Table, fit: BTFit, dec: Decisions,
                     config: AggregateConfig, indices: Sequence[int], stage: str
                     ) -> tuple[list[Row], list[Reject]]:
-    """Groups ``indices`` as the stored rows of their ValidatedGroups (what ``to_row`` gives)
-    and the row rejects of those a rule drops, each list in the order of ``indices``."""
+    """Groups ``indices`` (rows of ``table``) as the stored rows of their ValidatedGroups (what
+    ``to_row`` gives) and the row rejects of those a rule drops, each list in the order of
+    ``indices``; only these rows are converted to Python."""
     out: list[Row] = []
     rejects: list[Reject] = []
-    for b in indices:
+    for b, row in zip(indices, table_slice_rows(table, indices), strict=True):
         if dec.rejected[b]:
             rejects.append(group_reject(parsed, b, fit, dec, config, stage))
             continue
-        row, flags = rows[b], group_flags(b, dec, config)
+        flags = group_flags(b, dec, config)
         rankings = row.get("rankings") or []
         part = group_aggregate([c["candidate_id"] for c in row["candidates"]],
                                [r["annotator"]["kind"] for r in rankings], b, fit, dec.used,
