@@ -134,3 +134,22 @@ def test_data_edited_after_writing_is_validated_again(tmp_path: Path) -> None:
     assert [r.row for r in rejects if r.scope == "row"][:1] == [4]
     assert any("text" in (r.field or "") + r.reason for r in rejects if r.row == 4)
     assert done.counts.inputs == done.counts.outputs + sum(r.scope == "row" for r in rejects)
+
+
+def test_a_row_a_stage_wrote_wrongly_is_validated_and_salvaged(tmp_path: Path) -> None:
+    """A stage writes its records as they are: a ranking naming an unknown candidate (a bug
+    upstream) is intact on disk, but aggregate's encoding refuses it and the records path
+    rejects that ranking, naming it, instead of failing."""
+    groups = _corpus(24)
+    bad = groups[9].rankings[0]
+    groups[9] = groups[9].model_copy(update={"rankings": [
+        bad.model_copy(update={"tiers": [*bad.tiers, ["c-nowhere"]]}), *groups[9].rankings[1:]]})
+    store = RunStore(tmp_path / "run")
+    write_stage(store, "rank", groups)
+    assert store.intact("rank")
+    assert stored_input(store.load_dataset("rank").with_format("arrow")[:], AnnotatedGroup,
+                        "rank") is None
+
+    done = run_aggregate(store, AggregateConfig(min_groups_for_reliability=5), StageContext())
+    rejects = read_rejects(done.dir / "rejects.jsonl")
+    assert any(r.row == 10 and "c-nowhere" in r.reason for r in rejects), rejects

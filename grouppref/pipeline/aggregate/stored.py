@@ -1,18 +1,21 @@
 """The aggregate stage on its input stage's stored Arrow rows (issue 32): no record is built
 for a group the rules keep and whose aggregate holds every check.
 
-A stage of the run wrote each of its rows from a validated record; when its ``data/`` is
-still byte for byte what it wrote (:meth:`~grouppref.runs.store.RunStore.intact`) in its
-record type's schema, the rows need no second validation. :func:`stored_input` then encodes
-the rankings straight from the row dicts (the tensors :func:`~.parse.encode_rankings` would
-make of the records), and :func:`stored_outcomes` writes each kept group as the stored row
-:func:`~grouppref.schemas.arrow.to_row` would give for its ``ValidatedGroup``: the input row's
-own values (texts, metadata as their JSON text) plus the aggregate. Anything else goes
-through the records as before: a repeated group id (merged or rejected by
-:func:`~.parse.collect_groups`), a group a rule drops (its reject reads the record), and an
-aggregate that fails a check (the record's validation names it). ``tests/integration/
-test_data_equivalence.py`` and ``tests/integration/test_aggregate_stored.py`` hold the two
-paths equal.
+A stage of the run writes its rows from records; when its ``data/`` is still byte for byte
+what it wrote (:meth:`~grouppref.runs.store.RunStore.intact`) in its record type's schema,
+aggregate does not validate every row again: :func:`stored_input` encodes the rankings
+straight from the row dicts (the tensors :func:`~.parse.encode_rankings` would make of the
+records), checking on the way what the encoding relies on, and :func:`stored_outcomes` writes
+each kept group as the stored row :func:`~grouppref.schemas.arrow.to_row` would give for its
+``ValidatedGroup``: the input row's own values (texts, metadata as their JSON text) plus the
+aggregate. The validate stage after it checks every row in full, as it always does.
+
+Anything else goes through the records as before (validated, salvaged row by row): data
+edited after it was written, a repeated group id (merged or rejected by
+:func:`~.parse.collect_groups`), a row that breaks what the encoding relies on, a group a rule
+drops (its reject reads the record), and an aggregate that fails a check (the record's
+validation names it). ``tests/integration/test_data_equivalence.py`` and
+``tests/integration/test_aggregate_stored.py`` hold the two paths equal.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from grouppref.pipeline.aggregate.outcome import (
 from grouppref.pipeline.aggregate.parse import Encoded, ParsedInput, selection_code
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject
 from grouppref.schemas.arrow import from_stored_row, json_text, table_rows, to_row
+from grouppref.schemas.records import MAX_K, MIN_K
 
 Row = dict[str, Any]  # a stored row: what grouppref.schemas.arrow.table_rows gives
 _GROUP_FIELDS = tuple(CandidateGroup.model_fields)
@@ -94,12 +98,49 @@ def _selection(ranking: Row) -> object:
     return json.loads(meta).get(SELECTION_KEY)
 
 
+def _encode(row: Row, gi: int, parsed: ParsedInput, ranks: np.ndarray, ann: np.ndarray,
+            valid: np.ndarray, design: np.ndarray, marked: Counter[str]) -> bool:
+    """Encode group ``gi``'s rankings into the arrays; ``False`` when the row breaks a rule
+    the encoding relies on (candidate ids unique, K in range, each ranking of this group by
+    another annotator, naming known candidates at most once in non-empty tiers): a row a
+    stage wrote wrongly, left to the records' validation."""
+    candidates = row["candidates"]
+    pos = {c["candidate_id"]: i for i, c in enumerate(candidates)}
+    if len(pos) != len(candidates) or not MIN_K <= len(candidates) <= MAX_K:
+        return False
+    valid[gi, : len(candidates)] = True
+    markers, annotators = set(), set()
+    for ai, ranking in enumerate(row.get("rankings") or ()):
+        annotator = ranking["annotator"]
+        if ranking["group_id"] != row["group_id"] or annotator["id"] in annotators:
+            return False
+        annotators.add(annotator["id"])
+        if (at := parsed.index.get(annotator["id"])) is None:
+            at = parsed.index[annotator["id"]] = len(parsed.annotators)
+            parsed.annotators.append(annotator["id"])
+            parsed.kinds.append(annotator["kind"])
+        ann[gi, ai] = at
+        for t, tier in enumerate(ranking["tiers"]):
+            if not tier:
+                return False
+            for cid in tier:
+                if cid not in pos or ranks[gi, ai, pos[cid]] >= 0:
+                    return False
+                ranks[gi, ai, pos[cid]] = t
+        if (marker := _selection(ranking)) is not None:
+            design[gi, ai] = selection_code(marker)
+            markers.add(marker)
+    marked.update(m for m in markers if isinstance(m, str))
+    return True
+
+
 def stored_input(table: pa.Table, record_type: type[CandidateGroup], source: str,
                  batch_size: int = 1024) -> ParsedInput | None:
-    """The rows of ``table`` (valid stored groups in ``record_type``'s schema) as
-    :func:`collect_groups` would collect their records, rankings encoded, reading one batch
-    of rows at a time; ``None`` when a group id repeats (the records path merges or rejects
-    repeats)."""
+    """The rows of ``table`` (stored groups in ``record_type``'s schema, as a stage of the run
+    wrote them) as :func:`collect_groups` would collect their records, rankings encoded,
+    reading one batch of rows at a time; ``None`` when a group id repeats (the records path
+    merges or rejects repeats) or a row breaks what the encoding relies on (:func:`_encode`),
+    so that the records path validates and salvages the input."""
     import pyarrow.compute as pc
 
     b = table.num_rows
@@ -119,26 +160,10 @@ def stored_input(table: pa.Table, record_type: type[CandidateGroup], source: str
     valid = np.zeros((b, k), dtype=bool)
     design = np.full((b, a), selection_code(None), dtype=np.int64)
     marked: Counter[str] = Counter()
-    for gi, row in enumerate(table_rows(table.select([c for c in ("candidates", "rankings")
-                                                      if c in table.column_names]),
-                                        batch_size)):
-        valid[gi, : len(row["candidates"])] = True
-        pos = {c["candidate_id"]: i for i, c in enumerate(row["candidates"])}
-        markers = set()
-        for ai, ranking in enumerate(row.get("rankings") or ()):
-            annotator = ranking["annotator"]
-            if (at := parsed.index.get(annotator["id"])) is None:
-                at = parsed.index[annotator["id"]] = len(parsed.annotators)
-                parsed.annotators.append(annotator["id"])
-                parsed.kinds.append(annotator["kind"])
-            ann[gi, ai] = at
-            for t, tier in enumerate(ranking["tiers"]):
-                for cid in tier:
-                    ranks[gi, ai, pos[cid]] = t
-            if (marker := _selection(ranking)) is not None:
-                design[gi, ai] = selection_code(marker)
-                markers.add(marker)
-        marked.update(m for m in markers if isinstance(m, str))
+    columns = [c for c in ("group_id", "candidates", "rankings") if c in table.column_names]
+    for gi, row in enumerate(table_rows(table.select(columns), batch_size)):
+        if not _encode(row, gi, parsed, ranks, ann, valid, design, marked):
+            return None
     parsed.encoded = Encoded(ranks=torch.from_numpy(ranks), ann=torch.from_numpy(ann),
                              valid=torch.from_numpy(valid), design=torch.from_numpy(design),
                              marked=dict(marked))
