@@ -42,7 +42,7 @@ def read_import(config: ImportConfig, stage: str = STAGE) -> Imported:
     """
     source = str(config.source)
     first, rows = peek(iter_rows(source, config.split))
-    layout = config.layout
+    layout: str = config.layout
     if layout == "auto":
         layout = detect(first, config, source) if first is not None else "responses"
     with _no_cycle_collection():
