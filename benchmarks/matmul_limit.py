@@ -9,7 +9,8 @@
   compares with this like for like, where the peak compares a median with a maximum.
 
 Both per (M, K, N) shape, wall clock and per CPU-second (``time.process_time``), in the model
-dtype. On the shared 2-core CPU machine the two differ by 10-35 % (docs/benchmarks.md).
+dtype. On the shared 2-core CPU machine the two differ by 10-35 %
+(benchmarks/results/train_peak.md).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ CHUNK_BYTES = {"cpu": 1 << 21}
 CHUNK_BYTES_ACCELERATOR = 1 << 28
 # Vocabulary columns per chunk of the fused LM head: (R x 576 x 4096) products run near the
 # square-matmul rate on CPU where one (R x 576 x 49152) product runs at ~70 % of it
-# (docs/benchmarks.md, "Where the rest went").
+# (benchmarks/results/train_peak.md, "where the rest went").
 HEAD_CHUNK = 4096
 
 
