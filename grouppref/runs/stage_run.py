@@ -152,10 +152,16 @@ class StageRun(Generic[R]):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from grouppref.runs.hashing import fingerprint_file
+        from grouppref.schemas.arrow import table_dataset
+
         features = self._features()
-        tables = [pq.read_table(p) for p in sorted((self.dir / SHARDS).glob("shard-*.parquet"))]
+        shards = sorted((self.dir / SHARDS).glob("shard-*.parquet"))
+        tables = [pq.read_table(p) for p in shards]
         table = pa.concat_tables(tables) if tables else features.arrow_schema.empty_table()
-        dataset = datasets.Dataset(table, info=datasets.DatasetInfo(features=features))
+        # the dataset's fingerprint from the shards' bytes, not datasets' hash of the table
+        key = " ".join(fingerprint_file(p) for p in shards) or "empty"
+        dataset = table_dataset(table, datasets.DatasetInfo(features=features), key)
         data_dir, tmp_dir = self.dir / DATA, self.dir / (DATA + ".tmp")
         shutil.rmtree(tmp_dir, ignore_errors=True)
         # An empty dataset must still be saved as one (empty) shard to load back.

@@ -17,7 +17,7 @@ import datasets
 from grouppref.errors import StageError
 from grouppref.pipeline.export.config import SPLITS, STAGE, ExportConfig
 from grouppref.schemas import PairPreference, Reject, ValidatedGroup, to_dataset
-from grouppref.schemas.arrow import features_for
+from grouppref.schemas.arrow import features_for, table_dataset
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -113,13 +113,15 @@ def build_dataset(groups: list[ValidatedGroup], config: ExportConfig
     return non_empty(dsd), skipped, rejects
 
 
-def groups_from_table(table: pa.Table, config: ExportConfig) -> datasets.DatasetDict:
+def groups_from_table(table: pa.Table, config: ExportConfig, key: str) -> datasets.DatasetDict:
     """The ``groups`` export straight from ``RUN/validate``'s own Arrow table (the schema of
     :func:`~grouppref.schemas.arrow.features_for` ``(ValidatedGroup)``): each split's rows
     selected in C, in stored order, with no record built. It equals
     ``build_dataset(records, config)`` for the records of that table (the rows were validated
     as records when validate wrote them; ``tests/integration/test_data_equivalence.py``
-    compares the two paths' files). Empty splits are dropped.
+    compares the two paths' files). Empty splits are dropped. ``key`` identifies the table's
+    content (the validate stage's output fingerprint): each split's dataset fingerprint is made
+    from it (:func:`~grouppref.schemas.arrow.table_dataset`).
 
     Raises:
         StageError: a row has no split, or nothing is left to export.
@@ -133,7 +135,7 @@ def groups_from_table(table: pa.Table, config: ExportConfig) -> datasets.Dataset
                          "run `grouppref validate RUN --force`")
     info = datasets.DatasetInfo(features=features_for(ValidatedGroup))
     return non_empty(datasets.DatasetDict({
-        s: datasets.Dataset(table.filter(pc.equal(split, s)), info=info.copy())
+        s: table_dataset(table.filter(pc.equal(split, s)), info.copy(), f"{key} {s}")
         for s in _splits(config)}))
 
 

@@ -244,7 +244,8 @@ def run_export(store: RunStore, config: ExportConfig,
     skipped: Counter[str] = Counter()
     rejects: list[Reject] = []
     if table is not None:
-        dsd = groups_from_table(table, config)
+        dsd = groups_from_table(table, config,
+                                store.require(INPUT_STAGE).output_fingerprint or "")
         column = table.column("split")
         per_split = {s: int(pc.sum(pc.equal(column, s)).as_py() or 0) for s in splits}
     else:
