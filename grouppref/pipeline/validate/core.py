@@ -73,12 +73,16 @@ class Checks:
     :meth:`finish_groups` after the last group, then read :meth:`accepted`, ``rejects``,
     ``info`` (each accepted row's split) and :meth:`summary`."""
 
-    def __init__(self, config: ValidateConfig, source: str) -> None:
+    def __init__(self, config: ValidateConfig, source: str,
+                 repeated: set[str] | None = None) -> None:
         self.config = config
         self.source = source
+        # group ids that occur more than once in the input (None: not known); the contents
+        # compared between rows of one id are made only for these
+        self.repeated = repeated
         self.rejects: dict[int, tuple[str, Reject]] = {}  # row -> (check, reject)
         self.info: dict[int, RowInfo] = {}
-        self.by_group: dict[str, list[tuple[int, tuple[str, str]]]] = defaultdict(list)
+        self.by_group: dict[str, list[tuple[int, tuple[str, str] | None]]] = defaultdict(list)
         self.first_prompt: dict[str, tuple[int, str]] = {}
         self.rows = 0
 
@@ -103,7 +107,8 @@ class Checks:
             pairs=len(parsed.pairs), annotators=parsed.agreement.num_annotators,
             kendall_w=parsed.agreement.kendall_w, noise=parsed.agreement.noise,
             flags=tuple(parsed.flags))
-        self.by_group[gid].append((number, _contents(parsed)))
+        self.by_group[gid].append(
+            (number, _contents(parsed) if self.repeated is None or gid in self.repeated else None))
         first = self.first_prompt.setdefault(_sha(parsed.prompt.content_key()), (number, gid))
         if first[1] != gid and FROM_PAIR not in parsed.flags:
             self._reject("duplicate_prompt", number, gid,
@@ -120,8 +125,11 @@ class Checks:
         for gid, rows in self.by_group.items():
             if len(rows) < 2:
                 continue
-            first_row, first_contents = rows[0]
-            differ = [c for _, c in rows[1:] if c != first_contents]
+            made = [c for _, c in rows if c is not None]
+            if len(made) != len(rows):
+                raise AssertionError(f"group id {gid!r} repeats but was not given as repeated")
+            first_row, first_contents = rows[0][0], made[0]
+            differ = [c for c in made[1:] if c != first_contents]
             if differ:
                 numbers = [n for n, _ in rows]
                 parts = {"prompt" if c[0] != first_contents[0] else "candidates" for c in differ}
@@ -182,13 +190,14 @@ def validate_groups(groups: Sequence[ValidatedGroup], config: ValidateConfig, *,
                     source: str = "groups") -> Validated:
     """Check ``groups`` (``groups[i]`` is row ``i + 1``; ``source`` goes into the rejects) and
     split the ones that pass, as the ``validate`` stage does with the rows it reads."""
-    checks = Checks(config, source)
+    counts = Counter(g.group_id for g in groups)
+    checks = Checks(config, source, {gid for gid, n in counts.items() if n > 1})
     for number, group in enumerate(groups, start=1):
         checks.add(number, group)
     checks.finish_groups()
     failed = [checks.rejects[n] for n in sorted(checks.rejects)]
-    counts = Counter(check for check, _ in failed)
+    per_check = Counter(check for check, _ in failed)
     kept = [groups[n - 1].model_copy(update={"split": checks.info[n].split})
             for n in checks.accepted()]
     return Validated(groups=kept, rejects=[r for _, r in failed],
-                     checks={c: counts.get(c, 0) for c in CHECKS}, summary=checks.summary())
+                     checks={c: per_check.get(c, 0) for c in CHECKS}, summary=checks.summary())

@@ -177,10 +177,24 @@ def parse_row(row: dict[str, Any], number: int, source: str, *, stored: bool = F
                       group_id=group_id)
 
 
+def _repeated_ids(ds: Rows) -> set[str]:
+    """The group ids that occur in more than one row (only their rows' contents are
+    compared; ids that are not text fail the schema check)."""
+    if isinstance(ds, datasets.Dataset):
+        if "group_id" not in ds.column_names:
+            return set()
+        import pyarrow.compute as pc
+
+        counts = pc.value_counts(ds.with_format("arrow")[:].column("group_id")).to_pylist()
+        return {c["values"] for c in counts if c["counts"] > 1 and isinstance(c["values"], str)}
+    seen = Counter(row.get("group_id") for row in ds)
+    return {gid for gid, n in seen.items() if n > 1 and isinstance(gid, str)}
+
+
 def _plan(ds: Rows, config: ValidateConfig, source: str) -> Checks:
     """Pass 1: parse every row once (the schema check) and check it (:class:`Checks`)."""
     stored = isinstance(ds, datasets.Dataset) and ds.features == features_for(ValidatedGroup)
-    plan = Checks(config, source)
+    plan = Checks(config, source, _repeated_ids(ds))
     with stage_progress() as bar:
         task = bar.add_task(f"{STAGE}: check", total=len(ds), unit="groups")
         rows = dataset_rows(ds) if isinstance(ds, datasets.Dataset) else ds
