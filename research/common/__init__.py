@@ -6,7 +6,8 @@
 * :mod:`research.common.intervals`: mean ± std, paired Student-t intervals, t quantiles;
 * :mod:`research.common.pool`: jobs in spawned processes, each finished job cached on disk;
 * :mod:`research.common.outputs`: the scripts' command line, results JSON, tables and log;
-* :mod:`research.common.plots`: saving a figure.
+* :mod:`research.common.plots`: saving a figure;
+* :mod:`research.common.screen`: the main of a screen script (pooled jobs, one JSON, a table).
 
 The scripts read them as ``from research import common as c; c.make_task(...)``: each name
 resolves on first use from its module (PEP 562), so a script that needs only the light ones
@@ -31,6 +32,7 @@ MODULES: dict[str, str] = {
     **{name: "outputs" for name in (
         "environment", "write_json", "run_or_replot", "log", "evidence_parser", "results_of")},
     "save_figure": "plots",
+    "screen_main": "screen",
 }
 
 __all__ = sorted(MODULES)

@@ -1,5 +1,5 @@
 """Each loss at its own learning rate on the separating testbed: the check the recipe decision
-names (docs/evidence.md, "The decision"): the loss screen ran every loss at one shared rate
+names (research/ifeval_recipe/README.md, "The decision"): the loss screen ran every loss at one shared rate
 (3e-4), which may handicap LiPO-λ, whose ΣΔ-normalised pair weights give it another scale.
 
 The loss screen's jobs (:mod:`research.loss_screen.loss_screen`: section 6's testbed, K = 8,
@@ -17,8 +17,6 @@ seed at their chosen rates (95% t-interval).
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -83,30 +81,14 @@ def shared_rate_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = c.evidence_parser(__doc__, c.results_of(__file__), workers=1)
-    ap.add_argument("--table", action="store_true", help="only the table, from the JSON")
-    args = ap.parse_args(argv)
-    name = "loss_rates_quick" if args.quick else "loss_rates"
-    path = args.out / f"{name}.json"
-    if args.table:
-        result = json.loads(path.read_text(encoding="utf-8"))
-        print(table(result))
-        return result
-    todo = jobs(args.quick)
-    load0, t0 = os.getloadavg(), time.perf_counter()
-    new = c.pooled_rows(loss_screen_run, todo, args.workers, c.job_cache("loss_rates", args.quick))
-    screen = args.out / ("loss_screen_quick.json" if args.quick else "loss_screen.json")
-    rows = shared_rate_rows(screen) + new
-    result = {"experiment": "loss_rates", "settings": loss_screen.curves.settings(args.quick),
-              "methods": list(METHODS), "rates": sorted([SHARED_RATE, *NEW_RATES]),
-              "environment": c.environment(), "wall_s": time.perf_counter() - t0,
-              "workers": args.workers, "load_average_start": load0,
-              "load_average_end": os.getloadavg(), "runs": rows}
-    c.write_json(path, result)
-    (args.out / f"{name}_table.md").write_text(table(result) + "\n", encoding="utf-8")
-    print(table(result))
-    c.log(f"wrote {path} in {result['wall_s']:.0f} s")
-    return result
+    def screen_rows(args: Any) -> list[dict[str, Any]]:  # the screen's runs, in the same folder
+        return shared_rate_rows(args.out / ("loss_screen_quick.json" if args.quick else "loss_screen.json"))
+
+    return c.screen_main(argv, doc=__doc__, script=__file__, experiment="loss_rates", jobs=jobs,
+                         run_job=loss_screen_run, table=table, prior_rows=screen_rows,
+                         describe=lambda quick: {
+                             "settings": loss_screen.curves.settings(quick), "methods": list(METHODS),
+                             "rates": sorted([SHARED_RATE, *NEW_RATES])})
 
 
 def loss_screen_run(job: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Every loss on the separating synthetic testbed (docs/evidence.md section 6), issue 28's screen.
+"""Every loss on the separating synthetic testbed (research/learning_curves/), issue 28's screen.
 
 The testbed, data, panel, aggregation, training loop and metrics are section 6's
 (:func:`research.learning_curves.curves.run_job`): K = 8 reference samples for 2,000 training
@@ -10,14 +10,11 @@ measured at the group losses' token counts. New here: LiPO-λ, NCA and InfoNCA
 batch order per seed, shared by every loss of a seed: paired), at flip rate 0.1.
 
     nice -n 19 .venv/bin/python -m research.loss_screen.loss_screen --workers 1
-    .venv/bin/python -m research.loss_screen.loss_screen --table   # from docs/evidence/loss_screen.json
+    .venv/bin/python -m research.loss_screen.loss_screen --table   # from results/loss_screen.json
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from typing import Any
 
 from research import common as c
@@ -82,28 +79,10 @@ def _ci(ci: dict[str, float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = c.evidence_parser(__doc__, c.results_of(__file__), workers=1)
-    ap.add_argument("--table", action="store_true", help="only the table, from the JSON")
-    args = ap.parse_args(argv)
-    name = "loss_screen_quick" if args.quick else "loss_screen"
-    path = args.out / f"{name}.json"
-    if args.table:
-        result = json.loads(path.read_text(encoding="utf-8"))
-        print(table(result))
-        return result
-    todo = jobs(args.quick)
-    load0, t0 = os.getloadavg(), time.perf_counter()
-    rows = c.pooled_rows(curves.run_job, todo, args.workers, c.job_cache("loss_screen", args.quick))
-    result = {"experiment": "loss_screen", "settings": curves.settings(args.quick),
-              "methods": list(METHODS), "conditions": list(CONDITIONS),
-              "environment": c.environment(), "wall_s": time.perf_counter() - t0,
-              "workers": args.workers, "load_average_start": load0,
-              "load_average_end": os.getloadavg(), "runs": rows}
-    c.write_json(path, result)
-    (args.out / f"{name}_table.md").write_text(table(result) + "\n", encoding="utf-8")
-    print(table(result))
-    c.log(f"wrote {path} in {result['wall_s']:.0f} s")
-    return result
+    return c.screen_main(argv, doc=__doc__, script=__file__, experiment="loss_screen", jobs=jobs,
+                         run_job=curves.run_job, table=table, describe=lambda quick: {
+                             "settings": curves.settings(quick), "methods": list(METHODS),
+                             "conditions": list(CONDITIONS)})
 
 
 if __name__ == "__main__":
