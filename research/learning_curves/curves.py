@@ -46,9 +46,8 @@ import torch
 
 from research import common as c
 from research.learning_curves import curves_report as report
+from research.learning_curves.curves_spec import DPO, METHODS
 
-METHODS = ("dpo_one", "dpo_consensus", "gspo_hard", "gspo_soft", "gspo_cal", "plackett_luce")
-DPO = ("dpo_one", "dpo_consensus")
 CONDITIONS = ("noise=0.0", "noise=0.1", "noise=0.2", "noise=0.3", "noise=0.4", "adversarial")
 TESTBED = {"inter_rank": 2, "indep_weight": 0.5, "inter_weight": 1.5, "lr": 3e-4,
            "batch_groups": 32}

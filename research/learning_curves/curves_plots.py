@@ -9,7 +9,7 @@ from typing import Any
 
 from scipy import stats
 
-from research.learning_curves.curves_report import BASE, _order, has_group_size_runs
+from research.learning_curves.curves_spec import BASE, METHODS, has_group_size_runs
 
 COLORS = {"dpo_one": "tab:gray", "dpo_consensus": "tab:blue", "gspo_hard": "tab:orange",
           "gspo_soft": "tab:green", "gspo_cal": "tab:red", "plackett_luce": "tab:purple"}
@@ -66,7 +66,7 @@ def plot_curves(cells: dict[str, dict[str, Any]], x: str, title: str, path: Path
     for col, (name, cell) in enumerate(cells.items()):
         for row, metric in enumerate(("pair_accuracy", "reward_gain")):
             ax = axes[row][col]
-            for m in _order():
+            for m in METHODS:
                 if m not in cell["tokens_per_step"]:
                     continue
                 xs, ys, hs = _curve(cell, m, metric, x)
@@ -93,7 +93,7 @@ def plot_curves(cells: dict[str, dict[str, Any]], x: str, title: str, path: Path
 
 def _delta_row(ax: Any, cell: dict[str, Any], first: bool) -> None:
     """Pair accuracy minus dpo_consensus's at equal steps, paired by seed, 95% CI band."""
-    for m in _order():
+    for m in METHODS:
         pts = [(int(s), b["equal_steps"][m]["pair_accuracy"]) for s, b in cell["steps"].items()
                if m in b["equal_steps"]]
         if not pts or m == BASE:

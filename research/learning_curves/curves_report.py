@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from research import common as c
+from research.learning_curves import curves_plots as plots
+from research.learning_curves.curves_spec import BASE, METHODS, has_group_size_runs
 
-BASE = "dpo_consensus"
 METRICS = ("pair_accuracy", "reward_gain", "kl")
 Row = dict[str, Any]
 
@@ -52,7 +53,7 @@ def base_step(rows: list[Row], step: int, k: int) -> int:
 def summarise_cell(rows: list[Row], steps: list[int], k: int) -> dict[str, Any]:
     """One (setting, K, condition): per step and method mean ± std, Δ vs DPO at equal steps and
     at equal tokens, and each method minus the prompt-independent ceiling."""
-    methods = sorted({r["method"] for r in rows}, key=lambda m: list(_order()).index(m))
+    methods = sorted({r["method"] for r in rows}, key=lambda m: list(METHODS).index(m))
     first = [r for r in rows if r["method"] == methods[0] and r["step"] == steps[0]]
     out: dict[str, Any] = {
         "seeds": sorted(r["seed"] for r in first), "prompts": first[0]["prompts"],
@@ -117,11 +118,11 @@ def best_along_curve(rows: list[Row], methods: list[str]) -> dict[str, Any]:
 
 def best_table(summary: dict[str, Any], metric: str) -> str:
     """Per K and condition: each method's best along its curve, Δ vs DPO's best."""
-    lines = ["| K | condition | " + " | ".join(_order()) + " |", "|" + "---|" * (2 + len(_order()))]
+    lines = ["| K | condition | " + " | ".join(METHODS) + " |", "|" + "---|" * (2 + len(METHODS))]
     for k, per in summary["noise"].items():
         for cond, cell in per.items():
             cells = []
-            for m in _order():
+            for m in METHODS:
                 b = cell["best"].get(m)
                 if b is None:
                     cells.append("—")
@@ -131,12 +132,6 @@ def best_table(summary: dict[str, Any], metric: str) -> str:
                 cells.append(txt + (f"<br>Δ {_ci(d['vs_dpo'])}" if "vs_dpo" in d else ""))
             lines.append(f"| {k} | {cond} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def _order() -> tuple[str, ...]:
-    from research.learning_curves.curves import METHODS
-
-    return METHODS
 
 
 def summarise(result: dict[str, Any]) -> dict[str, Any]:
@@ -176,7 +171,7 @@ def noise_table(summary: dict[str, Any], k: str, metric: str, steps: list[int]) 
     cols = [f"{h} @ {s}" for s in steps for h in (metric, "Δ equal steps", "Δ equal tokens")]
     lines = ["| condition | method | " + " | ".join(cols) + " |", "|" + "---|" * (2 + len(cols))]
     for cond, cell in summary["noise"][k].items():
-        for m in _order():
+        for m in METHODS:
             if m not in cell["steps"][str(steps[0])]["methods"]:
                 continue
             cells = []
@@ -194,13 +189,13 @@ def noise_table(summary: dict[str, Any], k: str, metric: str, steps: list[int]) 
 
 def ceiling_table(summary: dict[str, Any], step: int) -> str:
     """Per K and condition: the ceiling and each method's pair accuracy minus it."""
-    lines = ["| K | condition | ceiling | " + " | ".join(f"{m} − ceiling" for m in _order()) + " |",
-             "|" + "---|" * (3 + len(_order()))]
+    lines = ["| K | condition | ceiling | " + " | ".join(f"{m} − ceiling" for m in METHODS) + " |",
+             "|" + "---|" * (3 + len(METHODS))]
     for k, per in summary["noise"].items():
         for cond, cell in per.items():
             mc = cell["steps"][str(step)]["minus_ceiling"]
             lines.append(f"| {k} | {cond} | {_ms(cell['ceiling'])} | " + " | ".join(
-                _ci(mc[m]) if m in mc else "—" for m in _order()) + " |")
+                _ci(mc[m]) if m in mc else "—" for m in METHODS) + " |")
     return "\n".join(lines)
 
 
@@ -293,7 +288,7 @@ def robustness_table(result: dict[str, Any], step: int) -> str:
     for k in result["settings"]["noise"]:
         rob = robustness(result["runs"], int(k), step)
         for cond, per in rob.items():
-            for m in _order():
+            for m in METHODS:
                 if m in per:
                     cells = [f"{per[m][x]['mean']:+.1f}% [{per[m][x]['lo']:+.1f}, {per[m][x]['hi']:+.1f}]"
                              for x in METRICS[:2]]
@@ -362,16 +357,8 @@ def unpack(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def has_group_size_runs(result: dict[str, Any]) -> bool:
-    """Whether experiment 2's own jobs ran (without them its tables would hold only the K = 4
-    and 8 cells borrowed from experiment 1)."""
-    return any(r["experiment"] == "group_size" for r in result["runs"])
-
-
 def write_outputs(result: dict[str, Any], out: Path, name: str) -> str:
     """JSON (with the summary, packed), markdown tables and plots; returns the tables."""
-    from research.learning_curves import curves_plots as plots
-
     result = unpack(result)
     result["runs"] = _rounded(result["runs"])  # as written, so --replot gives the same tables
     cfg = result["settings"]
