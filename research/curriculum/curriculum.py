@@ -1,4 +1,4 @@
-"""Experiment 10 (docs/evidence.md section 10): a human-to-automatic curriculum against an
+"""Experiment 10 (research/curriculum/README.md): a human-to-automatic curriculum against an
 all-mixed sampler and human labels only, at the same steps.
 
 Per seed, on the separating testbed of experiment 6 (``curves.TESTBED``: rank-2 prompt x

@@ -1,4 +1,4 @@
-"""The IFEval-style experiment end to end, in one process (docs/evidence.md, issue 20).
+"""The IFEval-style experiment end to end, in one process (research/ifeval_cpu/README.md).
 
 1. Prompts: :mod:`research.ifeval_cpu.build` (train and held-out topics/constraint pairs).
 2. Data with the package's own stages (``research/ifeval_cpu/pipeline.yaml`` through

@@ -25,7 +25,7 @@ Methods train through :func:`grouppref.train.policy.trainer.train` (``engine: gr
 TRL's ``DPOTrainer`` on what ``grouppref export --format trl-pairs`` writes
 (``engine: trl``; :mod:`research.ifeval_recipe.trl_peer`). Progress goes to stderr with timestamps.
 
-    python -m research.ifeval_recipe.study --data docs/evidence/ifeval-recipe --out /work/study \\
+    python -m research.ifeval_recipe.study --data research/ifeval_recipe/results --out /work/study \\
         --scale cpu --threads 2
 """
 

@@ -1,4 +1,4 @@
-"""Experiment 9 (docs/evidence.md section 9): offline GSPO, offline + refresh at two rates, and
+"""Experiment 9 (research/refresh/README.md): offline GSPO, offline + refresh at two rates, and
 online RL (TRL's GRPOTrainer), on the synthetic testbed with a known reward.
 
 Per seed (testbed of :mod:`research.common`: a tiny Llama over 32 tokens as the

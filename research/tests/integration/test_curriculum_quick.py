@@ -1,7 +1,7 @@
 """Smoke test of experiment 10's ``--quick`` mode (research/curriculum/curriculum.py): the real
 script end to end at toy sizes (tiny LM, simulated human panel and automatic ranker, package
 aggregation, the package's MixSampler and gspo step). It checks the results' shape and that
-each method trained on the sources its schedule names; the findings are in docs/evidence.md."""
+each method trained on the sources its schedule names; the findings are in research/curriculum/README.md."""
 
 from __future__ import annotations
 

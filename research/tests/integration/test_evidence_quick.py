@@ -2,7 +2,8 @@
 
 They run the real scripts end to end (tiny LM, simulated panel, package aggregation and
 losses) at toy sizes and check the shape and sanity of the results JSON, not the findings:
-the full runs and their numbers are in docs/evidence.md.
+the full runs and their numbers are in research/synthetic/, research/group_size/ and
+research/learning_curves/ (their README.md).
 """
 
 from __future__ import annotations

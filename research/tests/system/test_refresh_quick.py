@@ -10,7 +10,7 @@ import pytest
 @pytest.mark.slow
 def test_evidence_quick_mode(tmp_path: Path) -> None:
     """research/refresh/refresh.py --quick end to end (toy sizes, TRL GRPO included): the
-    shape of its results, not its findings (docs/evidence.md, experiment 9)."""
+    shape of its results, not its findings (research/refresh/README.md)."""
     from research.refresh import refresh as experiment
 
     result = experiment.main(["--quick", "--out", str(tmp_path)])
