@@ -49,18 +49,18 @@ demo: $(STAMP)
 
 # one pytest-xdist worker per core, each test file on one worker (its module fixtures built once)
 test: test-env $(STAMP) $(SERVE_STAMP)
-	$(PY) -m ruff check grouppref tests benchmarks
+	$(PY) -m ruff check grouppref tests benchmarks research
 	$(PY) -m mypy
 	$(PY) -m pytest -n auto --dist loadfile
 
 # the unit tier only (tests/unit/): no server, browser or serve extra to set up
 test-fast: $(STAMP)
-	$(PY) -m ruff check grouppref tests benchmarks
+	$(PY) -m ruff check grouppref tests benchmarks research
 	$(PY) -m mypy
 	$(PY) -m pytest -m unit -n auto --dist loadfile
 
 lint: $(STAMP)
-	$(PY) -m ruff check grouppref tests benchmarks
+	$(PY) -m ruff check grouppref tests benchmarks research
 
 clean:
 	rm -rf runs .pytest_cache

@@ -18,6 +18,11 @@ Names resolve on first use (PEP 562), so ``import grouppref.api`` stays light: t
 modules, and torch with the training names, load only when a name that needs them is read.
 Each name is the object of the module listed in :data:`EXPORTS`, the same one the CLI and
 ``grouppref run`` call; nothing here wraps or copies them.
+
+The research experiments (``research/``) use the product only through this module
+(tests/integration/test_architecture.py): what they need below the stages (statistics, model
+loading and sampling, the rule checks, label selection, the pieces of a training loop) is
+published here too, grouped below.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ EXPORTS: dict[str, str] = {
     **{name: "grouppref.schemas" for name in (
         "Prompt", "ChatMessage", "Candidate", "CandidateGroup", "Ranking", "Annotator",
         "AnnotatedGroup", "PairPreference", "ValidatedGroup", "Reject")},
+    # records built by hand (research scripts, tests): a candidate's provenance and the stable
+    # ids the stages give a group and a candidate
+    **{name: "grouppref.schemas" for name in ("CandidateSource", "make_group_id", "make_candidate_id")},
     # stages and their settings, in pipeline order
     "PromptsConfig": "grouppref.pipeline.prompts.config",
     "run_prompts": "grouppref.pipeline.prompts.stage",
@@ -69,6 +77,33 @@ EXPORTS: dict[str, str] = {
         "encode_rankings", "fit_groups", "BTFit")},
     **{name: "grouppref.pipeline.validate.core" for name in (
         "validate_groups", "Validated", "split_of")},
+    # the rule ranker on its own and its constraint checks (``make_constraint(id, kwargs)``,
+    # ``check(constraint, text)``; ``parse_constraints`` reads a prompt's list, ``satisfaction``
+    # scores a text against it), the checks an evaluation of instruction following reuses
+    "RuleRanker": "grouppref.pipeline.rank.rankers",
+    "RuleRankerSettings": "grouppref.pipeline.rank.settings",
+    **{name: "grouppref.pipeline.rank.constraints" for name in (
+        "make_constraint", "parse_constraints", "check", "satisfaction")},
+    # choosing groups for human ranking (``label push --select``): its settings and the choice
+    # itself on records, no server
+    "PushConfig": "grouppref.labeling.config",
+    **{name: "grouppref.labeling.select" for name in ("select_groups", "split_budget")},
+    # the statistics under aggregation (import torch): Bradley-Terry on rankings, consensus
+    # targets and tier strengths, annotator reliability and the noise estimate
+    **{name: "grouppref.stats.bt" for name in (
+        "wins_rankings", "map_pairwise", "probabilities_pairwise", "covariance_pairwise",
+        "confidence_pairwise")},
+    **{name: "grouppref.stats.rankstats" for name in ("consensus_targets", "tiers_strengths")},
+    **{name: "grouppref.stats.reliability" for name in (
+        "estimate_reliability", "noise_rate", "pairwise_agreement", "log_odds_weight")},
+    "flip_rates_moment": "grouppref.stats.noise",
+    # models (import torch): a name or path resolved to a local folder (the embedded SmolLM2
+    # converted from its GGUF once), loading, and the sampler generate uses
+    **{name: "grouppref.models.loading" for name in (
+        "resolve_model", "convert_gguf", "load_causal_lm", "load_tokenizer")},
+    **{name: "grouppref.models.sampling" for name in (
+        "sample_batch", "neutral_generation_config", "gumbel_argmax", "left_pad")},
+    "derive_seed": "grouppref.models.seeds",
     # a whole config-driven run
     "RunConfig": "grouppref.runner",
     "run_pipeline": "grouppref.runner",
@@ -83,6 +118,17 @@ EXPORTS: dict[str, str] = {
     "load_groups": "grouppref.train.data.sources",
     # the policy trainer's optimizer steps over batches one builds oneself (research loops)
     **{name: "grouppref.train.policy.step" for name in ("run_steps", "Objective")},
+    # what such a loop builds its batches from: groups tokenized and split as train does
+    # (``split_groups``), collated into tensors, scored (``group_logps``), drawn from mixed
+    # sources (``MixSampler`` with ``MixConfig``) and, with refresh, from the fresh-group buffer
+    "split_groups": "grouppref.train.policy.setup",
+    **{name: "grouppref.train.tensors.batch" for name in (
+        "TokenizedGroup", "GroupBatch", "collate_groups")},
+    "group_logps": "grouppref.train.tensors.logps",
+    "MixSampler": "grouppref.train.policy.mix_sampler",
+    "MixConfig": "grouppref.train.settings.mix",
+    **{name: "grouppref.train.refresh.buffer" for name in ("FreshBuffer", "RhoStats", "mix_batch")},
+    "round_prompts": "grouppref.train.refresh.fresh_groups",
     # the losses, pure functions over implicit rewards
     **{name: "grouppref.train.objective.losses" for name in (
         "implicit_rewards", "gspo_loss", "hard_pair_targets", "plackett_luce_loss", "dpo_loss",
@@ -109,6 +155,11 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the names for type checkers and editors
+    from grouppref.labeling.config import PushConfig
+    from grouppref.labeling.select import select_groups, split_budget
+    from grouppref.models.loading import convert_gguf, load_causal_lm, load_tokenizer, resolve_model
+    from grouppref.models.sampling import gumbel_argmax, left_pad, neutral_generation_config, sample_batch
+    from grouppref.models.seeds import derive_seed
     from grouppref.pipeline.aggregate.config import AggregateConfig
     from grouppref.pipeline.aggregate.core import (
         Aggregated,
@@ -131,8 +182,10 @@ if TYPE_CHECKING:  # the names for type checkers and editors
     from grouppref.pipeline.prompts.config import PromptsConfig
     from grouppref.pipeline.prompts.stage import run_prompts
     from grouppref.pipeline.rank.config import RankConfig
+    from grouppref.pipeline.rank.constraints import check, make_constraint, parse_constraints, satisfaction
     from grouppref.pipeline.rank.core import Ranked, rank_groups
-    from grouppref.pipeline.rank.rankers import build_ranker
+    from grouppref.pipeline.rank.rankers import RuleRanker, build_ranker
+    from grouppref.pipeline.rank.settings import RuleRankerSettings
     from grouppref.pipeline.rank.shard_scoring import ShardScorer
     from grouppref.pipeline.rank.stage import run_rank
     from grouppref.pipeline.report.config import ReportConfig
@@ -151,12 +204,30 @@ if TYPE_CHECKING:  # the names for type checkers and editors
         Annotator,
         Candidate,
         CandidateGroup,
+        CandidateSource,
         ChatMessage,
         PairPreference,
         Prompt,
         Ranking,
         Reject,
         ValidatedGroup,
+        make_candidate_id,
+        make_group_id,
+    )
+    from grouppref.stats.bt import (
+        confidence_pairwise,
+        covariance_pairwise,
+        map_pairwise,
+        probabilities_pairwise,
+        wins_rankings,
+    )
+    from grouppref.stats.noise import flip_rates_moment
+    from grouppref.stats.rankstats import consensus_targets, tiers_strengths
+    from grouppref.stats.reliability import (
+        estimate_reliability,
+        log_odds_weight,
+        noise_rate,
+        pairwise_agreement,
     )
     from grouppref.train.data.sources import load_groups
     from grouppref.train.objective.listwise import infonca_loss, lipo_lambda_loss, nca_loss, soft_targets
@@ -170,11 +241,18 @@ if TYPE_CHECKING:  # the names for type checkers and editors
         plackett_luce_loss,
         sft_loss,
     )
+    from grouppref.train.policy.mix_sampler import MixSampler
+    from grouppref.train.policy.setup import split_groups
     from grouppref.train.policy.stage import run_train
     from grouppref.train.policy.step import Objective, run_steps
     from grouppref.train.policy.trainer import train
+    from grouppref.train.refresh.buffer import FreshBuffer, RhoStats, mix_batch
+    from grouppref.train.refresh.fresh_groups import round_prompts
     from grouppref.train.reward_model.stage import run_train_rm
     from grouppref.train.settings.evaluation import EvalConfig
+    from grouppref.train.settings.mix import MixConfig
     from grouppref.train.settings.policy import TrainConfig
     from grouppref.train.settings.reward_model import RewardModelConfig
     from grouppref.train.settings.shared import DataConfig
+    from grouppref.train.tensors.batch import GroupBatch, TokenizedGroup, collate_groups
+    from grouppref.train.tensors.logps import group_logps

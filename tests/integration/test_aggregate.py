@@ -14,7 +14,6 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from benchmarks.evidence import ties
 from grouppref.commands import aggregate as aggregate_cmd
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.aggregate.config import AggregateConfig
@@ -28,6 +27,7 @@ from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats import bt, rankstats
 from grouppref.stats.reliability import estimate_reliability, noise_rate
+from research.ties import ties
 from tests.support.cli import grouppref_here
 from tests.support.factories import make_group, make_ranking
 from tests.support.paths import REPO, TEST_DATA
@@ -99,7 +99,7 @@ def test_noise_rate_on_equal_panels(flip: float) -> None:
 
 def tied_panel(groups: int, flip: float, levels: int, declared: bool
                ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, float]:
-    """The constructed tied panel of the ties experiment (:func:`benchmarks.evidence.ties.panel`,
+    """The constructed tied panel of the ties experiment (:func:`research.ties.ties.panel`,
     seed 0): ranks (B, A, K), ann (B, A), each annotator's (flips, votes) on decided pairs, and
     the true share of tied pairs."""
     p = ties.panel(groups, flip, levels, declared, seed=0)

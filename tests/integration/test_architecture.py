@@ -3,7 +3,9 @@
 Layers, from the ground up (docs/architecture.md): a module may import its own package and
 the packages *below* its own, never one above it. Every import counts, including those inside
 functions and under ``TYPE_CHECKING``. The sub-packages of ``grouppref.train`` are layered the
-same way among themselves (``TRAIN_LAYERS``).
+same way among themselves (``TRAIN_LAYERS``). The research experiments (research/) sit on top
+of the product and use it only through ``grouppref.api``; the product never imports them or
+the benchmarks.
 """
 
 from __future__ import annotations
@@ -185,6 +187,88 @@ def test_stages_are_used_through_their_core():
     assert found == []
 
 
+RESEARCH = ROOT.parent / "research"
+OUTSIDE = ("research", "benchmarks")  # what grouppref/ never imports
+
+
+def imported_modules(path: Path) -> list[tuple[int, str, list[str]]]:
+    """Every import of ``path`` as (line, module, names): ``import a.b`` gives ("a.b", []),
+    ``from a import b, c`` gives ("a", ["b", "c"]); relative imports are left out."""
+    out: list[tuple[int, str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.append((node.lineno, node.module, [a.name for a in node.names]))
+    return out
+
+
+def test_research_uses_the_product_only_through_the_api():
+    """Every module under research/ (scripts, shared modules, tests) imports grouppref only as
+    ``grouppref.api`` (``from grouppref.api import ...``, ``from grouppref import api``), and
+    only names the API publishes: what research needs is published there, not reached for."""
+    from grouppref import api
+
+    research = sorted(RESEARCH.rglob("*.py"))
+    assert research, "no research modules found"
+    found = []
+    for path in research:
+        for line, module, names in imported_modules(path):
+            where = f"{path.relative_to(ROOT.parent)}:{line}"
+            if module == "grouppref.api":
+                found += [f"{where}: grouppref.api has no {n}" for n in names if n not in api.EXPORTS]
+            elif module == "grouppref":
+                found += [f"{where}: from grouppref import {n}" for n in names if n != "api"]
+            elif module.startswith("grouppref."):
+                found.append(f"{where}: {module}")
+    assert found == []
+
+
+def research_graph() -> dict[str, set[str]]:
+    """research module -> the research modules it imports (``from research.a import b``:
+    ``research.a.b`` when that is a module, else ``research.a``)."""
+    modules = {".".join(p.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in RESEARCH.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for _, module, names in imported_modules(path):
+            if module.split(".")[0] != "research":
+                continue
+            subs = [f"{module}.{n}" for n in names if f"{module}.{n}" in modules]
+            targets.update(subs or [module])
+        graph[name] = targets & set(modules)
+    return graph
+
+
+def test_research_has_no_import_cycles():
+    """As in grouppref/: no module of research/ reaches itself through its imports."""
+    graph = research_graph()
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt):], nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_the_product_never_imports_research_or_benchmarks():
+    found = [f"{path.relative_to(ROOT.parent)}:{line}: {module}"
+             for path in FILES for line, module, _ in imported_modules(path)
+             if module.split(".")[0] in OUTSIDE]
+    assert found == []
+
+
 HEAVY = ("torch", "transformers", "datasets", "accelerate", "optuna")
 
 
@@ -231,7 +315,7 @@ TEST_IMPORT = re.compile(r"^\s*(?:from\s+tests\.test_\w+\s+import|import\s+tests
                          r"|from\s+tests\s+import\s+(?:\(\s*)?test_)", re.MULTILINE)
 
 
-@pytest.mark.parametrize("folder", ["tests", "benchmarks"])
+@pytest.mark.parametrize("folder", ["tests", "benchmarks", "research"])
 def test_no_module_imports_a_test_module(folder: str):
     """Helpers that several test modules share live in tests/support/; a test module (or a
     benchmark) never imports another test module, so a test file can move or go alone."""

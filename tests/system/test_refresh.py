@@ -384,28 +384,3 @@ def test_ddp_processes_share_one_buffer(tiny_lm_dir: Path, tmp_path: Path) -> No
     assert rounds[1]["groups_trained"] == {"offline": 4, "fresh_newest": 4, "fresh_older": 0}
     written = RunStore(out / "refresh").load_records("round-001", AnnotatedGroup)
     assert len(written) == 3 and len({g.group_id for g in written}) == 3
-
-
-# -- the evidence script ----------------------------------------------------------------------
-@pytest.mark.slow
-def test_evidence_quick_mode(tmp_path: Path) -> None:
-    """benchmarks/evidence/refresh.py --quick end to end (toy sizes, TRL GRPO included): the
-    shape of its results, not its findings (docs/evidence.md, experiment 9)."""
-    from benchmarks.evidence import refresh as experiment
-
-    result = experiment.main(["--quick", "--out", str(tmp_path)])
-    assert (tmp_path / "refresh_quick.json").exists() and (tmp_path / "refresh_quick.png").exists()
-    runs = result["runs"]
-    assert [r["seed"] for r in runs] == [0, 1]
-    for run in runs:
-        methods = run["methods"]
-        assert set(methods) == set(experiment.METHODS)
-        assert methods["refresh_fast"]["rounds"] == 6 and methods["refresh_slow"]["rounds"] == 2
-        assert methods["offline"]["rounds"] == 0
-        assert methods["grpo"]["curve"][-1]["tokens_trained"] >= run["budget"]["tokens_trained"]
-        assert set(methods["refresh_fast"]["rho"]) >= {"offline", "fresh_newest"}
-    for budget in ("equal_tokens", "equal_wall", "equal_kl"):
-        block = result["summary"]["budgets"][budget]
-        assert set(block["methods"]) == set(experiment.METHODS)
-        ci = block["vs_offline"]["refresh_fast"]["reward_gain"]
-        assert ci["n"] == 2 and ci["lo"] <= ci["mean"] <= ci["hi"]

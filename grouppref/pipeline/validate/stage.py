@@ -52,7 +52,7 @@ from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import DATA, RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup, check_tiers, from_row
-from grouppref.schemas.arrow import dataset_rows, features_for, from_stored_row
+from grouppref.schemas.arrow import dataset_rows, features_for, from_stored_row, own_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -216,8 +216,9 @@ def _accepted_table(ds: Rows, numbers: Sequence[int], splits: Sequence[str]) -> 
     Arrow row is the record: taking it saves parsing it a second time."""
     import pyarrow as pa
 
-    if isinstance(ds, datasets.Dataset) and ds._indices is None:
-        table = ds.data.table.take([n - 1 for n in numbers])
+    own = own_table(ds) if isinstance(ds, datasets.Dataset) else None
+    if own is not None:
+        table = own.take([n - 1 for n in numbers])
     else:
         table = pa.Table.from_pylist([dict(ds[n - 1]) for n in numbers],
                                      schema=features_for(ValidatedGroup).arrow_schema)

@@ -3,7 +3,7 @@
 ``step_loss`` is one forward pass of a group batch and its loss; the package trainer
 (:mod:`grouppref.train.policy.trainer`) wraps it in accelerate (devices, gradient accumulation,
 schedules, checkpoints), and :func:`run_steps` is the plain single-process loop over the same
-step that experiments use (``benchmarks/evidence``), so both train exactly the same objective.
+step that experiments use (``research/``), so both train exactly the same objective.
 
 Shapes: ``B`` groups, ``K`` candidates (see :mod:`grouppref.train.objective.losses`).
 """

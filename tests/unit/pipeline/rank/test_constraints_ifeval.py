@@ -2,7 +2,7 @@
 (lm-eval's ``lm_eval/tasks/ifeval``, its strict scoring function), case by case.
 
 The corpus (tests/data/ifeval_edge/cases.jsonl) holds edge cases for every constraint kind the
-prompts ask for (benchmarks/ifeval/build.py), each with the verdict its plain meaning calls for
+prompts ask for (research/ifeval_cpu/build.py), each with the verdict its plain meaning calls for
 (``met``). Our check must give that verdict on every case; IFEval must give it too, except on
 the cases marked ``expect_departure`` (the reason), where it must give the other verdict: a
 departure that no longer departs is reported, so the list stays true. The departures are the
@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.ifeval import build as b
 from grouppref.pipeline.rank import constraints as cs
+from research.ifeval_cpu import build as b
 from tests.support.paths import REPO, TEST_DATA
 from tests.support.suite_setup import missing_requirement
 
