@@ -204,21 +204,17 @@ def table_rows(table: pa.Table, batch_size: int = 1024) -> Iterator[dict[str, An
         yield from batch.to_pylist()
 
 
-def own_table(ds: datasets.Dataset) -> pa.Table | None:
-    """The Arrow table whose rows are exactly ``ds``'s, in order, when ``ds`` is a whole table;
-    None when ``ds`` is a selection of another table (``select``, ``shuffle``, ``filter``... keep
-    an indices mapping over the original table), whose rows only ``datasets`` resolves. The one
-    place that reads the ``datasets`` internal for that (``Dataset._indices``)."""
-    return ds.data.table if ds._indices is None else None
+def arrow_table(ds: datasets.Dataset) -> pa.Table:
+    """The rows of ``ds``, in order, as one Arrow table, through ``datasets``' own Arrow
+    formatting (public API): the dataset's table itself (zero-copy) when ``ds`` is a whole
+    table, the selected rows taken when it is a selection of another (``select``,
+    ``shuffle``, ``filter`` keep an indices mapping over the original)."""
+    return ds.with_format("arrow")[:]
 
 
 def dataset_rows(ds: datasets.Dataset, batch_size: int = 1024) -> Iterator[dict[str, Any]]:
     """The rows of a ``datasets.Dataset`` (what iterating it gives), a batch at a time."""
-    table = own_table(ds)
-    if table is None:  # a selection of another table: let datasets resolve it
-        yield from ds
-        return
-    yield from table_rows(table, batch_size)
+    yield from table_rows(arrow_table(ds), batch_size)
 
 
 def to_table(records: typing.Iterable[BaseModel], model: type[BaseModel]) -> pa.Table:

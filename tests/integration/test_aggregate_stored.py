@@ -24,7 +24,7 @@ from grouppref.runs.manifest import read_rejects
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
-from grouppref.schemas.arrow import dataset_rows, to_row
+from grouppref.schemas.arrow import arrow_table, dataset_rows, to_row
 from tests.support.factories import make_group
 from tests.support.simulate import write_stage
 
@@ -94,7 +94,7 @@ def test_stored_rows_give_what_the_records_give(tmp_path: Path, name: str) -> No
     config, groups = CONFIGS[name], _corpus()
     store = RunStore(tmp_path / "run")
     write_stage(store, "rank", groups)
-    table = store.load_dataset("rank").with_format("arrow")[:]
+    table = arrow_table(store.load_dataset("rank"))
     assert stored_input(table, AnnotatedGroup, "rank") is not None  # the stored path is taken
 
     done = run_aggregate(store, config, StageContext())
@@ -147,7 +147,7 @@ def test_a_row_a_stage_wrote_wrongly_is_validated_and_salvaged(tmp_path: Path) -
     store = RunStore(tmp_path / "run")
     write_stage(store, "rank", groups)
     assert store.intact("rank")
-    assert stored_input(store.load_dataset("rank").with_format("arrow")[:], AnnotatedGroup,
+    assert stored_input(arrow_table(store.load_dataset("rank")), AnnotatedGroup,
                         "rank") is None
 
     done = run_aggregate(store, AggregateConfig(min_groups_for_reliability=5), StageContext())

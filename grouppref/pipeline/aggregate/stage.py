@@ -38,7 +38,13 @@ from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject, ValidatedGroup
-from grouppref.schemas.arrow import dataset_rows, features_for, from_dataset, rows_table
+from grouppref.schemas.arrow import (
+    arrow_table,
+    dataset_rows,
+    features_for,
+    from_dataset,
+    rows_table,
+)
 from grouppref.schemas.reports import AggregateReport
 
 if TYPE_CHECKING:
@@ -105,7 +111,7 @@ def _stage_groups(store: RunStore, source: str) -> _Read:
     ds = store.load_dataset(source)
     if record_type is not None:
         if ds.features == features_for(record_type) and store.intact(source):
-            table = ds.with_format("arrow")[:]
+            table = arrow_table(ds)
             if (parsed := stored_input(table, record_type, source)) is not None:
                 return _Read(parsed, table)
         try:

@@ -42,7 +42,7 @@ from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
-from grouppref.schemas.arrow import features_for, own_table
+from grouppref.schemas.arrow import arrow_table, features_for
 from grouppref.schemas.reports import ExportReport
 
 try:  # the HTTP client of huggingface_hub 2.x; its errors are not all OSErrors
@@ -84,7 +84,7 @@ def stored_table(store: RunStore) -> pa.Table | None:
     if store.require(INPUT_STAGE).counts.outputs == 0:
         return None
     ds = store.load_dataset(INPUT_STAGE)
-    return own_table(ds) if ds.features == features_for(ValidatedGroup) else None
+    return arrow_table(ds) if ds.features == features_for(ValidatedGroup) else None
 
 
 # -- targets ------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import DATA, RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup, check_tiers, from_row
-from grouppref.schemas.arrow import dataset_rows, features_for, from_stored_row, own_table
+from grouppref.schemas.arrow import arrow_table, dataset_rows, features_for, from_stored_row
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -185,7 +185,7 @@ def _repeated_ids(ds: Rows) -> set[str]:
             return set()
         import pyarrow.compute as pc
 
-        counts = pc.value_counts(ds.with_format("arrow")[:].column("group_id")).to_pylist()
+        counts = pc.value_counts(arrow_table(ds).column("group_id")).to_pylist()
         return {c["values"] for c in counts if c["counts"] > 1 and isinstance(c["values"], str)}
     seen = Counter(row.get("group_id") for row in ds)
     return {gid for gid, n in seen.items() if n > 1 and isinstance(gid, str)}
@@ -216,9 +216,8 @@ def _accepted_table(ds: Rows, numbers: Sequence[int], splits: Sequence[str]) -> 
     Arrow row is the record: taking it saves parsing it a second time."""
     import pyarrow as pa
 
-    own = own_table(ds) if isinstance(ds, datasets.Dataset) else None
-    if own is not None:
-        table = own.take([n - 1 for n in numbers])
+    if isinstance(ds, datasets.Dataset):
+        table = arrow_table(ds).take([n - 1 for n in numbers])
     else:
         table = pa.Table.from_pylist([dict(ds[n - 1]) for n in numbers],
                                      schema=features_for(ValidatedGroup).arrow_schema)
