@@ -34,6 +34,7 @@ from grouppref.pipeline.aggregate.core import (
 )
 from grouppref.pipeline.aggregate.stored import annotated, stored_input, stored_outcomes
 from grouppref.readers.published import annotated_rows, open_published
+from grouppref.runs.collector import cycle_collection_paused
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
@@ -156,6 +157,13 @@ def run_aggregate(store: RunStore, config: AggregateConfig,
                              stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
+    with cycle_collection_paused():  # every group's arrays and rows stay alive meanwhile
+        return _aggregate(store, stage, got, config)
+
+
+def _aggregate(store: RunStore, stage: StageRun[ValidatedGroup], got: _Input,
+               config: AggregateConfig) -> StageRun[ValidatedGroup]:
+    """Read, fit and write the groups of ``got`` into ``stage``, then its report."""
     read = got.read()
     parsed = read.parsed
     stage.add_rejects("input", got.rejects + parsed.rejects)

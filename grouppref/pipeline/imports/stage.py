@@ -11,9 +11,6 @@ blank lines, the rankings (partial ones too) and the annotators are in the manif
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from grouppref.errors import InputFileError
@@ -27,6 +24,7 @@ from grouppref.pipeline.imports.config import (
 from grouppref.pipeline.imports.layouts import READERS, context, detect, peek
 from grouppref.pipeline.imports.layouts.raw_groups import Imported
 from grouppref.readers.rows import iter_rows, source_fingerprint
+from grouppref.runs.collector import cycle_collection_paused
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject
@@ -45,32 +43,12 @@ def read_import(config: ImportConfig, stage: str = STAGE) -> Imported:
     layout: str = config.layout
     if layout == "auto":
         layout = detect(first, config, source) if first is not None else "responses"
-    with _no_cycle_collection():
+    with cycle_collection_paused():
         imported = READERS[layout](rows, context(config, layout, source, stage))
     if imported.rows - imported.blank == 0:
         extra = f" (only {imported.blank} blank lines)" if imported.blank else ""
         raise InputFileError(f"{source}: no rows{extra}")
     return imported
-
-
-@contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """Python's cycle collector paused while a file is read into groups (and, in the stages,
-    until those groups are written).
-
-    Why: reading allocates millions of containers (rows, responses, stored rows) that all
-    stay alive, and each allocation burst triggers collections that walk every live object
-    to find nothing (the read makes no garbage cycles worth the walk): at 50,000 Nectar groups
-    half of the read's CPU time, and ~3.5 CPU-s more while the shards are written and merged
-    beside those live groups. Reference counting still frees everything as usual; any
-    cycle made meanwhile is collected once the collector runs again."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _settings(config: ImportConfig) -> ImportConfig:
@@ -89,7 +67,7 @@ def run_import(store: RunStore, config: ImportConfig,
                              record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
-    with _no_cycle_collection():  # the groups stay alive until the shards are merged
+    with cycle_collection_paused():  # the groups stay alive until the shards are merged
         imported = read_import(config)
         stage.add_rejects("input", imported.rejects)
         for shard in stage.pending_shards(imported.stored, shard_size=config.shard_size):
@@ -108,7 +86,7 @@ def run_import_candidates(store: RunStore, config: ImportConfig,
                              force=context.force)
     if stage.cached:
         return stage
-    with _no_cycle_collection():
+    with cycle_collection_paused():
         return _write_candidates(stage, config, read_import(config, stage=CANDIDATES_STAGE))
 
 

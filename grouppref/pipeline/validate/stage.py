@@ -48,6 +48,7 @@ from grouppref.errors import StageError
 from grouppref.pipeline.validate.config import INPUT_STAGE, STAGE, STAGE_VERSION, ValidateConfig
 from grouppref.pipeline.validate.core import CHECKS, Checks
 from grouppref.readers.published import open_published, validated_rows
+from grouppref.runs.collector import cycle_collection_paused
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import DATA, RunStore, StageRun
@@ -275,7 +276,8 @@ def run_validate(store: RunStore, config: ValidateConfig,
                              record_type=ValidatedGroup, stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
-    plan = _plan(ds, config, source)
+    with cycle_collection_paused():  # every row's facts stay alive until the checks end
+        plan = _plan(ds, config, source)
     summary = plan.summary()
     if summary["prompt_overlap"]:
         raise StageError(f"{summary['prompt_overlap']} prompts landed in both splits; "
