@@ -73,12 +73,11 @@ class Checks:
     :meth:`finish_groups` after the last group, then read :meth:`accepted`, ``rejects``,
     ``info`` (each accepted row's split) and :meth:`summary`."""
 
-    def __init__(self, config: ValidateConfig, source: str,
-                 repeated: set[str] | None = None) -> None:
+    def __init__(self, config: ValidateConfig, source: str, repeated: set[str]) -> None:
         self.config = config
         self.source = source
-        # group ids that occur more than once in the input (None: not known); the contents
-        # compared between rows of one id are made only for these
+        # group ids that occur more than once in the input: the contents compared between
+        # rows of one id are made only for these
         self.repeated = repeated
         self.rejects: dict[int, tuple[str, Reject]] = {}  # row -> (check, reject)
         self.info: dict[int, RowInfo] = {}
@@ -108,7 +107,7 @@ class Checks:
             kendall_w=parsed.agreement.kendall_w, noise=parsed.agreement.noise,
             flags=tuple(parsed.flags))
         self.by_group[gid].append(
-            (number, _contents(parsed) if self.repeated is None or gid in self.repeated else None))
+            (number, _contents(parsed) if gid in self.repeated else None))
         first = self.first_prompt.setdefault(_sha(parsed.prompt.content_key()), (number, gid))
         if first[1] != gid and FROM_PAIR not in parsed.flags:
             self._reject("duplicate_prompt", number, gid,
