@@ -72,6 +72,7 @@ EXPORTS: dict[str, str] = {
     "AnnotatorSpec": "grouppref.pipeline.simulate.config",
     **{name: "grouppref.pipeline.simulate.core" for name in (
         "simulate_groups", "Simulated", "simulate_order", "order_flips")},
+    **{name: "grouppref.pipeline.simulate.panel" for name in ("tied_panel", "TiedPanel")},
     **{name: "grouppref.pipeline.aggregate.core" for name in (
         "aggregate_groups", "Aggregated", "collect_groups", "fit_parsed", "Aggregation",
         "encode_rankings", "fit_groups", "BTFit")},
@@ -192,6 +193,7 @@ if TYPE_CHECKING:  # the names for type checkers and editors
     from grouppref.pipeline.report.stage import run_report
     from grouppref.pipeline.simulate.config import AnnotatorSpec, SimulateConfig
     from grouppref.pipeline.simulate.core import Simulated, order_flips, simulate_groups, simulate_order
+    from grouppref.pipeline.simulate.panel import TiedPanel, tied_panel
     from grouppref.pipeline.simulate.stage import run_simulate
     from grouppref.pipeline.validate.config import ValidateConfig
     from grouppref.pipeline.validate.core import Validated, split_of, validate_groups

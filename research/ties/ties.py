@@ -23,56 +23,27 @@ import torch
 
 from grouppref.api import (
     AggregateConfig,
-    AnnotatorSpec,
+    TiedPanel,
     estimate_reliability,
     flip_rates_moment,
     noise_rate,
-    order_flips,
     pairwise_agreement,
-    simulate_order,
+    tied_panel,
 )
 from research import common as c
 
 
-def panel(groups: int, flip: float, levels: int, declared: bool, seed: int) -> dict[str, Any]:
-    """A constructed tied panel: K = 4 true scores drawn from ``levels`` values (3 levels: a
-    third of the pairs tie; 0: normal scores, no ties), three annotators at ``flip`` that must
-    order tied candidates (at random), and, with ``declared``, a rule-like ranking of the true
-    tiers as a 4th slot (tests/integration/test_aggregate.py checks the noise estimate on it).
-
-    Returns ``ranks`` (B, A, K), ``ann`` (B, A), each annotator's ``flips`` and ``votes`` on
-    decided pairs, and the true share of tied pairs ``tie_share``."""
-    rng = np.random.default_rng(seed)
-    k, a = 4, 3 + int(declared)
-    ranks = torch.empty(groups, a, k, dtype=torch.long)
-    flips, votes, tied = np.zeros(a), np.zeros(a), 0
-    for g in range(groups):
-        scores = (rng.integers(0, levels, size=k) if levels else rng.normal(size=k)).astype(float).tolist()
-        tied += sum(scores[i] == scores[j] for i in range(k) for j in range(i + 1, k))
-        for m in range(3):
-            order = simulate_order(scores, AnnotatorSpec(id="s", flip_rate=flip), rng)
-            f, n = order_flips(order, scores)
-            flips[m], votes[m] = flips[m] + f, votes[m] + n
-            ranks[g, m, torch.tensor(order)] = torch.arange(k)
-        if declared:  # tier index of each candidate: equal scores share a tier
-            seen = sorted(set(scores), reverse=True)
-            ranks[g, 3] = torch.tensor([seen.index(x) for x in scores])
-            votes[3] += sum(scores[i] != scores[j] for i in range(k) for j in range(i + 1, k))
-    return {"ranks": ranks, "ann": torch.arange(a).expand(groups, a).clone(), "flips": flips,
-            "votes": votes, "tie_share": tied / (groups * 6)}
-
-
-def estimates(p: dict[str, Any]) -> dict[str, float | None]:
+def estimates(p: TiedPanel) -> dict[str, float | None]:
     cfg = AggregateConfig()
-    n = p["ann"].shape[1]
+    n = p.ann.shape[1]
     kind = torch.tensor([1.0] * 3 + [0.5] * (n - 3), dtype=torch.float64)
     rel = estimate_reliability(
-        p["ranks"], p["ann"], kind, alpha=cfg.prior_strength, iterations=cfg.reliability_iterations,
+        p.ranks, p.ann, kind, alpha=cfg.prior_strength, iterations=cfg.reliability_iterations,
         min_groups=cfg.min_groups_for_reliability, unreliable_tau=cfg.unreliable_tau,
         z=cfg.unreliable_z, drop=cfg.drop_unreliable, batch_size=cfg.batch_size,
         max_iter=cfg.max_iter, tie_tol=cfg.tie_tolerance)
     # ties ignored: no ranking counts as declaring a tie (every pair two rankings order counts)
-    blind = pairwise_agreement(p["ranks"], p["ann"], n, cfg.batch_size, torch.zeros(n))
+    blind = pairwise_agreement(p.ranks, p.ann, n, cfg.batch_size, torch.zeros(n))
     f_blind = flip_rates_moment(blind.agree, blind.total)
     used = rel.annotator_weight > 0
     w = blind.votes * used
@@ -92,10 +63,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for flip in (0.0, 0.1, 0.3):
             for declared in (True, False):
                 for seed in args.seeds:
-                    p = panel(args.groups, flip, levels, declared, seed)
-                    true = float(p["flips"].sum() / p["votes"].sum())
+                    p = tied_panel(args.groups, flip, levels, declared, seed)
+                    true = float(p.flips.sum() / p.votes.sum())
                     rows.append({"levels": levels or "continuous", "flip": flip, "declared": declared,
-                                 "seed": seed, "true_decided": true, "tie_share": p["tie_share"],
+                                 "seed": seed, "true_decided": true, "tie_share": p.tie_share,
                                  **estimates(p)})
     c.write_json(args.out / "ties.json", {"settings": {"groups": args.groups, "seeds": args.seeds},
                                           "environment": c.environment(), "rows": rows})

@@ -22,12 +22,12 @@ from grouppref.pipeline.aggregate.outcome import recommendation
 from grouppref.pipeline.aggregate.stage import read_report, run_aggregate
 from grouppref.pipeline.simulate.config import AnnotatorSpec
 from grouppref.pipeline.simulate.core import order_flips, simulate_order
+from grouppref.pipeline.simulate.panel import tied_panel as make_tied_panel
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.stats import bt, rankstats
 from grouppref.stats.reliability import estimate_reliability, noise_rate
-from research.ties import ties
 from tests.support.cli import grouppref_here
 from tests.support.factories import make_group, make_ranking
 from tests.support.paths import REPO, TEST_DATA
@@ -99,11 +99,11 @@ def test_noise_rate_on_equal_panels(flip: float) -> None:
 
 def tied_panel(groups: int, flip: float, levels: int, declared: bool
                ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, float]:
-    """The constructed tied panel of the ties experiment (:func:`research.ties.ties.panel`,
-    seed 0): ranks (B, A, K), ann (B, A), each annotator's (flips, votes) on decided pairs, and
-    the true share of tied pairs."""
-    p = ties.panel(groups, flip, levels, declared, seed=0)
-    return p["ranks"], p["ann"], p["flips"], p["votes"], p["tie_share"]
+    """A constructed tied panel (:func:`grouppref.pipeline.simulate.panel.tied_panel`, seed 0):
+    ranks (B, A, K), ann (B, A), each annotator's (flips, votes) on decided pairs, and the true
+    share of tied pairs."""
+    p = make_tied_panel(groups, flip, levels, declared, seed=0)
+    return p.ranks, p.ann, p.flips, p.votes, p.tie_share
 
 
 @pytest.mark.parametrize("flip", [0.0, 0.1, 0.3])

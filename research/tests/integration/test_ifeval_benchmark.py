@@ -56,6 +56,17 @@ def test_every_prompt_has_valid_compatible_constraints(split) -> None:
     assert seen_kinds == set(b.KINDS)
 
 
+def test_kinds_are_the_edge_corpus_kinds() -> None:
+    """The prompts ask for exactly the kinds whose checks the product's edge-case corpus compares
+    with IFEval (tests/data/ifeval_edge/cases.jsonl), under the same constraint ids."""
+    corpus = Path(__file__).parents[3] / "tests" / "data" / "ifeval_edge" / "cases.jsonl"
+    kinds = {json.loads(line)["kind"] for line in corpus.read_text().splitlines() if line.strip()}
+    assert set(b.KINDS) == kinds
+    for kind in b.KINDS.values():
+        kwargs, _ = kind.draw(random.Random(0))
+        assert make_constraint(kind.id, kwargs).id == kind.id
+
+
 def test_same_seed_same_prompts_other_seed_other_prompts() -> None:
     assert b.build(20, 10, 3, 40) == b.build(20, 10, 3, 40)
     assert b.build(20, 10, 3, 40) != b.build(20, 10, 4, 40)
