@@ -63,7 +63,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "sft": {"engine": "grouppref", "train": {"loss": "sft"}},
     "plackett_luce": {"engine": "grouppref", "train": {"loss": "plackett_luce"}},
     "infonca": {"engine": "grouppref", "train": {"loss": "infonca"}},
-    "trl_dpo_all": {"engine": "trl", "pairs": "consensus", "seeds": 1},
+    # every consensus pair at the peer's safe rate, reference log-probs per batch: precomputing
+    # them for all 2,158 pairs costs more than the 32 steps see
+    "trl_dpo_all": {"engine": "trl", "pairs": "consensus", "seeds": 1, "lrs": [1e-5],
+                    "ref": "per_batch"},
     # the peer at the grid's smallest rate: TRL's chosen 1e-4 (best on val at seed 0) collapsed
     # to empty answers on some test seeds, so the group losses are also compared with a TRL run
     # that does not
@@ -320,7 +323,8 @@ class Study:
                              seed=seed, steps=self.scale.steps, batch=batch,
                              beta=self.scale.beta, curve=self.scale.curve,
                              max_new_tokens=self.scale.max_new_tokens, work=self.out / "trl",
-                             device=self.args.device, bf16=self.args.mixed_precision == "bf16")
+                             device=self.args.device, bf16=self.args.mixed_precision == "bf16",
+                             precompute_ref=m.get("ref") != "per_batch")
         else:
             info = self._train_grouppref(m["train"], lr, seed, folder)
         _free_memory()

@@ -4,7 +4,9 @@ The groups are exported the way the docs tell a TRL user to (``grouppref export 
 trl-pairs --pairs best_worst|consensus --chat always``: chat turns, so TRL applies the same
 chat template the package's trainer does), then ``DPOTrainer`` trains the same start model
 with the same optimizer settings as the package's runs: AdamW at a constant rate, no warm-up,
-gradient clipping at 1.0, dropout off, β, the sigmoid loss, reference log-probs precomputed,
+gradient clipping at 1.0, dropout off, β, the sigmoid loss, reference log-probs precomputed
+(or, with ``precompute_ref=False``, computed per batch by TRL's reference copy: the same values
+for only the pairs the steps see, which is what makes the all-pairs run affordable),
 in the precision the package's runs use (fp32, or bf16 autocast). Weights are saved at
 the curve steps (``save_only_model``), so the curve folders load like any model.
 """
@@ -29,7 +31,8 @@ def export_pairs(run_dir: Path, pairs: str, work: Path) -> Path:
 
 def train_trl(run_dir: Path, base: str, folder: Path, *, pairs: str, lr: float, seed: int,
               steps: int, batch: int, beta: float, curve: tuple[int, ...], max_new_tokens: int,
-              work: Path, device: str = "cpu", bf16: bool = False) -> dict[str, Any]:
+              work: Path, device: str = "cpu", bf16: bool = False,
+              precompute_ref: bool = True) -> dict[str, Any]:
     """Train with ``DPOTrainer``; the final model in ``folder``, ``folder/step-N`` for the curve.
 
     ``bf16``: bf16 autocast (on the GPU or the CPU), as the package's trainer runs with
@@ -53,7 +56,7 @@ def train_trl(run_dir: Path, base: str, folder: Path, *, pairs: str, lr: float, 
     config = DPOConfig(
         output_dir=str(out), use_cpu=not gpu, bf16=bf16, fp16=False, seed=seed, data_seed=seed,
         learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
-        weight_decay=0.0, beta=beta, loss_type=["sigmoid"], precompute_ref_log_probs=True,
+        weight_decay=0.0, beta=beta, loss_type=["sigmoid"], precompute_ref_log_probs=precompute_ref,
         precompute_ref_batch_size=32, per_device_train_batch_size=batch,
         gradient_accumulation_steps=1, max_steps=steps, max_length=256 + max_new_tokens + 1,
         disable_dropout=True, logging_steps=1, save_strategy="steps", save_steps=min(curve),
