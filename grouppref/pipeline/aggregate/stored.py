@@ -40,7 +40,7 @@ from grouppref.pipeline.aggregate.outcome import (
 )
 from grouppref.pipeline.aggregate.parse import Encoded, ParsedInput, selection_code
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject
-from grouppref.schemas.arrow import from_stored_row, json_text, table_rows, to_row
+from grouppref.schemas.arrow import from_stored_row, json_text, table_rows, take_rows, to_row
 from grouppref.schemas.records import MAX_K, MIN_K
 
 Row = dict[str, Any]  # a stored row: what grouppref.schemas.arrow.table_rows gives
@@ -52,17 +52,6 @@ def annotated(group: CandidateGroup) -> AnnotatedGroup:
     a CandidateGroup without rankings); its validated parts are reused as they are."""
     fields = {k: getattr(group, k) for k in _GROUP_FIELDS}
     return AnnotatedGroup.model_construct(**fields, rankings=getattr(group, "rankings", []))
-
-
-def table_slice_rows(table: pa.Table, indices: Sequence[int]) -> list[Row]:
-    """Rows ``indices`` (0-based) of ``table`` as Python dicts (a contiguous run is sliced,
-    others taken), converted column-wise."""
-    if not indices:
-        return []
-    start = indices[0]
-    if list(indices) == list(range(start, start + len(indices))):
-        return table.slice(start, len(indices)).to_pylist()
-    return table.take(list(indices)).to_pylist()
 
 
 class StoredGroups(Sequence[AnnotatedGroup]):
@@ -178,7 +167,7 @@ def stored_outcomes(parsed: ParsedInput, table: pa.Table, fit: BTFit, dec: Decis
     ``indices``; only these rows are converted to Python."""
     out: list[Row] = []
     rejects: list[Reject] = []
-    for b, row in zip(indices, table_slice_rows(table, indices), strict=True):
+    for b, row in zip(indices, take_rows(table, indices).to_pylist(), strict=True):
         if dec.rejected[b]:
             rejects.append(group_reject(parsed, b, fit, dec, config, stage))
             continue

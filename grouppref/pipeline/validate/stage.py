@@ -53,7 +53,13 @@ from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import DATA, RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup, check_tiers, from_row
-from grouppref.schemas.arrow import arrow_table, dataset_rows, features_for, from_stored_row
+from grouppref.schemas.arrow import (
+    arrow_table,
+    dataset_rows,
+    features_for,
+    from_stored_row,
+    take_rows,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -218,7 +224,7 @@ def _accepted_table(ds: Rows, numbers: Sequence[int], splits: Sequence[str]) -> 
     import pyarrow as pa
 
     if isinstance(ds, datasets.Dataset):
-        table = arrow_table(ds).take([n - 1 for n in numbers])
+        table = take_rows(arrow_table(ds), [n - 1 for n in numbers])
     else:
         table = pa.Table.from_pylist([dict(ds[n - 1]) for n in numbers],
                                      schema=features_for(ValidatedGroup).arrow_schema)

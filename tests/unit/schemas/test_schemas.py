@@ -125,6 +125,20 @@ def test_arrow_table_and_dataset_rows_of_a_whole_table_and_of_a_selection() -> N
 
 
 @SETTINGS
+@given(st.lists(st.integers(0, 59), max_size=25))
+def test_take_rows_of_a_table_of_many_chunks_equals_take(indices: list[int]) -> None:
+    import pyarrow as pa
+
+    from grouppref.schemas.arrow import take_rows
+
+    chunks = [pa.table({"n": list(range(i, i + 6)), "s": [str(j) for j in range(i, i + 6)]})
+              for i in range(0, 60, 6)]
+    table = pa.concat_tables(chunks)  # 10 chunks, as a stage's table of 10 shards
+    assert take_rows(table, indices).equals(table.take(pa.array(indices, pa.int64())))
+    assert take_rows(table, list(range(7, 19))).to_pydict()["n"] == list(range(7, 19))
+
+
+@SETTINGS
 @given(st.integers(0, 30))
 def test_group_size_bounds(k: int) -> None:
     texts = [f"t{i}" for i in range(k)]
