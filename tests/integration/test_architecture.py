@@ -148,10 +148,11 @@ def test_the_registry_lists_every_stage_with_one_call_shape():
 # settings (config) and its core (core: typed records in and out, no run store); from its
 # stage.py only the run function and its report readers; a few more modules that are a stage's
 # public library (the rankers and their settings, the constraint checks, selection notes, the
-# served sampler's seed mask for the server benchmark); never a name starting with "_".
+# served sampler's seed mask for the server benchmark, the simulator's constructed panels as
+# tensors); never a name starting with "_".
 STAGE_PUBLIC = {"config", "core"}
 STAGE_PUBLIC_MORE = {"rank": {"settings", "rankers", "constraints", "shard_scoring"},
-                     "report": {"selection"}, "generate": {"served"}}
+                     "report": {"selection"}, "generate": {"served"}, "simulate": {"panel"}}
 STAGE_ENTRY = {"read_report", "load_report"}  # besides the run_<stage> functions
 
 
