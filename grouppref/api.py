@@ -79,12 +79,12 @@ EXPORTS: dict[str, str] = {
     **{name: "grouppref.pipeline.validate.core" for name in (
         "validate_groups", "Validated", "split_of")},
     # the rule ranker on its own and its constraint checks (``make_constraint(id, kwargs)``,
-    # ``check(constraint, text)``; ``parse_constraints`` reads a prompt's list, ``satisfaction``
+    # ``constraint_met(constraint, text)``; ``parse_constraints`` reads a prompt's list, ``satisfaction``
     # scores a text against it), the checks an evaluation of instruction following reuses
     "RuleRanker": "grouppref.pipeline.rank.rankers",
     "RuleRankerSettings": "grouppref.pipeline.rank.settings",
     **{name: "grouppref.pipeline.rank.constraints" for name in (
-        "make_constraint", "parse_constraints", "check", "satisfaction")},
+        "make_constraint", "parse_constraints", "constraint_met", "satisfaction")},
     # choosing groups for human ranking (``label push --select``): its settings and the choice
     # itself on records, no server
     "PushConfig": "grouppref.labeling.config",
@@ -183,7 +183,12 @@ if TYPE_CHECKING:  # the names for type checkers and editors
     from grouppref.pipeline.prompts.config import PromptsConfig
     from grouppref.pipeline.prompts.stage import run_prompts
     from grouppref.pipeline.rank.config import RankConfig
-    from grouppref.pipeline.rank.constraints import check, make_constraint, parse_constraints, satisfaction
+    from grouppref.pipeline.rank.constraints import (
+        constraint_met,
+        make_constraint,
+        parse_constraints,
+        satisfaction,
+    )
     from grouppref.pipeline.rank.core import Ranked, rank_groups
     from grouppref.pipeline.rank.rankers import RuleRanker, build_ranker
     from grouppref.pipeline.rank.settings import RuleRankerSettings

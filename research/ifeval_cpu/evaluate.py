@@ -39,7 +39,7 @@ from grouppref.api import (
     GenerateConfig,
     ModelShare,
     Prompt,
-    check,
+    constraint_met,
     derive_seed,
     gumbel_argmax,
     left_pad,
@@ -178,7 +178,7 @@ def evaluate(models: list[Any], tokenizer: Any, prompts: list[dict[str, Any]], *
                 tokens, ended = got.tokens[r], got.eos[r]
                 text = answer_text(tokenizer, tokens, ended)
                 answers.append({"text": text, "tokens": len(tokens), "eos": ended,
-                                "met": [check(c, text) for c in constraints],
+                                "met": [constraint_met(c, text) for c in constraints],
                                 "kl": got.kl[r] if len(models) > 1 else None})
             out.append({"prompt_id": p["prompt_id"], "kinds": p["metadata"]["kinds"].split("+"),
                         "greedy": answers[0], "samples": answers[1:]})

@@ -140,6 +140,8 @@ def main_table(results: dict[str, Any]) -> list[str]:
 
 
 def _seed_interval(values: list[float]) -> str:
+    if not values:
+        return "no seed in common"
     half = half_width(values, T975.get(len(values) - 1, 1.96))
     return (f"{mean(values):+.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}")
             + f" ({len(values)} seeds)")

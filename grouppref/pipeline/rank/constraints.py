@@ -341,7 +341,7 @@ def parse_constraints(spec: str | Sequence[Any] | Mapping[str, Any]) -> list[Con
     return out
 
 
-def check(constraint: Constraint, text: str) -> bool:
+def constraint_met(constraint: Constraint, text: str) -> bool:
     """Whether ``text`` meets ``constraint``. An empty or blank answer meets none (as IFEval's
     strict scoring): an answer that is only an EOS token does not pass "no commas"."""
     if not text.strip():
@@ -359,4 +359,4 @@ def satisfaction(text: str, constraints: Sequence[Constraint]) -> float:
     """
     if not constraints:
         raise ConstraintError("no constraints to check")
-    return sum(check(c, text) for c in constraints) / len(constraints)
+    return sum(constraint_met(c, text) for c in constraints) / len(constraints)

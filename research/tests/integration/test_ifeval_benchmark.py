@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grouppref.api import check, make_constraint, parse_constraints, satisfaction
+from grouppref.api import constraint_met, make_constraint, parse_constraints, satisfaction
 from research.ifeval_cpu import build as b
 from research.ifeval_cpu.report import markdown, method_stats, prompt_values
 
@@ -98,9 +98,9 @@ def test_each_kind_phrasing_matches_its_check(kind: str) -> None:
         good = f"{kwargs['first_word'].capitalize()} bees make honey."
     else:
         good = ANSWERS[kind]
-    assert check(constraint, good), (kind, good)
+    assert constraint_met(constraint, good), (kind, good)
     plain = "Honey, made by bees, is sweet and golden; bees fly and they dance a lot today. Ok."
-    assert not check(constraint, plain), (kind, plain)
+    assert not constraint_met(constraint, plain), (kind, plain)
     assert satisfaction(good, [constraint]) == 1.0
 
 
@@ -120,7 +120,7 @@ def test_answer_text_drops_eos_and_special_tokens_only(embedded_model_dir: Path)
     rng = random.Random(0)
     for kind in b.KINDS:
         kwargs, _ = b.KINDS[kind].draw(rng)
-        assert not check(make_constraint(b.KINDS[kind].id, kwargs), ""), kind
+        assert not constraint_met(make_constraint(b.KINDS[kind].id, kwargs), ""), kind
 
 
 def test_report_statistics_by_hand() -> None:

@@ -23,7 +23,7 @@ from tests.support.factories import make_group
 
 
 def _met(cid: str, text: str, **kwargs: object) -> bool:
-    return cs.check(cs.make_constraint(cid, kwargs), text)
+    return cs.constraint_met(cs.make_constraint(cid, kwargs), text)
 
 
 # id, kwargs, texts that meet it, texts that do not
@@ -144,7 +144,7 @@ def test_an_empty_answer_meets_no_constraint() -> None:
         c = cs.make_constraint(cid, kwargs.get(cid))
         assert cs.CONSTRAINTS[c.id].check("", **c.kwargs), c  # the bare check passes ...
         for text in ("", " \n\t"):
-            assert not cs.check(c, text), (c, text)  # ... check() does not
+            assert not cs.constraint_met(c, text), (c, text)  # ... constraint_met() does not
 
 
 def test_satisfaction_is_the_share_met() -> None:

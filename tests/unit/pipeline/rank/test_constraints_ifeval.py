@@ -137,7 +137,7 @@ def ifeval(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, dict[str,
 
 
 def _ours(kind: str, kwargs: dict[str, Any], text: str) -> bool:
-    return cs.check(cs.make_constraint(OURS[kind], kwargs), text)
+    return cs.constraint_met(cs.make_constraint(OURS[kind], kwargs), text)
 
 
 def _label(case: dict[str, Any]) -> str:
