@@ -72,7 +72,9 @@ def run_import(store: RunStore, config: ImportConfig,
         stage.add_rejects("input", imported.rejects)
         for shard in stage.pending_shards(imported.stored, shard_size=config.shard_size):
             stage.write_table(shard, rows_table(shard.items, AnnotatedGroup), [])
-        return stage.finish(inputs=imported.units, stats=imported.stats)
+        inputs, stats = imported.units, imported.stats
+        del imported  # the rows as Python objects go before the shards are merged into data/
+        return stage.finish(inputs=inputs, stats=stats)
 
 
 def run_import_candidates(store: RunStore, config: ImportConfig,
