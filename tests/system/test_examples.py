@@ -228,3 +228,40 @@ def test_docs_import_md_own_files_block_runs_as_written(tmp_path: Path,
         printed += result.output
     for line in shown.strip().splitlines():
         assert line in printed, (line, printed)
+
+
+# -- the README's Python example -----------------------------------------------------------------
+def readme_python_example() -> str:
+    """The README's ``grouppref.api`` example, as printed there."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"```python\n(from grouppref import api\n.*?)```", text, re.S)
+    assert found, "README.md has no ```python block starting with 'from grouppref import api'"
+    return found.group(1)
+
+
+@pytest.mark.slow
+def test_readme_python_example_runs_with_the_tiny_model(tmp_path: Path, tiny_lm_dir: Path,
+                                                        monkeypatch, capsys) -> None:
+    # the README's code, run as printed except for the model (the tiny Llama generates,
+    # judges and is trained, one step) and 6 of the demo prompts; each edit must find its
+    # text, so a README that changes fails here until this test follows it
+    tiny = json.dumps(str(tiny_lm_dir))
+    code = readme_python_example()
+    for old, new in [
+        ("k=4, max_new_tokens=48)", f"k=4, max_new_tokens=8, models=[{{'name': {tiny}}}])"),
+        ('{"kind": "judge"}', f'{{"kind": "judge", "model": {tiny}}}'),
+        ('api.TrainConfig(loss="gspo", max_steps=8)',
+         f'api.TrainConfig(loss="gspo", max_steps=1, batch_size=2, model={tiny})'),
+    ]:
+        assert old in code, f"the README example no longer holds {old!r}"
+        code = code.replace(old, new)
+    (tmp_path / "data").mkdir()
+    prompts = (ROOT / "data" / "demo_prompts.jsonl").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "data" / "demo_prompts.jsonl").write_text("\n".join(prompts[:6]) + "\n")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
+    printed = capsys.readouterr().out
+    assert "winner=" in printed and "loser=" in printed  # print(groups[0].pairs[0])
+    store = RunStore(tmp_path / "runs" / "mine")
+    assert all(store.is_complete(s) for s in ("generate", "rank", "aggregate", "validate"))
+    assert (tmp_path / "runs" / "mine" / "model" / "config.json").exists()
