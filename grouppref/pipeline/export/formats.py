@@ -93,9 +93,13 @@ def _splits(config: ExportConfig) -> tuple[str, ...]:
     return (config.split,) if config.split else SPLITS
 
 
-def build_dataset(groups: list[ValidatedGroup], config: ExportConfig
+def build_dataset(groups: list[ValidatedGroup], config: ExportConfig, key: str
                   ) -> tuple[datasets.DatasetDict, Counter[str], list[Reject]]:
-    """The export as a ``DatasetDict`` (only non-empty splits), skipped pairs, rejected groups."""
+    """The export as a ``DatasetDict`` (only non-empty splits), skipped pairs, rejected groups.
+    ``key`` identifies the input's content (the validate stage's output fingerprint): the
+    trl-pairs splits' dataset fingerprints are made from it and the export's settings."""
+    import pyarrow as pa
+
     if config.format == "groups":
         dsd = datasets.DatasetDict({s: to_dataset([g for g in groups if g.split == s],
                                                   ValidatedGroup) for s in _splits(config)})
@@ -104,12 +108,17 @@ def build_dataset(groups: list[ValidatedGroup], config: ExportConfig
     else:
         rows, skipped, rejects, chat = trl_rows(groups, config)
         features = _trl_features(chat)
+        by_split: dict[str, list[dict[str, Any]]] = {s: [] for s in _splits(config)}
+        for row in rows:
+            split = row.pop("split")
+            if split in by_split:
+                by_split[split].append(row)
+        # the rows' Arrow table made in one call (datasets' from_list encodes value by value)
+        settings = f"trl-pairs {config.pairs} {config.min_weight} {config.chat}"
         dsd = datasets.DatasetDict({
-            s: datasets.Dataset.from_list(
-                [{k: v for k, v in r.items() if k != "split"} for r in rows if r["split"] == s],
-                features=features) if any(r["split"] == s for r in rows)
-            else datasets.Dataset.from_dict({k: [] for k in features}, features=features)
-            for s in _splits(config)})
+            s: table_dataset(pa.Table.from_pylist(part, schema=features.arrow_schema),
+                             datasets.DatasetInfo(features=features), f"{key} {settings} {s}")
+            for s, part in by_split.items()})
     return non_empty(dsd), skipped, rejects
 
 

@@ -248,7 +248,8 @@ def run_export(store: RunStore, config: ExportConfig,
         per_split = {s: int(pc.sum(pc.equal(column, s)).as_py() or 0) for s in splits}
     else:
         groups = [g for g in load_validated(store) if config.split in (None, g.split)]
-        dsd, skipped, rejects = build_dataset(groups, config)
+        dsd, skipped, rejects = build_dataset(
+            groups, config, store.require(INPUT_STAGE).output_fingerprint or "")
         per_split = {s: sum(g.split == s for g in groups) for s in splits}
     inputs = sum(per_split.values())
     report = ExportReport(format=config.format, target=config.target, location="",
