@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from grouppref.commands import export as export_commands
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.export.config import ExportConfig
-from grouppref.pipeline.export.formats import consensus_pairs
-from grouppref.pipeline.export.stage import run_export
+from grouppref.pipeline.export.formats import build_dataset, consensus_pairs, pairs_from_table
+from grouppref.pipeline.export.stage import load_validated, run_export, stored_table
 from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.pipeline.validate.stage import run_validate
 from grouppref.runs.manifest import read_rejects
@@ -125,6 +125,36 @@ def test_consensus_pairs_skip_ties_and_against_and_light_pairs() -> None:
     best, skipped = consensus_pairs(tied, ExportConfig(to_dir="x", pairs="best_worst"))
     assert [(p.winner, p.loser) for p in best] == [(a, d)]  # top tier vs bottom tier
     assert skipped["not_best_worst"] == 2  # (a, b) and (c, d)
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_trl_pairs_from_the_stored_table_equal_the_records_path(tmp_path: Path, chat: bool
+                                                                ) -> None:
+    # the stage reads validate's own table as Arrow (pairs_from_table); build_dataset on the
+    # same groups as records is the reference: equal rows, skipped pairs and rejects, under
+    # each setting that changes what is exported
+    all_tied = make_validated("All tied?", k=K)
+    ids = all_tied.candidate_ids()
+    all_tied = all_tied.model_copy(update={"consensus": [ids], "pairs": [
+        PairPreference(winner=ids[0], loser=ids[1], p=0.5, weight=0.2)]})
+    store = _run(tmp_path, n=10, chat=chat, extra=[all_tied])
+    table = stored_table(store)
+    assert table is not None
+    key = store.require("validate").output_fingerprint or ""
+    for settings in ({}, {"pairs": "best_worst"}, {"min_weight": 0.5}, {"split": "test"},
+                     {"chat": "always"}):
+        config = ExportConfig(format="trl-pairs", to_dir="x", **settings)
+        groups = [g for g in load_validated(store) if config.split in (None, g.split)]
+        want, want_skipped, want_rejects = build_dataset(groups, config, key)
+        got, got_skipped, got_rejects = pairs_from_table(table, config, key)
+        assert list(got) == list(want), settings
+        for split in want:
+            assert got[split].features == want[split].features, settings
+            assert got[split].to_list() == want[split].to_list(), settings
+            assert got[split]._fingerprint == want[split]._fingerprint
+        assert got_skipped == want_skipped and got_rejects == want_rejects, settings
+        # the all-tied group (in train) has no pair to export
+        assert len(got_rejects) == (0 if config.split == "test" else 1), settings
 
 
 def test_trl_pairs_parquet_one_file_per_split_and_rejects(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.export.card import dataset_card
 from grouppref.pipeline.export.config import INPUT_STAGE, SPLITS, STAGE_VERSION, ExportConfig
-from grouppref.pipeline.export.formats import build_dataset, groups_from_table
+from grouppref.pipeline.export.formats import build_dataset, groups_from_table, pairs_from_table
 from grouppref.runs.freshness import require_fresh
 from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.stage import StageContext
@@ -57,8 +57,8 @@ if TYPE_CHECKING:
 
 # -- input --------------------------------------------------------------------------------------
 def load_validated(store: RunStore) -> list[ValidatedGroup]:
-    """Every group of ``RUN/validate`` as a validated record (the trl-pairs format, and a
-    validate output not in the stage's own schema).
+    """Every group of ``RUN/validate`` as a validated record (a validate output not in the
+    stage's own schema; the stage's own table is read as Arrow).
 
     Raises:
         StageError: a row is not a valid group, or has no split.
@@ -238,18 +238,20 @@ def run_export(store: RunStore, config: ExportConfig,
     if stage.cached:  # before reading RUN/validate: a cached export reads nothing
         return stage
     splits = [s for s in SPLITS if config.split in (None, s)]
-    table = stored_table(store) if config.format == "groups" else None
+    table = stored_table(store)
+    key = store.require(INPUT_STAGE).output_fingerprint or ""
     skipped: Counter[str] = Counter()
     rejects: list[Reject] = []
     if table is not None:
-        dsd = groups_from_table(table, config,
-                                store.require(INPUT_STAGE).output_fingerprint or "")
+        if config.format == "groups":
+            dsd = groups_from_table(table, config, key)
+        else:
+            dsd, skipped, rejects = pairs_from_table(table, config, key)
         column = table.column("split")
         per_split = {s: int(pc.sum(pc.equal(column, s)).as_py() or 0) for s in splits}
     else:
         groups = [g for g in load_validated(store) if config.split in (None, g.split)]
-        dsd, skipped, rejects = build_dataset(
-            groups, config, store.require(INPUT_STAGE).output_fingerprint or "")
+        dsd, skipped, rejects = build_dataset(groups, config, key)
         per_split = {s: sum(g.split == s for g in groups) for s in splits}
     inputs = sum(per_split.values())
     report = ExportReport(format=config.format, target=config.target, location="",
