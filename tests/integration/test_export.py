@@ -18,7 +18,12 @@ from typer.testing import CliRunner
 from grouppref.commands import export as export_commands
 from grouppref.errors import ConfigError, StageError
 from grouppref.pipeline.export.config import ExportConfig
-from grouppref.pipeline.export.formats import build_dataset, consensus_pairs, pairs_from_table
+from grouppref.pipeline.export.formats import (
+    PairValues,
+    build_dataset,
+    pairs_from_table,
+    select_pairs,
+)
 from grouppref.pipeline.export.stage import load_validated, run_export, stored_table
 from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.pipeline.validate.stage import run_validate
@@ -109,7 +114,7 @@ def test_config_needs_exactly_one_target() -> None:
 
 
 # -- trl-pairs ----------------------------------------------------------------------------------
-def test_consensus_pairs_skip_ties_and_against_and_light_pairs() -> None:
+def test_select_pairs_skip_ties_and_against_and_light_pairs() -> None:
     group = make_validated("Pairs?", k=4)
     a, b, c, d = [cid for (cid,) in group.consensus]
     tied = group.model_copy(update={"consensus": [[a], [b, c], [d]]})
@@ -119,11 +124,14 @@ def test_consensus_pairs_skip_ties_and_against_and_light_pairs() -> None:
              PairPreference(winner=a, loser=d, p=0.95, weight=0.1),  # light
              PairPreference(winner=c, loser=d, p=0.7, weight=0.5)]
     tied = tied.model_copy(update={"pairs": pairs})
-    kept, skipped = consensus_pairs(tied, ExportConfig(to_dir="x", min_weight=0.2))
-    assert [(p.winner, p.loser) for p in kept] == [(a, b), (c, d)]
+    values = [PairValues(p.winner, p.loser, p.p, p.weight) for p in tied.pairs]
+    kept, skipped = select_pairs(tied.consensus, values,
+                                 ExportConfig(to_dir="x", min_weight=0.2))
+    assert [(values[i].winner, values[i].loser) for i in kept] == [(a, b), (c, d)]
     assert skipped == {"tie_in_consensus": 1, "against_consensus": 1, "below_min_weight": 1}
-    best, skipped = consensus_pairs(tied, ExportConfig(to_dir="x", pairs="best_worst"))
-    assert [(p.winner, p.loser) for p in best] == [(a, d)]  # top tier vs bottom tier
+    best, skipped = select_pairs(tied.consensus, values,
+                                 ExportConfig(to_dir="x", pairs="best_worst"))
+    assert [(values[i].winner, values[i].loser) for i in best] == [(a, d)]  # top vs bottom
     assert skipped["not_best_worst"] == 2  # (a, b) and (c, d)
 
 

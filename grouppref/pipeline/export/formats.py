@@ -20,7 +20,6 @@ from grouppref.errors import StageError
 from grouppref.pipeline.export.config import SPLITS, STAGE, ExportConfig
 from grouppref.schemas import (
     ChatMessage,
-    PairPreference,
     Prompt,
     Reject,
     ValidatedGroup,
@@ -69,14 +68,6 @@ def select_pairs(consensus: Sequence[Sequence[str]], pairs: Sequence[PairValues]
         skipped["not_best_worst"] += len(kept) - (best is not None)
         kept = [best] if best is not None else []
     return kept, skipped
-
-
-def consensus_pairs(group: ValidatedGroup, config: ExportConfig
-                    ) -> tuple[list[PairPreference], Counter[str]]:
-    """The pair preferences exported for ``group`` and the reasons others were skipped."""
-    values = [PairValues(p.winner, p.loser, p.p, p.weight) for p in group.pairs]
-    kept, skipped = select_pairs(group.consensus, values, config)
-    return [group.pairs[i] for i in kept], skipped
 
 
 class TrlRows:
@@ -185,8 +176,9 @@ def pairs_from_table(table: pa.Table, config: ExportConfig, key: str
     _require_splits(table)
     if config.split:
         table = table.filter(pc.equal(table.column("split"), config.split))
-    messages = table.column("prompt").combine_chunks().field("messages")
-    chat = config.chat == "always" or messages.null_count < len(messages)
+    # chat when any prompt has turns (read per chunk: no copy of the prompts)
+    chat = config.chat == "always" or any(
+        chunk.field("messages").null_count < len(chunk) for chunk in table.column("prompt").chunks)
     out = TrlRows(config, chat)
     columns = ["group_id", "split", "prompt", "candidates", "consensus", "pairs"]
     for number, row in enumerate(table_rows(table.select(columns)), start=1):

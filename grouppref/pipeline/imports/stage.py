@@ -67,7 +67,7 @@ def run_import(store: RunStore, config: ImportConfig,
                              record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
-    with cycle_collection_paused():  # the groups stay alive until the shards are merged
+    with cycle_collection_paused():  # while the groups are read, built and written
         imported = read_import(config)
         stage.add_rejects("input", imported.rejects)
         for shard in stage.pending_shards(imported.stored, shard_size=config.shard_size):
