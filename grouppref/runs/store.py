@@ -5,7 +5,7 @@ Layout of one run (``RUN`` is any directory, conventionally ``runs/<name>``)::
     RUN/<stage>/manifest.json     what ran: config, hashes, counts, timings, versions, stats
     RUN/<stage>/data/             the output ``datasets.Dataset`` (save_to_disk), one row per group
     RUN/<stage>/rejects.jsonl     rows (or parts of rows) left out, each with its reason
-    RUN/<stage>/shards/           work in progress: one Parquet + rejects file per finished shard
+    RUN/<stage>/shards/           work in progress: one Arrow + rejects file per finished shard
 
 A stage is *cached* when its manifest is complete and has the same config hash, input
 fingerprint and stage version (and its non-record outputs still exist): it is then skipped

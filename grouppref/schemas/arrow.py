@@ -90,6 +90,13 @@ def features_for(model: type[BaseModel]) -> datasets.Features:
     )
 
 
+@cache
+def arrow_schema_for(model: type[BaseModel]) -> pa.Schema:
+    """The Arrow schema of :func:`features_for` (made once per record type: ``datasets``
+    builds it anew, with deep copies, on every ``Features.arrow_schema``)."""
+    return features_for(model).arrow_schema
+
+
 # Converters are compiled once per record type from the annotations: a function per field
 # that needs one (a dict stored as JSON text, or a list / nested model holding such a dict);
 # every other value is stored as it is, so most of a row is copied at C speed (``dict(row)``).
@@ -242,7 +249,7 @@ def rows_table(rows: typing.Sequence[typing.Mapping[str, object]],
     Arrow table with the schema of :func:`features_for`."""
     import pyarrow as pa
 
-    return pa.Table.from_pylist(list(rows), schema=features_for(model).arrow_schema)
+    return pa.Table.from_pylist(list(rows), schema=arrow_schema_for(model))
 
 
 def to_dataset(records: typing.Iterable[BaseModel], model: type[BaseModel]) -> datasets.Dataset:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Annotated, Literal
 
@@ -105,18 +106,33 @@ class Prompt(Record):
             return list(self.messages)
         return [ChatMessage(role="user", content=self.text or "")]
 
+    def turns(self) -> list[tuple[str, str]] | None:
+        """The chat turns as ``(role, content)``, ``None`` for a plain-text prompt."""
+        return None if self.messages is None else [(m.role, m.content) for m in self.messages]
+
     def display_text(self) -> str:
         """A human-readable rendering (for annotators and reports)."""
-        if self.text is not None:
-            return self.text
-        return "\n\n".join(f"[{m.role}] {m.content}" for m in self.messages or [])
+        return prompt_display_text(self.text, self.turns())
 
     def content_key(self) -> str:
         """Canonical JSON of what the prompt says (not its id): the basis of ``group_id``."""
-        if self.text is not None:
-            return json.dumps({"text": self.text}, ensure_ascii=False)
-        turns = [[m.role, m.content] for m in self.messages or []]
-        return json.dumps({"messages": turns}, ensure_ascii=False)
+        return prompt_content_key(self.text, self.turns())
+
+
+def prompt_display_text(text: str | None, turns: Sequence[tuple[str, str]] | None) -> str:
+    """:meth:`Prompt.display_text` of a prompt's ``text`` or chat ``turns`` (role, content),
+    for a caller that holds them without the record."""
+    if text is not None:
+        return text
+    return "\n\n".join(f"[{role}] {content}" for role, content in turns or [])
+
+
+def prompt_content_key(text: str | None, turns: Sequence[tuple[str, str]] | None) -> str:
+    """:meth:`Prompt.content_key` of a prompt's ``text`` or chat ``turns`` (role, content)."""
+    if text is not None:
+        return json.dumps({"text": text}, ensure_ascii=False)
+    return json.dumps({"messages": [[role, content] for role, content in turns or []]},
+                      ensure_ascii=False)
 
 
 def make_group_id(prompt: Prompt) -> str:

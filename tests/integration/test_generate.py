@@ -230,8 +230,8 @@ def test_resume_after_sigkill_gives_the_uninterrupted_rows(tmp_path: Path, tiny_
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     killed = subprocess.run([sys.executable, str(driver), str(tmp_path / "a"), *args, "1"], env=env)
     assert killed.returncode == -9
-    shards = sorted(p.name for p in (tmp_path / "a" / "generate" / "shards").glob("*.parquet"))
-    assert shards == ["shard-00000.parquet", "shard-00001.parquet"]
+    shards = sorted(p.name for p in (tmp_path / "a" / "generate" / "shards").glob("*.arrow"))
+    assert shards == ["shard-00000.arrow", "shard-00001.arrow"]
     resumed = subprocess.run([sys.executable, str(driver), str(tmp_path / "a"), *args, "-1"],
                              env=env)
     assert resumed.returncode == 0

@@ -62,8 +62,8 @@ def test_a_killed_import_resumes_from_its_written_shards(tmp_path: Path,
     with pytest.raises(KeyboardInterrupt):
         run_import(store, config)
     assert store.manifest("import").status == "running"
-    written = sorted(p.name for p in (store.stage_dir("import") / "shards").glob("*.parquet"))
-    assert written == [f"shard-0000{i}.parquet" for i in range(3)]
+    written = sorted(p.name for p in (store.stage_dir("import") / "shards").glob("*.arrow"))
+    assert written == [f"shard-0000{i}.arrow" for i in range(3)]
     monkeypatch.setattr(StageRun, "finish", real_finish)
     resumed = run_import(store, config)
     assert not resumed.cached and resumed.records() == straight

@@ -69,7 +69,7 @@ def test_sigkill_then_resume_gives_exactly_the_uninterrupted_rows(tmp_path: Path
         assert "written" in proc.stdout.readline()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    shards = sorted((killed / "toy" / "shards").glob("shard-*.parquet"))
+    shards = sorted((killed / "toy" / "shards").glob("shard-*.arrow"))
     assert 3 <= len(shards) < 6, "the kill should land part way"
     assert RunStore(killed).manifest("toy").status == "running"
 

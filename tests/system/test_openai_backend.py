@@ -24,6 +24,7 @@ from grouppref.models.served.protocol import parse_sample, sample_body
 from grouppref.models.served.settings import ServerSettings
 from grouppref.pipeline.generate.config import GenerateConfig, ModelShare
 from grouppref.pipeline.generate.stage import run_generate
+from grouppref.runs.stage_run import read_shard_file
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, ChatMessage, Prompt
 from grouppref.schemas.reports import ServerUsage
@@ -271,7 +272,7 @@ def test_server_killed_mid_stage_then_rerun(tmp_path: Path) -> None:
         proc = subprocess.Popen(command(url, tmp_path / "run"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
         deadline = time.monotonic() + 300
-        while not list(shards.glob("shard-00000.parquet")) and time.monotonic() < deadline:
+        while not list(shards.glob("shard-00000.arrow")) and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.2)
     # the server is gone (context exit terminated it) while the command still works
@@ -279,12 +280,10 @@ def test_server_killed_mid_stage_then_rerun(tmp_path: Path) -> None:
     assert proc.returncode == 2, stderr
     assert stderr.strip().startswith("error:") and len(stderr.strip().splitlines()) == 1
     assert "run the same command again to resume" in stderr or "cannot reach" in stderr
-    done = sorted(p.name for p in shards.glob("shard-*.parquet"))
+    done = sorted(p.name for p in shards.glob("shard-*.arrow"))
     assert 1 <= len(done) < len(texts)
-    import pyarrow.parquet as pq
-
-    kept = {row["group_id"]: row for p in shards.glob("shard-*.parquet")
-            for row in pq.read_table(p).to_pylist()}
+    kept = {row["group_id"]: row for p in shards.glob("shard-*.arrow")
+            for row in read_shard_file(p).to_pylist()}
     first = json.loads((tmp_path / "run" / "generate" / "manifest.json").read_text())
     first_requests = first["stats"]["servers"][0]["requests"]
     with running_llama_server(tmp_path / "s2.log", port=port):

@@ -35,7 +35,8 @@ from grouppref.runs.hashing import fingerprint_records, sha256_text
 from grouppref.runs.manifest import Manifest
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
-from grouppref.runs.store import SHARDS, RunStore, StageRun
+from grouppref.runs.stage_run import read_shard_file
+from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import CandidateGroup, Prompt, Reject, make_group_id
 
 
@@ -201,11 +202,9 @@ def _stats(stage: StageRun[CandidateGroup], worker: ShardGenerator,
            servers: list[dict[str, Any]] | None) -> dict[str, object]:
     """Manifest numbers: kept candidates and tokens (whole run), this session's throughput, and
     for served models the requests and tokens per server (every session)."""
-    import pyarrow.parquet as pq
-
     kept_tokens = candidates = 0
-    for path in sorted((stage.dir / SHARDS).glob("shard-*.parquet")):
-        for row in pq.read_table(path, columns=["candidates"]).column(0).to_pylist():
+    for path in stage.shard_paths():
+        for row in read_shard_file(path, ["candidates"]).column(0).to_pylist():
             candidates += len(row)
             kept_tokens += sum(c["num_tokens"] or 0 for c in row)
     stats: dict[str, object] = {"candidates": candidates, "candidate_tokens": kept_tokens,

@@ -29,6 +29,7 @@ from grouppref.pipeline.validate.config import STAGE, ValidateConfig
 from grouppref.readers.pairs import FROM_PAIR
 from grouppref.runs.hashing import canonical_json
 from grouppref.schemas import Reject, ValidatedGroup, normalise_text
+from grouppref.schemas.records import prompt_content_key, prompt_display_text
 
 CHECKS = ("schema", "conflicting_contents", "duplicate_group_id", "duplicate_prompt",
           "too_few_pairs", "flagged")
@@ -43,9 +44,16 @@ def split_of(key: str, seed: int, test_fraction: float) -> Literal["train", "tes
 
 def split_key(group: ValidatedGroup, split_by: str) -> str:
     """The text whose hash decides the split of ``group`` (see :class:`ValidateConfig`)."""
+    return split_key_of(group.prompt.text, group.prompt.turns(), split_by)
+
+
+def split_key_of(text: str | None, turns: Sequence[tuple[str, str]] | None,
+                 split_by: str, content_key: str | None = None) -> str:
+    """:func:`split_key` of a prompt's ``text`` or chat ``turns`` (role, content);
+    ``content_key``: its content key, when the caller has it already."""
     if split_by == "prompt_text":
-        return normalise_text(group.prompt.display_text())
-    return group.prompt.content_key()
+        return normalise_text(prompt_display_text(text, turns))
+    return prompt_content_key(text, turns) if content_key is None else content_key
 
 
 def _contents(group: ValidatedGroup) -> tuple[str, str]:
@@ -65,6 +73,35 @@ class RowInfo:
     kendall_w: float | None
     noise: float | None
     flags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GroupFacts:
+    """What the checks read of one valid group: its id, its prompt (as the key the split
+    hashes, :func:`split_key_of`, and as its content key), its pair count, agreement and
+    flags, and (only for a group id that repeats) its contents to compare."""
+
+    group_id: str
+    split_key: str
+    prompt_key: str
+    pairs: int
+    annotators: int
+    kendall_w: float | None
+    noise: float | None
+    flags: tuple[str, ...]
+    contents: tuple[str, str] | None = None
+
+    @classmethod
+    def of(cls, group: ValidatedGroup, split_by: str, repeated: bool) -> GroupFacts:
+        """The facts of a record (``repeated``: its group id occurs in more than one row)."""
+        turns = group.prompt.turns()
+        key = prompt_content_key(group.prompt.text, turns)
+        return cls(group_id=group.group_id,
+                   split_key=split_key_of(group.prompt.text, turns, split_by, key),
+                   prompt_key=key,
+                   pairs=len(group.pairs), annotators=group.agreement.num_annotators,
+                   kendall_w=group.agreement.kendall_w, noise=group.agreement.noise,
+                   flags=tuple(group.flags), contents=_contents(group) if repeated else None)
 
 
 class Checks:
@@ -98,24 +135,27 @@ class Checks:
 
     def add(self, number: int, parsed: ValidatedGroup) -> None:
         """Check the valid group of row ``number`` against the rows before it."""
+        self.add_facts(number, GroupFacts.of(parsed, self.config.split_by,
+                                             parsed.group_id in self.repeated))
+
+    def add_facts(self, number: int, facts: GroupFacts) -> None:
+        """:meth:`add` of a valid group given by its facts (``contents`` set when its group id
+        is one of ``repeated``)."""
         self.rows += 1
-        gid, cfg = parsed.group_id, self.config
-        key = split_key(parsed, cfg.split_by)
+        gid, cfg = facts.group_id, self.config
         self.info[number] = RowInfo(
-            split=split_of(key, cfg.seed, cfg.test_fraction), key=_sha(key),
-            pairs=len(parsed.pairs), annotators=parsed.agreement.num_annotators,
-            kendall_w=parsed.agreement.kendall_w, noise=parsed.agreement.noise,
-            flags=tuple(parsed.flags))
-        self.by_group[gid].append(
-            (number, _contents(parsed) if gid in self.repeated else None))
-        first = self.first_prompt.setdefault(_sha(parsed.prompt.content_key()), (number, gid))
-        if first[1] != gid and FROM_PAIR not in parsed.flags:
+            split=split_of(facts.split_key, cfg.seed, cfg.test_fraction),
+            key=_sha(facts.split_key), pairs=facts.pairs, annotators=facts.annotators,
+            kendall_w=facts.kendall_w, noise=facts.noise, flags=facts.flags)
+        self.by_group[gid].append((number, facts.contents))
+        first = self.first_prompt.setdefault(_sha(facts.prompt_key), (number, gid))
+        if first[1] != gid and FROM_PAIR not in facts.flags:
             self._reject("duplicate_prompt", number, gid,
                          f"same prompt as group {first[1]!r} at row {first[0]}", "prompt")
-        elif len(parsed.pairs) < cfg.min_pairs:
-            self._reject("too_few_pairs", number, gid, f"{len(parsed.pairs)} pair preferences, "
+        elif facts.pairs < cfg.min_pairs:
+            self._reject("too_few_pairs", number, gid, f"{facts.pairs} pair preferences, "
                          f"fewer than min_pairs={cfg.min_pairs}", "pairs")
-        elif hit := sorted(set(parsed.flags) & set(cfg.reject_flags)):
+        elif hit := sorted(set(facts.flags) & set(cfg.reject_flags)):
             self._reject("flagged", number, gid, f"flagged {', '.join(hit)} (reject_flags)",
                          "flags")
 

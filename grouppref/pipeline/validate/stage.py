@@ -38,13 +38,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import datasets
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grouppref.errors import StageError
+from grouppref.pipeline.validate.batch import check_sound, row_facts
 from grouppref.pipeline.validate.config import INPUT_STAGE, STAGE, STAGE_VERSION, ValidateConfig
 from grouppref.pipeline.validate.core import CHECKS, Checks
 from grouppref.readers.published import open_published, validated_rows
@@ -54,6 +56,7 @@ from grouppref.runs.stage import StageContext
 from grouppref.runs.store import DATA, RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup, check_tiers, from_row
 from grouppref.schemas.arrow import (
+    arrow_schema_for,
     arrow_table,
     dataset_rows,
     features_for,
@@ -66,6 +69,7 @@ if TYPE_CHECKING:
 
 REPORT = "report.json"
 MAX_FAILURES_IN_REPORT = 1000
+BATCH_ROWS = 1024  # rows checked on Arrow at once
 Rows: TypeAlias = Sequence[dict[str, Any]] | datasets.Dataset  # raw Arrow rows of RUN/aggregate
 
 
@@ -198,22 +202,58 @@ def _repeated_ids(ds: Rows) -> set[str]:
     return {gid for gid, n in seen.items() if n > 1 and isinstance(gid, str)}
 
 
-def _plan(ds: Rows, config: ValidateConfig, source: str) -> Checks:
-    """Pass 1: parse every row once (the schema check) and check it (:class:`Checks`)."""
+def check_rows(ds: Rows, config: ValidateConfig, source: str, *, batch_check: bool = True
+               ) -> Checks:
+    """Pass 1: the schema check of every row, then :class:`Checks`. Rows of a table in the
+    record's own schema are checked on Arrow batches first (:mod:`.batch`); only the rows that
+    check does not prove sound, and every row without ``batch_check``, are parsed."""
     stored = isinstance(ds, datasets.Dataset) and ds.features == features_for(ValidatedGroup)
     plan = Checks(config, source, _repeated_ids(ds))
     with stage_progress() as bar:
         task = bar.add_task(f"{STAGE}: check", total=len(ds), unit="groups")
+        if stored and batch_check:
+            assert isinstance(ds, datasets.Dataset)
+            for done in _check_batches(arrow_table(ds), plan):
+                bar.advance(task, done)
+            plan.finish_groups()
+            return plan
         rows = dataset_rows(ds) if isinstance(ds, datasets.Dataset) else ds
         for number, row in enumerate(rows, start=1):
-            parsed = parse_row(row, number, source, stored=stored)
-            if isinstance(parsed, Reject):
-                plan.add_schema_failure(number, parsed)
-            else:
-                plan.add(number, parsed)
+            _parse_and_add(plan, row, number, stored)
             bar.advance(task)
     plan.finish_groups()
     return plan
+
+
+def _parse_and_add(plan: Checks, row: dict[str, Any], number: int, stored: bool) -> None:
+    parsed = parse_row(row, number, plan.source, stored=stored)
+    if isinstance(parsed, Reject):
+        plan.add_schema_failure(number, parsed)
+    else:
+        plan.add(number, parsed)
+
+
+def _check_batches(table: pa.Table, plan: Checks) -> Iterator[int]:
+    """Check a stored table batch by batch: sound rows whose group id does not repeat by
+    their facts, the others parsed; yields the rows done after each batch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    number = 0
+    repeated = pa.array(sorted(plan.repeated), pa.string())
+    for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+        sound = check_sound(batch)
+        if len(repeated):
+            sound &= ~np.asarray(pc.is_in(batch.column("group_id"), value_set=repeated)
+                                 .fill_null(False).to_numpy(zero_copy_only=False), bool)
+        facts = iter(row_facts(batch, np.flatnonzero(sound).tolist(), plan.config.split_by))
+        for i, ok in enumerate(sound.tolist()):
+            number += 1
+            if ok:
+                plan.add_facts(number, next(facts))
+            else:
+                _parse_and_add(plan, batch.slice(i, 1).to_pylist()[0], number, stored=True)
+        yield batch.num_rows
 
 
 def _accepted_table(ds: Rows, numbers: Sequence[int], splits: Sequence[str]) -> pa.Table:
@@ -227,7 +267,7 @@ def _accepted_table(ds: Rows, numbers: Sequence[int], splits: Sequence[str]) -> 
         table = take_rows(arrow_table(ds), [n - 1 for n in numbers])
     else:
         table = pa.Table.from_pylist([dict(ds[n - 1]) for n in numbers],
-                                     schema=features_for(ValidatedGroup).arrow_schema)
+                                     schema=arrow_schema_for(ValidatedGroup))
     return table.set_column(table.schema.get_field_index("split"), "split",
                             pa.array(splits, pa.string()))
 
@@ -283,7 +323,7 @@ def run_validate(store: RunStore, config: ValidateConfig,
     if stage.cached:
         return stage
     with cycle_collection_paused():  # every row's facts stay alive until the checks end
-        plan = _plan(ds, config, source)
+        plan = check_rows(ds, config, source)
     summary = plan.summary()
     if summary["prompt_overlap"]:
         raise StageError(f"{summary['prompt_overlap']} prompts landed in both splits; "
