@@ -256,15 +256,16 @@ def _check_batches(table: pa.Table, plan: Checks) -> Iterator[int]:
         yield batch.num_rows
 
 
-def _accepted_table(ds: Rows, numbers: Sequence[int], splits: Sequence[str]) -> pa.Table:
+def _accepted_table(ds: Rows | pa.Table, numbers: Sequence[int], splits: Sequence[str]
+                    ) -> pa.Table:
     """The rows ``numbers`` (1-based) of ``ds`` as they are, with ``split`` set: pass 1 parsed
     each of them into a valid ``ValidatedGroup``, and a valid row is what :func:`to_row` gives
     of its record (stored rows, and rows of a published dataset, are written by it), so the
     Arrow row is the record: taking it saves parsing it a second time."""
     import pyarrow as pa
 
-    if isinstance(ds, datasets.Dataset):
-        table = take_rows(arrow_table(ds), [n - 1 for n in numbers])
+    if isinstance(ds, pa.Table):
+        table = take_rows(ds, [n - 1 for n in numbers])
     else:
         table = pa.Table.from_pylist([dict(ds[n - 1]) for n in numbers],
                                      schema=arrow_schema_for(ValidatedGroup))
@@ -276,12 +277,13 @@ def _write(stage: StageRun[ValidatedGroup], ds: Rows, plan: Checks,
            shard_size: int) -> None:
     """Pass 2: write the accepted rows with the split pass 1 gave them (resumable)."""
     accepted = plan.accepted()
+    rows = arrow_table(ds) if isinstance(ds, datasets.Dataset) else ds  # once: it copies Features
     with stage_progress() as bar:
         task = bar.add_task(f"{STAGE}: write", total=len(accepted), unit="groups",
                             completed=stage.done_items(accepted, shard_size))
         for shard in stage.pending_shards(accepted, shard_size=shard_size):
             splits = [plan.info[n].split for n in shard.items]
-            stage.write_table(shard, _accepted_table(ds, shard.items, splits), [])
+            stage.write_table(shard, _accepted_table(rows, shard.items, splits), [])
             bar.advance(task, len(shard.items))
 
 
