@@ -366,42 +366,49 @@ class _Sound:
         low, high = np.minimum(winner, loser), np.maximum(winner, loser)
         v.where(rows, _repeats((rows * codes.size + low) * codes.size + high))
 
-    def _candidate_ids(self, cand_ids: pa.Array) -> list[set[str]]:
-        ids: list[set[str]] = [set() for _ in range(self.n)]
-        for row, cid in zip(self.cand_rows.tolist(), cand_ids.to_pylist(), strict=True):
-            ids[row].add(cid)
-        return ids
-
     def _scores(self, scores: pa.Array, rk_rows: np.ndarray, cand_ids: pa.Array) -> None:
         """Strengths (every row) and scores (rankings that have them): JSON maps of finite
         numbers; strengths name exactly the candidates, scores only candidates."""
-        ids = self._candidate_ids(cand_ids)
-        rows = np.arange(self.n)
         maps = [_json_object(t) for t in self.batch.column("strengths").to_pylist()]
-        self._numbers(maps, rows)
-        for row, got in enumerate(maps):
-            if got is None or got.keys() != ids[row]:
-                self.v.ok[row] = False
+        sizes = self._numbers(maps, np.arange(self.n))
+        self.v.rows(sizes == self.k)  # with every key a candidate (keys are unique): all
+        self._keys_known(maps, np.arange(self.n), cand_ids)
         at = np.flatnonzero(_valid(scores))
         maps = [_json_object(t) for t in scores.take(at).to_pylist()]
         self._numbers(maps, rk_rows[at])
-        for row, got in zip(rk_rows[at].tolist(), maps, strict=True):
-            if got is None or not got.keys() <= ids[row]:
-                self.v.ok[row] = False
+        self._keys_known(maps, rk_rows[at], cand_ids)
 
-    def _numbers(self, maps: list[dict[str, Any] | None], rows: np.ndarray) -> None:
+    def _keys_known(self, maps: list[dict[str, Any] | None], rows: np.ndarray,
+                    cand_ids: pa.Array) -> None:
+        """Clear the rows (``rows[i]``: the row of ``maps[i]``) of maps with a key that is
+        not one of the row's candidate ids (``None``: not a map, cleared)."""
+        import pyarrow as pa
+
+        self.v.where(rows, np.array([m is None for m in maps], dtype=bool))
+        keys = [k for m in maps if m for k in m]
+        if not keys:
+            return
+        sizes = np.array([len(m) if m else 0 for m in maps], dtype=np.int64)
+        codes = _Codes(cand_ids, pa.array(keys, pa.string()))
+        key_rows = np.repeat(rows, sizes)
+        known = np.isin(codes.keys(1, key_rows), codes.keys(0, self.cand_rows))
+        self.v.where(key_rows, ~known)
+
+    def _numbers(self, maps: list[dict[str, Any] | None], rows: np.ndarray) -> np.ndarray:
         """Clear the rows (``rows[i]``: the row of ``maps[i]``) of maps with a value that is
-        not a finite number; all floats (the usual case) are checked at once."""
+        not a finite number (all floats, the usual case, are checked at once); the size of
+        each map (0 for ``None``)."""
+        sizes = np.array([len(m) if m else 0 for m in maps], dtype=np.int64)
         values = [x for m in maps if m for x in m.values()]
         if set(map(type, values)) <= {float}:
-            sizes = np.array([len(m) if m else 0 for m in maps], dtype=np.int64)
             finite = np.isfinite(np.array(values, dtype=float))
-            bad = np.repeat(np.arange(len(maps)), sizes)[~finite]
-            self.v.ok[rows[bad]] = False
-            return
+            self.v.where(rows, np.bincount(np.repeat(np.arange(len(maps)), sizes)[~finite],
+                                           minlength=len(maps)) > 0)
+            return sizes
         for row, got in zip(rows.tolist(), maps, strict=True):
             if got and not all(map(_number, got.values())):
                 self.v.ok[row] = False
+        return sizes
 
     def _rest(self) -> None:
         """Agreement, flags, split and consensus kinds."""
