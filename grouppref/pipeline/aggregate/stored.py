@@ -22,29 +22,37 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, overload
 
 import numpy as np
 import pyarrow as pa
 import torch
 
+from grouppref.pipeline.aggregate.columns import AGGREGATE_FIELDS, aggregate_columns, layout
 from grouppref.pipeline.aggregate.config import SELECTION_KEY, AggregateConfig
 from grouppref.pipeline.aggregate.fit import BTFit
 from grouppref.pipeline.aggregate.outcome import (
     Decisions,
-    group_aggregate,
     group_flags,
     group_reject,
     validated_group,
 )
 from grouppref.pipeline.aggregate.parse import Encoded, ParsedInput, selection_code
-from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject
-from grouppref.schemas.arrow import from_stored_row, json_text, table_rows, take_rows, to_row
+from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject, ValidatedGroup
+from grouppref.schemas.arrow import (
+    features_for,
+    from_stored_row,
+    rows_table,
+    table_rows,
+    take_rows,
+    to_row,
+)
 from grouppref.schemas.records import MAX_K, MIN_K
 
 Row = dict[str, Any]  # a stored row: what grouppref.schemas.arrow.table_rows gives
 _GROUP_FIELDS = tuple(CandidateGroup.model_fields)
+_SCHEMA = features_for(ValidatedGroup).arrow_schema
 
 
 def annotated(group: CandidateGroup) -> AnnotatedGroup:
@@ -159,28 +167,54 @@ def stored_input(table: pa.Table, record_type: type[CandidateGroup], source: str
     return parsed
 
 
+def _rankings(groups: pa.Table) -> pa.Array | None:
+    """The ``(n,)`` rankings column of ``groups`` in one chunk, a missing list as an empty
+    one (as the records read it); ``None`` when the table has no such column."""
+    if "rankings" not in groups.column_names:
+        return None
+    column = groups.column("rankings").combine_chunks()
+    if column.null_count:
+        column = pa.array([r or [] for r in column.to_pylist()], column.type)
+    return column
+
+
+def _with_records(out: pa.Table, bad: np.ndarray, row_of: Callable[[int], Row]) -> pa.Table:
+    """``out`` (``(n,)`` rows) with the rows where ``bad`` ``(n,)`` replaced by
+    ``row_of(position)``, in place."""
+    where = np.nonzero(bad)[0]
+    good = np.nonzero(~bad)[0]
+    fixed = rows_table([row_of(int(i)) for i in where], ValidatedGroup)
+    merged = pa.concat_tables([out.take(pa.array(good)), fixed.cast(out.schema)])
+    return merged.take(pa.array(np.argsort(np.concatenate([good, where]))))
+
+
 def stored_outcomes(parsed: ParsedInput, table: pa.Table, fit: BTFit, dec: Decisions,
                     config: AggregateConfig, indices: Sequence[int], stage: str
-                    ) -> tuple[list[Row], list[Reject]]:
-    """Groups ``indices`` (rows of ``table``) as the stored rows of their ValidatedGroups (what
-    ``to_row`` gives) and the row rejects of those a rule drops, each list in the order of
-    ``indices``; only these rows are converted to Python."""
-    out: list[Row] = []
-    rejects: list[Reject] = []
-    for b, row in zip(indices, take_rows(table, indices).to_pylist(), strict=True):
-        if dec.rejected[b]:
-            rejects.append(group_reject(parsed, b, fit, dec, config, stage))
-            continue
-        flags = group_flags(b, dec, config)
-        rankings = row.get("rankings") or []
-        part = group_aggregate([c["candidate_id"] for c in row["candidates"]],
-                               [r["annotator"]["kind"] for r in rankings], b, fit, dec.used,
-                               flags)
-        if not part.holds():  # the record's own validation decides, and names what failed
-            out.append(to_row(validated_group(parsed, b, fit, dec.used, flags)))
-            continue
-        out.append({**{f: row[f] for f in _GROUP_FIELDS}, "rankings": rankings,
-                    "consensus": part.consensus, "strengths": json_text(part.strengths),
-                    "pairs": part.pairs, "agreement": part.agreement, "flags": part.flags,
-                    "split": None, "consensus_kinds": part.consensus_kinds})
-    return out, rejects
+                    ) -> tuple[pa.Table, list[Reject]]:
+    """Groups ``indices`` (rows of ``table``) as the table of the stored rows of their
+    ValidatedGroups (what ``to_row`` gives, one chunk per column) and the row rejects of
+    those a rule drops, each in the order of ``indices``: the input's group columns taken as
+    they are, the aggregate's built column-wise (:mod:`.columns`); a group whose aggregate
+    fails a check is made as a record (its validation names what failed)."""
+    order = np.asarray(indices, dtype=np.int64)
+    rejected = dec.rejected[order]
+    rejects = [group_reject(parsed, b, fit, dec, config, stage)
+               for b in order[rejected].tolist()]
+    kept = order[~rejected]
+    groups = take_rows(table, kept.tolist())
+    lay = layout(kept, groups.column("candidates"))
+    rankings = _rankings(groups)
+    made, holds = aggregate_columns(lay, fit, dec, config, rankings)
+    if rankings is None:
+        rankings = pa.ListArray.from_arrays(pa.array(np.zeros(len(kept) + 1, np.int32)),
+                                            pa.array([], _SCHEMA.field("rankings").type
+                                                     .value_type),
+                                            type=_SCHEMA.field("rankings").type)
+    out = pa.Table.from_arrays([*(groups.column(f) for f in _GROUP_FIELDS), rankings,
+                                *(made[f] for f in AGGREGATE_FIELDS)], schema=_SCHEMA)
+    if not holds.all():  # the record's own validation decides, and names what failed
+        def row_of(i: int) -> Row:
+            b = int(kept[i])
+            return to_row(validated_group(parsed, b, fit, dec.used, group_flags(b, dec, config)))
+        out = _with_records(out, ~holds, row_of)
+    return out.combine_chunks(), rejects
