@@ -178,7 +178,7 @@ def _rankings(groups: pa.Table) -> pa.Array | None:
     return column
 
 
-def _with_records(out: pa.Table, bad: np.ndarray, row_of: Callable[[int], Row]) -> pa.Table:
+def with_records(out: pa.Table, bad: np.ndarray, row_of: Callable[[int], Row]) -> pa.Table:
     """``out`` (``(n,)`` rows) with the rows where ``bad`` ``(n,)`` replaced by
     ``row_of(position)``, in place."""
     where = np.nonzero(bad)[0]
@@ -216,5 +216,5 @@ def stored_outcomes(parsed: ParsedInput, table: pa.Table, fit: BTFit, dec: Decis
         def row_of(i: int) -> Row:
             b = int(kept[i])
             return to_row(validated_group(parsed, b, fit, dec.used, group_flags(b, dec, config)))
-        out = _with_records(out, ~holds, row_of)
+        out = with_records(out, ~holds, row_of)
     return out.combine_chunks(), rejects
