@@ -58,13 +58,12 @@ class Layout:
         return g, np.arange(len(g)) - self.starts[g]
 
 
-def layout(rows: np.ndarray, candidates: pa.ChunkedArray | pa.Array) -> Layout:
-    """The layout of groups ``rows`` of the fit whose ``candidates`` column (``(n,)``,
-    ``list<struct<candidate_id, ...>>``, no nulls) is given."""
-    cands = candidates.combine_chunks() if isinstance(candidates, pa.ChunkedArray) else candidates
-    k = pc.list_value_length(cands).to_numpy(zero_copy_only=False).astype(np.int64)
+def layout(rows: np.ndarray, candidates: pa.ListArray) -> Layout:
+    """The layout of groups ``rows`` of the fit whose candidate ids (``(n,)``
+    ``list<string>``, no nulls: :func:`~.encode.candidate_ids`) are given."""
+    k = pc.list_value_length(candidates).to_numpy(zero_copy_only=False).astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(k)]).astype(np.int64)
-    ids = pc.struct_field(cands.flatten(), "candidate_id")
+    ids = candidates.flatten()
     return Layout(rows=np.asarray(rows, dtype=np.int64), k=k, starts=starts, ids=ids)
 
 

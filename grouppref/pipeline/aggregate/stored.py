@@ -1,27 +1,29 @@
 """The aggregate stage on its input stage's stored Arrow rows (issue 32): no record is built
-for a group the rules keep and whose aggregate holds every check.
+for a group the rules keep and whose aggregate holds every check, and no row is converted to
+Python.
 
 A stage of the run writes its rows from records; when its ``data/`` is still byte for byte
 what it wrote (:meth:`~grouppref.runs.store.RunStore.intact`) in its record type's schema,
-aggregate does not validate every row again: :func:`stored_input` encodes the rankings
-straight from the row dicts (the tensors :func:`~.parse.encode_rankings` would make of the
-records), checking on the way what the encoding relies on, and :func:`stored_outcomes` writes
-each kept group as the stored row :func:`~grouppref.schemas.arrow.to_row` would give for its
-``ValidatedGroup``: the input row's own values (texts, metadata as their JSON text) plus the
-aggregate. The validate stage after it checks every row in full, as it always does.
+aggregate does not validate every row again: :func:`stored_input` encodes the rankings from
+the table's columns (:func:`~.encode.encode_columns`: the tensors
+:func:`~.parse.encode_rankings` would make of the records), checking on the way what the
+encoding relies on, and :func:`stored_outcomes` writes each shard as the table of the stored
+rows :func:`~grouppref.schemas.arrow.to_row` would give for its ValidatedGroups: the
+input's group columns taken as they are (texts, metadata as their JSON text), the aggregate's
+columns built for the whole shard from the fit's arrays (:mod:`.columns`). The validate stage
+after it checks every row in full, as it always does.
 
 Anything else goes through the records as before (validated, salvaged row by row): data
 edited after it was written, a repeated group id (merged or rejected by
 :func:`~.parse.collect_groups`), a row that breaks what the encoding relies on, a group a rule
 drops (its reject reads the record), and an aggregate that fails a check (the record's
-validation names it). ``tests/integration/test_data_equivalence.py`` and
-``tests/integration/test_aggregate_stored.py`` hold the two paths equal.
+validation names it). ``tests/integration/test_data_equivalence.py``,
+``tests/integration/test_aggregate_stored.py``, ``test_aggregate_columns.py`` and
+``test_aggregate_encode.py`` hold the two paths equal.
 """
 
 from __future__ import annotations
 
-import json
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, overload
 
@@ -30,7 +32,8 @@ import pyarrow as pa
 import torch
 
 from grouppref.pipeline.aggregate.columns import AGGREGATE_FIELDS, aggregate_columns, layout
-from grouppref.pipeline.aggregate.config import SELECTION_KEY, AggregateConfig
+from grouppref.pipeline.aggregate.config import AggregateConfig
+from grouppref.pipeline.aggregate.encode import candidate_ids, encode_columns
 from grouppref.pipeline.aggregate.fit import BTFit
 from grouppref.pipeline.aggregate.outcome import (
     Decisions,
@@ -38,19 +41,17 @@ from grouppref.pipeline.aggregate.outcome import (
     group_reject,
     validated_group,
 )
-from grouppref.pipeline.aggregate.parse import Encoded, ParsedInput, selection_code
+from grouppref.pipeline.aggregate.parse import Encoded, ParsedInput
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject, ValidatedGroup
 from grouppref.schemas.arrow import (
     features_for,
     from_stored_row,
     rows_table,
-    table_rows,
     take_rows,
     to_row,
 )
-from grouppref.schemas.records import MAX_K, MIN_K
 
-Row = dict[str, Any]  # a stored row: what grouppref.schemas.arrow.table_rows gives
+Row = dict[str, Any]  # a stored row: what grouppref.schemas.arrow.to_row gives
 _GROUP_FIELDS = tuple(CandidateGroup.model_fields)
 _SCHEMA = features_for(ValidatedGroup).arrow_schema
 
@@ -88,56 +89,13 @@ class StoredGroups(Sequence[AnnotatedGroup]):
         return self._made[i]
 
 
-def _selection(ranking: Row) -> object:
-    meta = ranking.get("metadata")
-    if not meta or meta == "{}":
-        return None
-    return json.loads(meta).get(SELECTION_KEY)
-
-
-def _encode(row: Row, gi: int, parsed: ParsedInput, ranks: np.ndarray, ann: np.ndarray,
-            valid: np.ndarray, design: np.ndarray, marked: Counter[str]) -> bool:
-    """Encode group ``gi``'s rankings into the arrays; ``False`` when the row breaks a rule
-    the encoding relies on (candidate ids unique, K in range, each ranking of this group by
-    another annotator, naming known candidates at most once in non-empty tiers): a row a
-    stage wrote wrongly, left to the records' validation."""
-    candidates = row["candidates"]
-    pos = {c["candidate_id"]: i for i, c in enumerate(candidates)}
-    if len(pos) != len(candidates) or not MIN_K <= len(candidates) <= MAX_K:
-        return False
-    valid[gi, : len(candidates)] = True
-    markers, annotators = set(), set()
-    for ai, ranking in enumerate(row.get("rankings") or ()):
-        annotator = ranking["annotator"]
-        if ranking["group_id"] != row["group_id"] or annotator["id"] in annotators:
-            return False
-        annotators.add(annotator["id"])
-        if (at := parsed.index.get(annotator["id"])) is None:
-            at = parsed.index[annotator["id"]] = len(parsed.annotators)
-            parsed.annotators.append(annotator["id"])
-            parsed.kinds.append(annotator["kind"])
-        ann[gi, ai] = at
-        for t, tier in enumerate(ranking["tiers"]):
-            if not tier:
-                return False
-            for cid in tier:
-                if cid not in pos or ranks[gi, ai, pos[cid]] >= 0:
-                    return False
-                ranks[gi, ai, pos[cid]] = t
-        if (marker := _selection(ranking)) is not None:
-            design[gi, ai] = selection_code(marker)
-            markers.add(marker)
-    marked.update(m for m in markers if isinstance(m, str))
-    return True
-
-
-def stored_input(table: pa.Table, record_type: type[CandidateGroup], source: str,
-                 batch_size: int = 1024) -> ParsedInput | None:
+def stored_input(table: pa.Table, record_type: type[CandidateGroup], source: str
+                 ) -> ParsedInput | None:
     """The rows of ``table`` (stored groups in ``record_type``'s schema, as a stage of the run
-    wrote them) as :func:`collect_groups` would collect their records, rankings encoded,
-    reading one batch of rows at a time; ``None`` when a group id repeats (the records path
-    merges or rejects repeats) or a row breaks what the encoding relies on (:func:`_encode`),
-    so that the records path validates and salvages the input."""
+    wrote them) as :func:`collect_groups` would collect their records, rankings encoded
+    column-wise (:func:`~.encode.encode_columns`); ``None`` when a group id repeats (the
+    records path merges or rejects repeats) or a row breaks what the encoding relies on, so
+    that the records path validates and salvages the input."""
     import pyarrow.compute as pc
 
     b = table.num_rows
@@ -152,18 +110,19 @@ def stored_input(table: pa.Table, record_type: type[CandidateGroup], source: str
         return int(pc.max(pc.list_value_length(table.column(column))).as_py() or 0)
 
     k, a = longest("candidates", 2), longest("rankings", 1) or 1
-    ranks = np.full((b, a, k), -1, dtype=np.int64)
-    ann = np.full((b, a), -1, dtype=np.int64)
-    valid = np.zeros((b, k), dtype=bool)
-    design = np.full((b, a), selection_code(None), dtype=np.int64)
-    marked: Counter[str] = Counter()
-    columns = [c for c in ("group_id", "candidates", "rankings") if c in table.column_names]
-    for gi, row in enumerate(table_rows(table.select(columns), batch_size)):
-        if not _encode(row, gi, parsed, ranks, ann, valid, design, marked):
-            return None
-    parsed.encoded = Encoded(ranks=torch.from_numpy(ranks), ann=torch.from_numpy(ann),
-                             valid=torch.from_numpy(valid), design=torch.from_numpy(design),
-                             marked=dict(marked))
+    if "candidates" not in table.column_names:
+        return None
+    rankings = table.column("rankings") if "rankings" in table.column_names else None
+    made = encode_columns(table.column("group_id").combine_chunks(),
+                          candidate_ids(table.column("candidates")),
+                          None if rankings is None else rankings.combine_chunks(), k, a)
+    if made is None:
+        return None
+    parsed.annotators, parsed.kinds = made.annotators, made.kinds
+    parsed.index = {aid: i for i, aid in enumerate(made.annotators)}
+    parsed.encoded = Encoded(ranks=torch.from_numpy(made.ranks), ann=torch.from_numpy(made.ann),
+                             valid=torch.from_numpy(made.valid),
+                             design=torch.from_numpy(made.design), marked=made.marked)
     return parsed
 
 
@@ -202,7 +161,7 @@ def stored_outcomes(parsed: ParsedInput, table: pa.Table, fit: BTFit, dec: Decis
                for b in order[rejected].tolist()]
     kept = order[~rejected]
     groups = take_rows(table, kept.tolist())
-    lay = layout(kept, groups.column("candidates"))
+    lay = layout(kept, candidate_ids(groups.column("candidates")))
     rankings = _rankings(groups)
     made, holds = aggregate_columns(lay, fit, dec, config, rankings)
     if rankings is None:
