@@ -53,7 +53,6 @@ from grouppref.schemas.arrow import (
 
 Row = dict[str, Any]  # a stored row: what grouppref.schemas.arrow.to_row gives
 _GROUP_FIELDS = tuple(CandidateGroup.model_fields)
-_SCHEMA = features_for(ValidatedGroup).arrow_schema
 
 
 def annotated(group: CandidateGroup) -> AnnotatedGroup:
@@ -164,13 +163,13 @@ def stored_outcomes(parsed: ParsedInput, table: pa.Table, fit: BTFit, dec: Decis
     lay = layout(kept, candidate_ids(groups.column("candidates")))
     rankings = _rankings(groups)
     made, holds = aggregate_columns(lay, fit, dec, config, rankings)
+    schema = features_for(ValidatedGroup).arrow_schema
     if rankings is None:
+        kind = schema.field("rankings").type
         rankings = pa.ListArray.from_arrays(pa.array(np.zeros(len(kept) + 1, np.int32)),
-                                            pa.array([], _SCHEMA.field("rankings").type
-                                                     .value_type),
-                                            type=_SCHEMA.field("rankings").type)
+                                            pa.array([], kind.value_type), type=kind)
     out = pa.Table.from_arrays([*(groups.column(f) for f in _GROUP_FIELDS), rankings,
-                                *(made[f] for f in AGGREGATE_FIELDS)], schema=_SCHEMA)
+                                *(made[f] for f in AGGREGATE_FIELDS)], schema=schema)
     if not holds.all():  # the record's own validation decides, and names what failed
         def row_of(i: int) -> Row:
             b = int(kept[i])
