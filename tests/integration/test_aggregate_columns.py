@@ -179,3 +179,22 @@ def test_records_in_place_of_rows_that_fail_a_check() -> None:
                           lambda i: to_row(records[i]))
     assert merged.to_pylist() == [to_row(g) for g in records] == built.to_pylist()
     assert _parquet(merged) == _parquet(built)
+
+
+def test_a_validated_stage_read_again() -> None:
+    """Groups aggregated once, stored as ValidatedGroups (the aggregate columns of the input
+    are left out), aggregate to what their AnnotatedGroups give."""
+    config, groups = CONFIGS["no ranking flagged"], _corpus(30)
+    first = outcomes(collect_groups(groups, "rank", STAGE),
+                     fit_parsed(collect_groups(groups, "rank", STAGE), config), config,
+                     range(30))[0]
+    table = to_table(first, ValidatedGroup)
+    parsed = stored_input(table, ValidatedGroup, "aggregate")
+    assert parsed is not None
+    agg = fit_parsed(parsed, config)
+    shard = list(range(len(first)))
+    annotated = [AnnotatedGroup(**{f: getattr(g, f) for f in AnnotatedGroup.model_fields})
+                 for g in first]
+    got, want = _stored(table, parsed, agg, config, shard), _records(annotated, agg, config,
+                                                                    shard)
+    assert _parquet(got[0]) == _parquet(want[0]) and got[1] == want[1]
