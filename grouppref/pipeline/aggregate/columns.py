@@ -16,7 +16,6 @@ the same float operations in the same order (means over the same compacted value
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cache
 
@@ -28,7 +27,7 @@ from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.fit import BTFit
 from grouppref.pipeline.aggregate.outcome import RULES, Decisions
 from grouppref.schemas import ValidatedGroup
-from grouppref.schemas.arrow import features_for
+from grouppref.schemas.arrow import features_for, json_text
 
 AGGREGATE_FIELDS = ("consensus", "strengths", "pairs", "agreement", "flags", "split",
                     "consensus_kinds")
@@ -114,8 +113,8 @@ def strengths(lay: Layout, theta: np.ndarray) -> tuple[pa.Array, np.ndarray]:
         texts = text.to_pylist()
         for gi in np.unique(g[escape]).tolist():
             lo, hi = lay.starts[gi], lay.starts[gi + 1]
-            texts[gi] = json.JSONEncoder(sort_keys=True, ensure_ascii=False).encode(
-                dict(zip(lay.ids[lo:hi].to_pylist(), values[lo:hi].tolist(), strict=True)))
+            texts[gi] = json_text(dict(zip(lay.ids[lo:hi].to_pylist(), values[lo:hi].tolist(),
+                                           strict=True)))
         text = pa.array(texts, pa.string())
     return text, _ok_groups(g, np.isfinite(values), len(lay.k))
 
