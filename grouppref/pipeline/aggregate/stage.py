@@ -44,7 +44,6 @@ from grouppref.schemas.arrow import (
     dataset_rows,
     features_for,
     from_dataset,
-    rows_table,
 )
 from grouppref.schemas.reports import AggregateReport
 
@@ -176,7 +175,7 @@ def _aggregate(store: RunStore, stage: StageRun[ValidatedGroup], got: _Input,
             if read.table is not None:
                 kept, dropped = stored_outcomes(parsed, read.table, agg.fit, agg.dec, config,
                                                 shard.items, STAGE)
-                stage.write_table(shard, rows_table(kept, ValidatedGroup), dropped)
+                stage.write_table(shard, kept, dropped)
             else:
                 stage.write_shard(shard, *outcomes(parsed, agg, config, shard.items))
             bar.advance(task, len(shard.items))

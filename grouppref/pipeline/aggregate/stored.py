@@ -1,49 +1,57 @@
 """The aggregate stage on its input stage's stored Arrow rows (issue 32): no record is built
-for a group the rules keep and whose aggregate holds every check.
+for a group the rules keep and whose aggregate holds every check, and no row is converted to
+Python.
 
 A stage of the run writes its rows from records; when its ``data/`` is still byte for byte
 what it wrote (:meth:`~grouppref.runs.store.RunStore.intact`) in its record type's schema,
-aggregate does not validate every row again: :func:`stored_input` encodes the rankings
-straight from the row dicts (the tensors :func:`~.parse.encode_rankings` would make of the
-records), checking on the way what the encoding relies on, and :func:`stored_outcomes` writes
-each kept group as the stored row :func:`~grouppref.schemas.arrow.to_row` would give for its
-``ValidatedGroup``: the input row's own values (texts, metadata as their JSON text) plus the
-aggregate. The validate stage after it checks every row in full, as it always does.
+aggregate does not validate every row again: :func:`stored_input` encodes the rankings from
+the table's columns (:func:`~.encode.encode_columns`: the tensors
+:func:`~.parse.encode_rankings` would make of the records), checking on the way what the
+encoding relies on, and :func:`stored_outcomes` writes each shard as the table of the stored
+rows :func:`~grouppref.schemas.arrow.to_row` would give for its ValidatedGroups: the
+input's group columns taken as they are (texts, metadata as their JSON text), the aggregate's
+columns built for the whole shard from the fit's arrays (:mod:`.columns`). The validate stage
+after it checks every row in full, as it always does.
 
 Anything else goes through the records as before (validated, salvaged row by row): data
 edited after it was written, a repeated group id (merged or rejected by
 :func:`~.parse.collect_groups`), a row that breaks what the encoding relies on, a group a rule
 drops (its reject reads the record), and an aggregate that fails a check (the record's
-validation names it). ``tests/integration/test_data_equivalence.py`` and
-``tests/integration/test_aggregate_stored.py`` hold the two paths equal.
+validation names it). ``tests/integration/test_data_equivalence.py``,
+``tests/integration/test_aggregate_stored.py``, ``test_aggregate_columns.py`` and
+``test_aggregate_encode.py`` hold the two paths equal.
 """
 
 from __future__ import annotations
 
-import json
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, overload
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from grouppref.pipeline.aggregate.config import SELECTION_KEY, AggregateConfig
+from grouppref.pipeline.aggregate.columns import AGGREGATE_FIELDS, aggregate_columns, layout
+from grouppref.pipeline.aggregate.config import AggregateConfig
+from grouppref.pipeline.aggregate.encode import candidate_ids, encode_columns
 from grouppref.pipeline.aggregate.fit import BTFit
 from grouppref.pipeline.aggregate.outcome import (
     Decisions,
-    group_aggregate,
     group_flags,
     group_reject,
     validated_group,
 )
-from grouppref.pipeline.aggregate.parse import Encoded, ParsedInput, selection_code
-from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject
-from grouppref.schemas.arrow import from_stored_row, json_text, table_rows, take_rows, to_row
-from grouppref.schemas.records import MAX_K, MIN_K
+from grouppref.pipeline.aggregate.parse import Encoded, ParsedInput
+from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject, ValidatedGroup
+from grouppref.schemas.arrow import (
+    features_for,
+    from_stored_row,
+    rows_table,
+    take_rows,
+    to_row,
+)
 
-Row = dict[str, Any]  # a stored row: what grouppref.schemas.arrow.table_rows gives
+Row = dict[str, Any]  # a stored row: what grouppref.schemas.arrow.to_row gives
 _GROUP_FIELDS = tuple(CandidateGroup.model_fields)
 
 
@@ -80,56 +88,13 @@ class StoredGroups(Sequence[AnnotatedGroup]):
         return self._made[i]
 
 
-def _selection(ranking: Row) -> object:
-    meta = ranking.get("metadata")
-    if not meta or meta == "{}":
-        return None
-    return json.loads(meta).get(SELECTION_KEY)
-
-
-def _encode(row: Row, gi: int, parsed: ParsedInput, ranks: np.ndarray, ann: np.ndarray,
-            valid: np.ndarray, design: np.ndarray, marked: Counter[str]) -> bool:
-    """Encode group ``gi``'s rankings into the arrays; ``False`` when the row breaks a rule
-    the encoding relies on (candidate ids unique, K in range, each ranking of this group by
-    another annotator, naming known candidates at most once in non-empty tiers): a row a
-    stage wrote wrongly, left to the records' validation."""
-    candidates = row["candidates"]
-    pos = {c["candidate_id"]: i for i, c in enumerate(candidates)}
-    if len(pos) != len(candidates) or not MIN_K <= len(candidates) <= MAX_K:
-        return False
-    valid[gi, : len(candidates)] = True
-    markers, annotators = set(), set()
-    for ai, ranking in enumerate(row.get("rankings") or ()):
-        annotator = ranking["annotator"]
-        if ranking["group_id"] != row["group_id"] or annotator["id"] in annotators:
-            return False
-        annotators.add(annotator["id"])
-        if (at := parsed.index.get(annotator["id"])) is None:
-            at = parsed.index[annotator["id"]] = len(parsed.annotators)
-            parsed.annotators.append(annotator["id"])
-            parsed.kinds.append(annotator["kind"])
-        ann[gi, ai] = at
-        for t, tier in enumerate(ranking["tiers"]):
-            if not tier:
-                return False
-            for cid in tier:
-                if cid not in pos or ranks[gi, ai, pos[cid]] >= 0:
-                    return False
-                ranks[gi, ai, pos[cid]] = t
-        if (marker := _selection(ranking)) is not None:
-            design[gi, ai] = selection_code(marker)
-            markers.add(marker)
-    marked.update(m for m in markers if isinstance(m, str))
-    return True
-
-
-def stored_input(table: pa.Table, record_type: type[CandidateGroup], source: str,
-                 batch_size: int = 1024) -> ParsedInput | None:
+def stored_input(table: pa.Table, record_type: type[CandidateGroup], source: str
+                 ) -> ParsedInput | None:
     """The rows of ``table`` (stored groups in ``record_type``'s schema, as a stage of the run
-    wrote them) as :func:`collect_groups` would collect their records, rankings encoded,
-    reading one batch of rows at a time; ``None`` when a group id repeats (the records path
-    merges or rejects repeats) or a row breaks what the encoding relies on (:func:`_encode`),
-    so that the records path validates and salvages the input."""
+    wrote them) as :func:`collect_groups` would collect their records, rankings encoded
+    column-wise (:func:`~.encode.encode_columns`); ``None`` when a group id repeats (the
+    records path merges or rejects repeats) or a row breaks what the encoding relies on, so
+    that the records path validates and salvages the input."""
     import pyarrow.compute as pc
 
     b = table.num_rows
@@ -144,43 +109,70 @@ def stored_input(table: pa.Table, record_type: type[CandidateGroup], source: str
         return int(pc.max(pc.list_value_length(table.column(column))).as_py() or 0)
 
     k, a = longest("candidates", 2), longest("rankings", 1) or 1
-    ranks = np.full((b, a, k), -1, dtype=np.int64)
-    ann = np.full((b, a), -1, dtype=np.int64)
-    valid = np.zeros((b, k), dtype=bool)
-    design = np.full((b, a), selection_code(None), dtype=np.int64)
-    marked: Counter[str] = Counter()
-    columns = [c for c in ("group_id", "candidates", "rankings") if c in table.column_names]
-    for gi, row in enumerate(table_rows(table.select(columns), batch_size)):
-        if not _encode(row, gi, parsed, ranks, ann, valid, design, marked):
-            return None
-    parsed.encoded = Encoded(ranks=torch.from_numpy(ranks), ann=torch.from_numpy(ann),
-                             valid=torch.from_numpy(valid), design=torch.from_numpy(design),
-                             marked=dict(marked))
+    if "candidates" not in table.column_names:
+        return None
+    rankings = table.column("rankings") if "rankings" in table.column_names else None
+    made = encode_columns(table.column("group_id").combine_chunks(),
+                          candidate_ids(table.column("candidates")),
+                          None if rankings is None else rankings.combine_chunks(), k, a)
+    if made is None:
+        return None
+    parsed.annotators, parsed.kinds = made.annotators, made.kinds
+    parsed.index = {aid: i for i, aid in enumerate(made.annotators)}
+    parsed.encoded = Encoded(ranks=torch.from_numpy(made.ranks), ann=torch.from_numpy(made.ann),
+                             valid=torch.from_numpy(made.valid),
+                             design=torch.from_numpy(made.design), marked=made.marked)
     return parsed
+
+
+def _rankings(groups: pa.Table) -> pa.Array | None:
+    """The ``(n,)`` rankings column of ``groups`` in one chunk, a missing list as an empty
+    one (as the records read it); ``None`` when the table has no such column."""
+    if "rankings" not in groups.column_names:
+        return None
+    column = groups.column("rankings").combine_chunks()
+    if column.null_count:
+        column = pa.array([r or [] for r in column.to_pylist()], column.type)
+    return column
+
+
+def with_records(out: pa.Table, bad: np.ndarray, row_of: Callable[[int], Row]) -> pa.Table:
+    """``out`` (``(n,)`` rows) with the rows where ``bad`` ``(n,)`` replaced by
+    ``row_of(position)``, in place."""
+    where = np.nonzero(bad)[0]
+    good = np.nonzero(~bad)[0]
+    fixed = rows_table([row_of(int(i)) for i in where], ValidatedGroup)
+    merged = pa.concat_tables([out.take(pa.array(good)), fixed.cast(out.schema)])
+    return merged.take(pa.array(np.argsort(np.concatenate([good, where]))))
 
 
 def stored_outcomes(parsed: ParsedInput, table: pa.Table, fit: BTFit, dec: Decisions,
                     config: AggregateConfig, indices: Sequence[int], stage: str
-                    ) -> tuple[list[Row], list[Reject]]:
-    """Groups ``indices`` (rows of ``table``) as the stored rows of their ValidatedGroups (what
-    ``to_row`` gives) and the row rejects of those a rule drops, each list in the order of
-    ``indices``; only these rows are converted to Python."""
-    out: list[Row] = []
-    rejects: list[Reject] = []
-    for b, row in zip(indices, take_rows(table, indices).to_pylist(), strict=True):
-        if dec.rejected[b]:
-            rejects.append(group_reject(parsed, b, fit, dec, config, stage))
-            continue
-        flags = group_flags(b, dec, config)
-        rankings = row.get("rankings") or []
-        part = group_aggregate([c["candidate_id"] for c in row["candidates"]],
-                               [r["annotator"]["kind"] for r in rankings], b, fit, dec.used,
-                               flags)
-        if not part.holds():  # the record's own validation decides, and names what failed
-            out.append(to_row(validated_group(parsed, b, fit, dec.used, flags)))
-            continue
-        out.append({**{f: row[f] for f in _GROUP_FIELDS}, "rankings": rankings,
-                    "consensus": part.consensus, "strengths": json_text(part.strengths),
-                    "pairs": part.pairs, "agreement": part.agreement, "flags": part.flags,
-                    "split": None, "consensus_kinds": part.consensus_kinds})
-    return out, rejects
+                    ) -> tuple[pa.Table, list[Reject]]:
+    """Groups ``indices`` (rows of ``table``) as the table of the stored rows of their
+    ValidatedGroups (what ``to_row`` gives, one chunk per column) and the row rejects of
+    those a rule drops, each in the order of ``indices``: the input's group columns taken as
+    they are, the aggregate's built column-wise (:mod:`.columns`); a group whose aggregate
+    fails a check is made as a record (its validation names what failed)."""
+    order = np.asarray(indices, dtype=np.int64)
+    rejected = dec.rejected[order]
+    rejects = [group_reject(parsed, b, fit, dec, config, stage)
+               for b in order[rejected].tolist()]
+    kept = order[~rejected]
+    groups = take_rows(table, kept.tolist())
+    lay = layout(kept, candidate_ids(groups.column("candidates")))
+    rankings = _rankings(groups)
+    made, holds = aggregate_columns(lay, fit, dec, config, rankings)
+    schema = features_for(ValidatedGroup).arrow_schema
+    if rankings is None:
+        kind = schema.field("rankings").type
+        rankings = pa.ListArray.from_arrays(pa.array(np.zeros(len(kept) + 1, np.int32)),
+                                            pa.array([], kind.value_type), type=kind)
+    out = pa.Table.from_arrays([*(groups.column(f) for f in _GROUP_FIELDS), rankings,
+                                *(made[f] for f in AGGREGATE_FIELDS)], schema=schema)
+    if not holds.all():  # the record's own validation decides, and names what failed
+        def row_of(i: int) -> Row:
+            b = int(kept[i])
+            return to_row(validated_group(parsed, b, fit, dec.used, group_flags(b, dec, config)))
+        out = with_records(out, ~holds, row_of)
+    return out.combine_chunks(), rejects
