@@ -221,9 +221,20 @@ class _Codes:
 
 
 def _repeats(keys: np.ndarray) -> np.ndarray:
-    """``True`` for each key that occurs more than once."""
+    """``True`` for each key that occurs more than once (one sort when none does)."""
+    ordered = np.sort(keys)
+    if not (ordered[1:] == ordered[:-1]).any():
+        return np.zeros(len(keys), dtype=bool)
     _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
     return np.asarray(counts[inverse] > 1)
+
+
+def _member(keys: np.ndarray, ordered: np.ndarray) -> np.ndarray:
+    """``np.isin(keys, ordered)`` for a sorted ``ordered``, by binary search."""
+    if not len(ordered):
+        return np.zeros(len(keys), dtype=bool)
+    at = np.minimum(np.searchsorted(ordered, keys), len(ordered) - 1)
+    return np.asarray(ordered[at] == keys)
 
 
 def _prompt(v: _Verdict, prompt: pa.StructArray) -> None:
@@ -328,8 +339,9 @@ class _Sound:
         pr, pr_rows = _flat(pairs)
         codes = _Codes(cand_ids, rk_ids, cons_ids, pr.field("winner"), pr.field("loser"),
                        ann.field("id"))
-        self.codes, self.cand_keys = codes, codes.keys(0, self.cand_rows)
-        v.where(self.cand_rows, _repeats(self.cand_keys))
+        cand_keys = codes.keys(0, self.cand_rows)
+        v.where(self.cand_rows, _repeats(cand_keys))  # a candidate id twice
+        self.codes, self.cand_keys = codes, np.sort(cand_keys)
         v.where(rk_rows, _repeats(codes.keys(5, rk_rows)))  # an annotator ranks twice
         named = self._ids_of_tiers(rk_ids, rk_id_owner, rk_rows, 1)
         v.where(rk_rows, named < MIN_K)
@@ -345,7 +357,7 @@ class _Sound:
         the number of ids each owner names."""
         id_rows = owner_rows[id_owner]
         self.v.items(id_rows, _ids_ok(ids))
-        self.v.where(id_rows, ~np.isin(self.codes.keys(which, id_rows), self.cand_keys))
+        self.v.where(id_rows, ~_member(self.codes.keys(which, id_rows), self.cand_keys))
         self.v.where(id_rows, _repeats(id_owner * self.codes.size + self.codes.codes[which]))
         return np.bincount(id_owner, minlength=len(owner_rows))
 
@@ -358,8 +370,8 @@ class _Sound:
                 & _between(pr.field("votes_against"), 0.0, None))
         winner, loser = codes.codes[3], codes.codes[4]
         v.where(rows, winner == loser)
-        v.where(rows, ~np.isin(codes.keys(3, rows), self.cand_keys))
-        v.where(rows, ~np.isin(codes.keys(4, rows), self.cand_keys))
+        v.where(rows, ~_member(codes.keys(3, rows), self.cand_keys))
+        v.where(rows, ~_member(codes.keys(4, rows), self.cand_keys))
         if self.n * codes.size**2 >= _INT64:  # keys would overflow: never for a batch
             v.ok[:] = False
             return
@@ -391,7 +403,7 @@ class _Sound:
         sizes = np.array([len(m) if m else 0 for m in maps], dtype=np.int64)
         codes = _Codes(cand_ids, pa.array(keys, pa.string()))
         key_rows = np.repeat(rows, sizes)
-        known = np.isin(codes.keys(1, key_rows), codes.keys(0, self.cand_rows))
+        known = _member(codes.keys(1, key_rows), np.sort(codes.keys(0, self.cand_rows)))
         self.v.where(key_rows, ~known)
 
     def _numbers(self, maps: list[dict[str, Any] | None], rows: np.ndarray) -> np.ndarray:

@@ -143,12 +143,14 @@ class Checks:
         is one of ``repeated``)."""
         self.rows += 1
         gid, cfg = facts.group_id, self.config
+        split_sha = _sha(facts.split_key)
+        prompt_sha = split_sha if facts.prompt_key == facts.split_key else _sha(facts.prompt_key)
         self.info[number] = RowInfo(
             split=split_of(facts.split_key, cfg.seed, cfg.test_fraction),
-            key=_sha(facts.split_key), pairs=facts.pairs, annotators=facts.annotators,
+            key=split_sha, pairs=facts.pairs, annotators=facts.annotators,
             kendall_w=facts.kendall_w, noise=facts.noise, flags=facts.flags)
         self.by_group[gid].append((number, facts.contents))
-        first = self.first_prompt.setdefault(_sha(facts.prompt_key), (number, gid))
+        first = self.first_prompt.setdefault(prompt_sha, (number, gid))
         if first[1] != gid and FROM_PAIR not in facts.flags:
             self._reject("duplicate_prompt", number, gid,
                          f"same prompt as group {first[1]!r} at row {first[0]}", "prompt")
