@@ -304,10 +304,9 @@ def component_labels(wins: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     reach = (((wins + wins.transpose(-1, -2)) > 0) & pair | (eye & pair)).to(DTYPE)
     for _ in range(max(1, math.ceil(math.log2(max(k, 2))))):
         reach = ((reach + reach @ reach) > 0).to(DTYPE)
-    index = torch.arange(k, device=wins.device)
-    # reach[b, j, i]: j reaches i; the label of i is the smallest such j
-    first = torch.where(reach > 0, index[None, :, None], k).amin(1)  # (B, K)
-    return torch.where(valid, first, -1)
+    # reach[b, j, i]: j reaches i; the label of i is the smallest such j: the first index of
+    # the column's maximum (argmax returns the first), since a real i reaches itself
+    return torch.where(valid, reach.argmax(1), -1)
 
 
 def components(wins: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,11 @@ def rule_matches(used_n: np.ndarray, fit: BTFit, config: AggregateConfig
     spread = (np.where(valid, theta, -np.inf).max(-1) - np.where(valid, theta, np.inf).min(-1))
     p_extreme = 1 / (1 + np.exp(-spread))  # p(best > worst)
     kw = fit.kendall_w
-    parts = rankstats.components(torch.from_numpy(fit.wins), torch.from_numpy(valid)).numpy()
+    if fit.labels is not None:  # the fit's own labels (BTFit.numpy): count them
+        parts = (fit.labels == np.arange(fit.labels.shape[-1])).sum(-1)
+    else:
+        parts = rankstats.components(torch.from_numpy(fit.wins),
+                                     torch.from_numpy(valid)).numpy()
     return {
         "no_rankings": used_n == 0,
         "too_few_rankings": used_n < config.min_rankings,
