@@ -102,6 +102,20 @@ class Timed:
     peak_rss_mb: float
     stage_seconds: float | None = None  # what the stage's manifest says it took
     cpu_seconds: float = 0.0  # user + system time of the child (all its threads)
+    peak_anon_mb: float = 0.0  # largest RssAnon seen (sampled): memory not backed by a file
+
+
+def _anon_mb(pid: int) -> float:
+    """The RssAnon of a process (Linux ``/proc``): its resident memory that no file backs
+    (heap, Python objects, Arrow buffers it built), as against memory-mapped file pages."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 def run_child(name: str, argv: list[str], cwd: Path, run: Path | None = None,
@@ -111,7 +125,13 @@ def run_child(name: str, argv: list[str], cwd: Path, run: Path | None = None,
     t = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    anon = 0.0
+    while True:  # sample the child's anonymous memory until it ends
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        anon = max(anon, _anon_mb(proc.pid))
+        time.sleep(0.05)
     seconds = time.perf_counter() - t
     out = (proc.stdout.read() if proc.stdout else b"") + (proc.stderr.read() if proc.stderr
                                                             else b"")
@@ -123,7 +143,7 @@ def run_child(name: str, argv: list[str], cwd: Path, run: Path | None = None,
         manifest = json.loads((run / stage / "manifest.json").read_text(encoding="utf-8"))
         stage_seconds = manifest.get("seconds")
     return Timed(name, seconds, usage.ru_maxrss / 1024, stage_seconds,
-                 usage.ru_utime + usage.ru_stime)
+                 usage.ru_utime + usage.ru_stime, anon)
 
 
 def load_average() -> str:
@@ -190,19 +210,22 @@ def main() -> None:
           f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     print(f"load average (1/5/15 min) before and after each command: {' | '.join(loads)}")
     print(f"{'command':<10} {'seconds':>8} {'stage s':>8} {'groups/s':>9} {'x peer':>7} "
-          f"{'cpu s':>8} {'x peer cpu':>10} {'peak RSS MB':>12}")
+          f"{'cpu s':>8} {'x peer cpu':>10} {'peak RSS MB':>12} {'anon MB':>8}")
     for p in peers:
         print(f"{'peer':<10} {p.seconds:8.2f} {'':>8} {n / p.seconds:9.0f} {'':>7} "
-              f"{p.cpu_seconds:8.2f} {'':>10} {p.peak_rss_mb:12.0f}")
+              f"{p.cpu_seconds:8.2f} {'':>10} {p.peak_rss_mb:12.0f} {p.peak_anon_mb:8.0f}")
     for timed, peer, peer_cpu in results:
         stage_s = f"{timed.stage_seconds:8.2f}" if timed.stage_seconds is not None else " " * 8
         print(f"{timed.name:<10} {timed.seconds:8.2f} {stage_s} {n / timed.seconds:9.0f} "
               f"{timed.seconds / peer:7.2f} {timed.cpu_seconds:8.2f} "
-              f"{timed.cpu_seconds / peer_cpu:10.2f} {timed.peak_rss_mb:12.0f}")
+              f"{timed.cpu_seconds / peer_cpu:10.2f} {timed.peak_rss_mb:12.0f} "
+              f"{timed.peak_anon_mb:8.0f}")
     print("(seconds: the command's wall time, interpreter and imports included; stage s: the "
           "stage's own time from its manifest; x peer: seconds / mean of the peer runs before "
           "and after it; cpu s: the command's user + system time, all threads, which a loaded "
-          "machine stretches less than wall time; x peer cpu: the same ratio on CPU time)")
+          "machine stretches less than wall time; x peer cpu: the same ratio on CPU time; peak RSS: "
+          "the child's own (os.wait4), memory-mapped file pages included; anon MB: the largest "
+          "RssAnon sampled every 50 ms, the memory no file backs)")
 
 
 def _export_stage(run: Path) -> str:
