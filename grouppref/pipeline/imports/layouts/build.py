@@ -20,6 +20,7 @@ import math
 import typing
 from datetime import datetime, timezone
 
+from grouppref.pipeline.imports.layouts.keys import candidate_ids, duplicate_keys
 from grouppref.pipeline.imports.layouts.raw_groups import (
     Collected,
     Context,
@@ -43,9 +44,7 @@ from grouppref.schemas import (
     Ranking,
     Reject,
     group_id_of,
-    make_candidate_id,
     make_group_id,
-    normalise_text,
     to_row,
 )
 
@@ -56,10 +55,12 @@ UNKNOWN_TIME = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 def _merge_responses(raw: RawGroup, ctx: Context, gid: str, rejects: list[Reject]
                      ) -> tuple[list[Response], dict[int, int]]:
-    """Distinct non-empty responses, and response index -> candidate index."""
+    """Distinct non-empty responses, and response index -> candidate index (texts are told
+    apart by :func:`.keys.duplicate_keys`, computed for the whole group at once)."""
+    keys = iter(duplicate_keys([r.text for r in raw.responses if isinstance(r.text, str)]))
     kept: list[Response] = []
     index: dict[int, int] = {}
-    seen: dict[str, int] = {}
+    seen: dict[str | int, int] = {}
     for i, resp in enumerate(raw.responses):
         if not isinstance(resp.text, str):
             what = "has no text" if resp.text is None else \
@@ -67,21 +68,21 @@ def _merge_responses(raw: RawGroup, ctx: Context, gid: str, rejects: list[Reject
             rejects.append(ctx.reject(f"response {what}; left out", resp.row, resp.where,
                                       group_id=gid))
             continue
-        norm = normalise_text(resp.text)
-        if not norm:
+        key = next(keys)
+        if key == "":
             rejects.append(ctx.reject("empty response left out", resp.row, resp.where,
                                       group_id=gid))
-        elif norm in seen:
-            first = kept[seen[norm]]
+        elif key in seen:
+            first = kept[seen[key]]
             # pairs share responses by design; a pair whose two sides are one text is
             # reported once, as its dropped ranking (its vote is not kept)
             if not raw.repeats_expected:
                 rejects.append(ctx.reject(f"same response as {first.where} (row {first.row}): "
                                           "merged into one candidate, its votes kept", resp.row,
                                           resp.where, group_id=gid))
-            index[i] = seen[norm]
+            index[i] = seen[key]
         else:
-            seen[norm] = index[i] = len(kept)
+            seen[key] = index[i] = len(kept)
             kept.append(resp)
     return kept, index
 
@@ -169,7 +170,9 @@ def _record(raw: RawGroup, gid: str, responses: list[Response], part: range,
             votes: list[Scored], ctx: Context, rejects: list[Reject]) -> GroupRow:
     """One record's stored row: made directly (:func:`.stored.fast_row`) or, when a value is
     one only the models can judge, through :class:`AnnotatedGroup` (its errors as ever)."""
-    candidates = [(make_candidate_id(gid, r.text), r.text, r.model) for r in responses]
+    texts = [r.text for r in responses]
+    candidates = list(zip(candidate_ids(gid, texts), texts, [r.model for r in responses],
+                          strict=True))
     ids = {c: candidates[c - part.start][0] for c in part}
     rankings: list[PlainRanking] = []
     for vote, scores, shown in votes:
