@@ -107,7 +107,15 @@ def _candidate_votes(raw: RawGroup, index: dict[int, int], ctx: Context, gid: st
     """Each vote on candidates: scores (copies' averaged) and the kept values (the first
     copy's); votes on fewer than 2 candidates dropped with the reason."""
     out: list[Scored] = []
+    # no response left out or merged: each candidate is one response, at its index
+    alone = len(index) == len(raw.responses) and all(i == c for i, c in index.items())
     for vote in raw.votes:
+        if alone and len(vote.scores) >= 2 and vote.scores.keys() <= index.keys():
+            # no copies to average: the scores as they are (only their order is used)
+            shown = vote.shown
+            out.append((vote, vote.scores, None if shown is None else
+                        {i: shown[i] for i in vote.scores if i in shown}))
+            continue
         by_candidate: dict[int, list[float]] = {}
         shown: dict[int, float] = {}
         for i, s in vote.scores.items():
@@ -176,7 +184,8 @@ def _record(raw: RawGroup, gid: str, responses: list[Response], part: range,
     ids = {c: candidates[c - part.start][0] for c in part}
     rankings: list[PlainRanking] = []
     for vote, scores, shown in votes:
-        mine = {c: s for c, s in scores.items() if c in ids}
+        mine = scores if scores.keys() <= ids.keys() else {
+            c: s for c, s in scores.items() if c in ids}
         if len(mine) == 1:  # a split left this vote one candidate here: that comparison is lost
             rejects.append(ctx.reject(f"ranking by {vote.annotator!r} names 1 candidate of group "
                                       f"{gid}; left out of it", vote.row,

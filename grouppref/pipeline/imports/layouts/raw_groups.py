@@ -30,7 +30,7 @@ from grouppref.schemas.arrow import from_stored_row
 from grouppref.schemas.records import AnnotatorKind
 
 
-@dataclass
+@dataclass(slots=True)
 class Response:
     """One response as read: its text, the model that wrote it, and where it was."""
 
@@ -113,6 +113,8 @@ class Context:
         """A rating as a float, ``None`` when not rated (one of ``missing``, null, NaN) or not
         a number (a part-reject says so): either way that candidate is left out of that
         ranking."""
+        if type(value) is float:  # most ratings: float() would give the value itself
+            return value if math.isfinite(value) else None
         if value is None or (isinstance(value, str) and value.strip() in self.config.missing):
             return None
         try:
@@ -160,9 +162,10 @@ class Context:
         Raises:
             RowError: neither.
         """
-        value = maybe_json(value)
-        if isinstance(value, str):
-            return value, None
+        if not isinstance(value, dict):  # a dict is as it is; text may hold a JSON object
+            value = maybe_json(value)
+            if isinstance(value, str):
+                return value, None
         if isinstance(value, dict) and self.text_key in value:
             model = value.get(self.config.model_key)
             return value[self.text_key], str(model) if model is not None else None
