@@ -112,9 +112,9 @@ def _candidate_votes(raw: RawGroup, index: dict[int, int], ctx: Context, gid: st
     for vote in raw.votes:
         if alone and len(vote.scores) >= 2 and vote.scores.keys() <= index.keys():
             # no copies to average: the scores as they are (only their order is used)
-            shown = vote.shown
-            out.append((vote, vote.scores, None if shown is None else
-                        {i: shown[i] for i in vote.scores if i in shown}))
+            given = vote.shown
+            out.append((vote, vote.scores, None if given is None else
+                        {i: given[i] for i in vote.scores if i in given}))
             continue
         by_candidate: dict[int, list[float]] = {}
         shown: dict[int, float] = {}
