@@ -17,6 +17,7 @@ from typing import Any
 
 from grouppref.errors import RowError
 from grouppref.pipeline.imports.config import ImportConfig
+from grouppref.pipeline.imports.layouts.derived import derived_prompt
 from grouppref.pipeline.imports.layouts.stored import GroupRow
 from grouppref.readers.mapping import ColumnMapping
 from grouppref.readers.prompts import PromptIds, prompt_from_row
@@ -100,6 +101,8 @@ class Context:
     scores: list[str]
     # the mapping with extra metadata columns, made once per set of columns (see prompt)
     extended: dict[tuple[str, ...], ColumnMapping] = field(default_factory=dict, repr=False)
+    # the last prompt made from a derived prompt, with its content key (see content_key)
+    made: tuple[Prompt, str] | None = field(default=None, repr=False)
 
     def fail(self, reason: str, number: int, field_name: str | None = None) -> RowError:
         return RowError(reason, field=field_name, source=self.source, row=number)
@@ -153,7 +156,18 @@ class Context:
                 self.extended[key] = mapping.model_copy(update={"metadata_columns": [
                     *mapping.metadata_columns, *present]})
             mapping = self.extended[key]
-        return prompt_from_row(row, mapping, self.source, number, text=text, messages=messages)
+        made = None if text is None and messages is None else derived_prompt(
+            row, mapping, self.source, number, text=text, messages=messages)
+        if made is None:
+            return prompt_from_row(row, mapping, self.source, number, text=text,
+                                   messages=messages)
+        self.made = made
+        return made[0]
+
+    def content_key(self, prompt: Prompt) -> str:
+        """``prompt.content_key()``, not computed again for the prompt just made."""
+        made = self.made
+        return made[1] if made is not None and made[0] is prompt else prompt.content_key()
 
     def response(self, value: Any, number: int, where: str) -> tuple[Any, str | None]:
         """``(text, model)`` of a response given as a string or an object holding the text
@@ -292,7 +306,7 @@ class Grouper:
             RowError: the prompt id names another prompt; a repeated prompt where rows do not
                 merge; a ``group_by`` value seen with another prompt.
         """
-        content = prompt.content_key()
+        content = self.ctx.content_key(prompt)
         key = content if key is None else f"key:{key}"
         found = self.groups.get(key)
         if found is None:
@@ -303,7 +317,8 @@ class Grouper:
         if not (self.merge if merge is None else merge):
             raise self.ctx.fail(f"same prompt as row {found.row} (this layout has one row per "
                                 "prompt)", number, self.ctx.mapping.text)
-        if found.prompt.content_key() != content:
+        if (found.content if found.content is not None else found.prompt.content_key()
+                ) != content:
             raise self.ctx.fail(f"group {key[4:]!r} already has a different prompt (row "
                                 f"{found.row})", number, self.ctx.config.group_by)
         return found
