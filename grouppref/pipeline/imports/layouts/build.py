@@ -57,7 +57,11 @@ def _merge_responses(raw: RawGroup, ctx: Context, gid: str, rejects: list[Reject
                      ) -> tuple[list[Response], dict[int, int]]:
     """Distinct non-empty responses, and response index -> candidate index (texts are told
     apart by :func:`.keys.duplicate_keys`, computed for the whole group at once)."""
-    keys = iter(duplicate_keys([r.text for r in raw.responses if isinstance(r.text, str)]))
+    texts = [r.text for r in raw.responses if isinstance(r.text, str)]
+    found = duplicate_keys(texts)
+    if found is None and len(texts) == len(raw.responses):  # each response is a candidate
+        return list(raw.responses), {i: i for i in range(len(texts))}
+    keys = iter(found if found is not None else range(len(texts)))
     kept: list[Response] = []
     index: dict[int, int] = {}
     seen: dict[str | int, int] = {}

@@ -35,10 +35,10 @@ def _kept_chars(text: str) -> int:
     return len(norm) - norm.count(" ")
 
 
-def duplicate_keys(texts: Sequence[str]) -> list[str | int]:
+def duplicate_keys(texts: Sequence[str]) -> list[str | int] | None:
     """A key per text: two texts' keys are equal exactly when their
     :func:`~grouppref.schemas.normalise_text` forms are, and the key is ``""`` exactly when
-    that form is empty.
+    that form is empty; ``None`` when no two texts are equal and none is empty (most groups).
 
     The normal form itself is the key of a text that could have a twin: one with no
     non-whitespace character, or as many as another text of ``texts``. Texts whose counts
@@ -46,7 +46,7 @@ def duplicate_keys(texts: Sequence[str]) -> list[str | int]:
     """
     counts = [_kept_chars(text) for text in texts]
     if len(set(counts)) == len(counts) and 0 not in counts:
-        return list(range(len(texts)))
+        return None
     shared = {c for c, n in Counter(counts).items() if n > 1} | {0}
     return [normalise_text(text) if c in shared else i
             for i, (text, c) in enumerate(zip(texts, counts, strict=True))]

@@ -19,7 +19,7 @@ TRICKY = ["Seven.", "seven.", " SEVEN. ", "seven.\n", "se ven.", "seven!", "", "
 
 
 def _same(texts: list[str]) -> None:
-    keys = duplicate_keys(texts)
+    keys = duplicate_keys(texts) or list(range(len(texts)))
     norms = [normalise_text(t) for t in texts]
     for (a, ka, na), (b, kb, nb) in itertools.combinations(
             zip(texts, keys, norms, strict=True), 2):
@@ -47,7 +47,9 @@ def test_duplicate_keys_of_random_texts() -> None:
 
 
 def test_unique_texts_are_keyed_without_their_normal_form() -> None:
-    assert duplicate_keys(["one", "three", "fifteen"]) == [0, 1, 2]
+    assert duplicate_keys(["one", "three", "fifteen"]) is None
+    assert duplicate_keys(["one", "three", "Three"]) == [0, "three", "three"]
+    assert duplicate_keys(["one", "", "three"]) == [0, "", 2]
 
 
 def test_candidate_ids_are_make_candidate_ids() -> None:
