@@ -146,7 +146,8 @@ class Context:
     def prompt(self, row: dict[str, Any], number: int, *, text: str | None = None,
                messages: list[Any] | None = None, extra: tuple[str, ...] = ()) -> Prompt:
         """The row's prompt (``text`` / ``messages`` when the layout derived it); the
-        ``extra`` columns the row has with a scalar value join its metadata."""
+        ``extra`` columns the row has with a scalar value join its metadata. A derived prompt
+        is made with its content key once (:mod:`.derived`), kept for :meth:`content_key`."""
         mapping = self.mapping
         present = [c for c in extra if isinstance(row.get(c), str | int | float | bool)
                    and c not in mapping.metadata_columns]
