@@ -8,7 +8,7 @@ than the general functions they stand for:
 * :func:`candidate_ids` are :func:`~grouppref.schemas.make_candidate_id` of a group's texts,
   the group's part of the hashed text joined once.
 
-``tests/unit/pipeline/imports/test_keys.py`` holds both equal to the functions they stand for;
+``tests/unit/pipeline/imports/test_import_keys.py`` holds both equal to the functions they stand for;
 the ids are also checked once here, on import, and the general function is used should they
 ever differ (a changed id scheme).
 """
