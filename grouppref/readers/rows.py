@@ -135,23 +135,24 @@ def _check_head(path: Path) -> None:
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, Row]]:
-    """JSONL rows, streamed line by line (``\n`` or ``\r\n``), each line decoded on its own."""
+    """JSONL rows, streamed line by line (``\n`` or ``\r\n``), each line decoded on its own.
+
+    A line is decoded and parsed with its line end (whitespace to JSON, so the same value and
+    no copy of the line without it); only a line that fails is looked at again without it, so
+    that the reason names the same position as for the bare line.
+    """
     _check_head(path)
     decoding = _Decoding(path)
     with open_binary(path) as fh:
         for number, raw in enumerate(fh, start=1):
-            raw = raw.removesuffix(b"\n").removesuffix(b"\r")
             if number == 1:
                 raw = raw.removeprefix(UTF8_BOM)
             try:
                 line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                err = decoding.failed(f"line is not valid UTF-8: byte 0x{raw[e.start]:02X} at "
-                                      f"column {e.start + 1}")
-                err.row = number
-                yield number, err
+            except UnicodeDecodeError:
+                yield number, _undecodable(decoding, _bare(raw), number)
                 continue
-            if not line.strip():
+            if not line or line.isspace():
                 yield number, BlankLine(BLANK, source=str(path), row=number)
                 continue
             decoding.good += 1
@@ -159,10 +160,31 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Row]]:
     decoding.check()
 
 
+def _bare(raw: bytes) -> bytes:
+    """A line without its line end."""
+    return raw.removesuffix(b"\n").removesuffix(b"\r")
+
+
+def _undecodable(decoding: _Decoding, raw: bytes, number: int) -> RowError:
+    """The reject of a line (without its line end) that is not UTF-8."""
+    try:
+        raw.decode("utf-8")
+        reason = "line is not valid UTF-8"  # unreachable: the line with its end did not decode
+    except UnicodeDecodeError as e:
+        reason = f"line is not valid UTF-8: byte 0x{raw[e.start]:02X} at column {e.start + 1}"
+    err = decoding.failed(reason)
+    err.row = number
+    return err
+
+
 def _json_row(line: str, path: Path, number: int) -> Row:
+    """The object on a line (with or without its line end), or why there is none."""
     try:
         value = _loads(line)
     except json.JSONDecodeError as e:
+        bare = line.removesuffix("\n").removesuffix("\r")
+        if bare != line:  # the position as in the bare line
+            return _json_row(bare, path, number)
         return RowError(_json_error(e), source=str(path), row=number)
     if not isinstance(value, dict):
         return RowError(f"expected a JSON object, got {type(value).__name__}", source=str(path),

@@ -20,6 +20,7 @@ import math
 import typing
 from datetime import datetime, timezone
 
+from grouppref.pipeline.imports.layouts.keys import candidate_ids, duplicate_keys
 from grouppref.pipeline.imports.layouts.raw_groups import (
     Collected,
     Context,
@@ -43,9 +44,7 @@ from grouppref.schemas import (
     Ranking,
     Reject,
     group_id_of,
-    make_candidate_id,
     make_group_id,
-    normalise_text,
     to_row,
 )
 
@@ -56,10 +55,16 @@ UNKNOWN_TIME = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 def _merge_responses(raw: RawGroup, ctx: Context, gid: str, rejects: list[Reject]
                      ) -> tuple[list[Response], dict[int, int]]:
-    """Distinct non-empty responses, and response index -> candidate index."""
+    """Distinct non-empty responses, and response index -> candidate index (texts are told
+    apart by :func:`.keys.duplicate_keys`, computed for the whole group at once)."""
+    texts = [r.text for r in raw.responses if isinstance(r.text, str)]
+    found = duplicate_keys(texts)
+    if found is None and len(texts) == len(raw.responses):  # each response is a candidate
+        return list(raw.responses), {i: i for i in range(len(texts))}
+    keys = iter(found if found is not None else range(len(texts)))
     kept: list[Response] = []
     index: dict[int, int] = {}
-    seen: dict[str, int] = {}
+    seen: dict[str | int, int] = {}
     for i, resp in enumerate(raw.responses):
         if not isinstance(resp.text, str):
             what = "has no text" if resp.text is None else \
@@ -67,21 +72,21 @@ def _merge_responses(raw: RawGroup, ctx: Context, gid: str, rejects: list[Reject
             rejects.append(ctx.reject(f"response {what}; left out", resp.row, resp.where,
                                       group_id=gid))
             continue
-        norm = normalise_text(resp.text)
-        if not norm:
+        key = next(keys)
+        if key == "":
             rejects.append(ctx.reject("empty response left out", resp.row, resp.where,
                                       group_id=gid))
-        elif norm in seen:
-            first = kept[seen[norm]]
+        elif key in seen:
+            first = kept[seen[key]]
             # pairs share responses by design; a pair whose two sides are one text is
             # reported once, as its dropped ranking (its vote is not kept)
             if not raw.repeats_expected:
                 rejects.append(ctx.reject(f"same response as {first.where} (row {first.row}): "
                                           "merged into one candidate, its votes kept", resp.row,
                                           resp.where, group_id=gid))
-            index[i] = seen[norm]
+            index[i] = seen[key]
         else:
-            seen[norm] = index[i] = len(kept)
+            seen[key] = index[i] = len(kept)
             kept.append(resp)
     return kept, index
 
@@ -106,7 +111,15 @@ def _candidate_votes(raw: RawGroup, index: dict[int, int], ctx: Context, gid: st
     """Each vote on candidates: scores (copies' averaged) and the kept values (the first
     copy's); votes on fewer than 2 candidates dropped with the reason."""
     out: list[Scored] = []
+    # no response left out or merged: each candidate is one response, at its index
+    alone = len(index) == len(raw.responses) and all(i == c for i, c in index.items())
     for vote in raw.votes:
+        if alone and len(vote.scores) >= 2 and vote.scores.keys() <= index.keys():
+            # no copies to average: the scores as they are (only their order is used)
+            given = vote.shown
+            out.append((vote, vote.scores, None if given is None else
+                        {i: given[i] for i in vote.scores if i in given}))
+            continue
         by_candidate: dict[int, list[float]] = {}
         shown: dict[int, float] = {}
         for i, s in vote.scores.items():
@@ -169,11 +182,14 @@ def _record(raw: RawGroup, gid: str, responses: list[Response], part: range,
             votes: list[Scored], ctx: Context, rejects: list[Reject]) -> GroupRow:
     """One record's stored row: made directly (:func:`.stored.fast_row`) or, when a value is
     one only the models can judge, through :class:`AnnotatedGroup` (its errors as ever)."""
-    candidates = [(make_candidate_id(gid, r.text), r.text, r.model) for r in responses]
+    texts = [r.text for r in responses]
+    candidates = list(zip(candidate_ids(gid, texts), texts, [r.model for r in responses],
+                          strict=True))
     ids = {c: candidates[c - part.start][0] for c in part}
     rankings: list[PlainRanking] = []
     for vote, scores, shown in votes:
-        mine = {c: s for c, s in scores.items() if c in ids}
+        mine = scores if scores.keys() <= ids.keys() else {
+            c: s for c, s in scores.items() if c in ids}
         if len(mine) == 1:  # a split left this vote one candidate here: that comparison is lost
             rejects.append(ctx.reject(f"ranking by {vote.annotator!r} names 1 candidate of group "
                                       f"{gid}; left out of it", vote.row,

@@ -40,14 +40,18 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
     turns = parse_hh(text) if ctx.config.transcripts and isinstance(text, str) else None
     group = grouper.group(ctx.prompt(row, number, messages=turns or None, extra=METADATA),
                           number)
+    rank_key = ctx.config.rank_key
+    scores: dict[int, float] | None = None  # the ranking's, made at the first rank
+    keys: set[str] = set()
     for where, answer in answers:
         index = ctx.add_response(group, answer, number, where)
-        rank = ctx.number(answer.get(ctx.config.rank_key), number,
-                          f"{where}.{ctx.config.rank_key}", rejects)
+        rank = ctx.number(answer.get(rank_key), number, f"{where}.{rank_key}", rejects)
         if rank is not None:  # rank 1 is best: the score is its negative
-            group.vote(ctx.annotator, number).scores[index] = -rank
-    keys = {k for _, answer in answers for k in answer}
-    ctx.absent([ctx.config.rank_key], keys, keys, number, ctx.mapping.responses or "answers",
+            if scores is None:
+                scores = group.vote(ctx.annotator, number).scores
+            scores[index] = -rank
+        keys.update(answer)
+    ctx.absent([rank_key], keys, keys, number, ctx.mapping.responses or "answers",
                "--rank-key", rejects)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from grouppref.errors import RowError
 from grouppref.pipeline.imports.config import ImportConfig
+from grouppref.pipeline.imports.layouts.derived import derived_prompt
 from grouppref.pipeline.imports.layouts.stored import GroupRow
 from grouppref.readers.mapping import ColumnMapping
 from grouppref.readers.prompts import PromptIds, prompt_from_row
@@ -30,7 +31,7 @@ from grouppref.schemas.arrow import from_stored_row
 from grouppref.schemas.records import AnnotatorKind
 
 
-@dataclass
+@dataclass(slots=True)
 class Response:
     """One response as read: its text, the model that wrote it, and where it was."""
 
@@ -100,6 +101,8 @@ class Context:
     scores: list[str]
     # the mapping with extra metadata columns, made once per set of columns (see prompt)
     extended: dict[tuple[str, ...], ColumnMapping] = field(default_factory=dict, repr=False)
+    # the last prompt made from a derived prompt, with its content key (see content_key)
+    made: tuple[Prompt, str] | None = field(default=None, repr=False)
 
     def fail(self, reason: str, number: int, field_name: str | None = None) -> RowError:
         return RowError(reason, field=field_name, source=self.source, row=number)
@@ -113,6 +116,8 @@ class Context:
         """A rating as a float, ``None`` when not rated (one of ``missing``, null, NaN) or not
         a number (a part-reject says so): either way that candidate is left out of that
         ranking."""
+        if type(value) is float:  # most ratings: float() would give the value itself
+            return value if math.isfinite(value) else None
         if value is None or (isinstance(value, str) and value.strip() in self.config.missing):
             return None
         try:
@@ -141,7 +146,8 @@ class Context:
     def prompt(self, row: dict[str, Any], number: int, *, text: str | None = None,
                messages: list[Any] | None = None, extra: tuple[str, ...] = ()) -> Prompt:
         """The row's prompt (``text`` / ``messages`` when the layout derived it); the
-        ``extra`` columns the row has with a scalar value join its metadata."""
+        ``extra`` columns the row has with a scalar value join its metadata. A derived prompt
+        is made with its content key once (:mod:`.derived`), kept for :meth:`content_key`."""
         mapping = self.mapping
         present = [c for c in extra if isinstance(row.get(c), str | int | float | bool)
                    and c not in mapping.metadata_columns]
@@ -151,7 +157,18 @@ class Context:
                 self.extended[key] = mapping.model_copy(update={"metadata_columns": [
                     *mapping.metadata_columns, *present]})
             mapping = self.extended[key]
-        return prompt_from_row(row, mapping, self.source, number, text=text, messages=messages)
+        made = None if text is None and messages is None else derived_prompt(
+            row, mapping, self.source, number, text=text, messages=messages)
+        if made is None:
+            return prompt_from_row(row, mapping, self.source, number, text=text,
+                                   messages=messages)
+        self.made = made
+        return made[0]
+
+    def content_key(self, prompt: Prompt) -> str:
+        """``prompt.content_key()``, not computed again for the prompt just made."""
+        made = self.made
+        return made[1] if made is not None and made[0] is prompt else prompt.content_key()
 
     def response(self, value: Any, number: int, where: str) -> tuple[Any, str | None]:
         """``(text, model)`` of a response given as a string or an object holding the text
@@ -160,9 +177,10 @@ class Context:
         Raises:
             RowError: neither.
         """
-        value = maybe_json(value)
-        if isinstance(value, str):
-            return value, None
+        if not isinstance(value, dict):  # a dict is as it is; text may hold a JSON object
+            value = maybe_json(value)
+            if isinstance(value, str):
+                return value, None
         if isinstance(value, dict) and self.text_key in value:
             model = value.get(self.config.model_key)
             return value[self.text_key], str(model) if model is not None else None
@@ -221,7 +239,11 @@ class Context:
 
     def add_response(self, group: RawGroup, value: Any, number: int, where: str) -> int:
         """Append the response in ``value`` (see :meth:`response`) to ``group``; its index."""
-        text, model = self.response(value, number, where)
+        if type(value) is dict and self.text_key in value:  # most responses: as response() does
+            model = value.get(self.config.model_key)
+            text, model = value[self.text_key], str(model) if model is not None else None
+        else:
+            text, model = self.response(value, number, where)
         group.responses.append(Response(text, model, number, where))
         return len(group.responses) - 1
 
@@ -289,7 +311,7 @@ class Grouper:
             RowError: the prompt id names another prompt; a repeated prompt where rows do not
                 merge; a ``group_by`` value seen with another prompt.
         """
-        content = prompt.content_key()
+        content = self.ctx.content_key(prompt)
         key = content if key is None else f"key:{key}"
         found = self.groups.get(key)
         if found is None:
@@ -300,7 +322,8 @@ class Grouper:
         if not (self.merge if merge is None else merge):
             raise self.ctx.fail(f"same prompt as row {found.row} (this layout has one row per "
                                 "prompt)", number, self.ctx.mapping.text)
-        if found.prompt.content_key() != content:
+        if (found.content if found.content is not None else found.prompt.content_key()
+                ) != content:
             raise self.ctx.fail(f"group {key[4:]!r} already has a different prompt (row "
                                 f"{found.row})", number, self.ctx.config.group_by)
         return found
