@@ -16,7 +16,7 @@ accepts it, at the old cost), never an invalid row sound. What it checks, per re
   printable ASCII characters without space (pydantic's ``^\\S+$`` admits more; other ids are
   suspect);
 * non-blank texts (prompt text, chat contents, candidate texts): some character that
-  ``str.isspace`` does not hold true (:data:`SPACE`, tested against every code point);
+  ``str.isspace`` does not hold true (:data:`.columns.SPACE`, tested against every code point);
 * literals (roles, kinds, split), ranges (``p``, ``weight``, votes, agreement, token counts,
   log-probs; NaN fails every range), nulls where the record has no ``None``;
 * JSON columns (metadata, params, scores, strengths): parsed in Python, each distinct text
@@ -36,238 +36,76 @@ would give it.
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable, Sequence
-from datetime import datetime
-from functools import cache
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from grouppref.pipeline.validate.columns import (
+    INT64,
+    Codes,
+    Verdict,
+    as_mask,
+    between,
+    distinct_texts,
+    finite_number,
+    flatten,
+    ids_ok,
+    is_datetime,
+    is_in,
+    json_object,
+    list_lengths,
+    member,
+    not_null,
+    null_or,
+    repeats,
+    scalar_map,
+    text_ok,
+)
 from grouppref.pipeline.validate.core import GroupFacts, split_key_of
 from grouppref.schemas.records import MAX_K, MIN_K, normalise_text, prompt_content_key
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-# the characters str.isspace() holds true (Py_UNICODE_ISSPACE): a text made only of these is
-# blank to NonBlank's ``s.strip()``; tests/unit/test_validate_batch.py checks every code point
-SPACE = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
-         "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
-_NOT_SPACE = "[^" + "".join(f"\\x{{{ord(c):x}}}" for c in SPACE) + "]"
-_ID = r"^[!-~]{1,256}$"
 # a text whose normal form is its lower-cased self: printable ASCII, single inner spaces
 _IRREGULAR = r"[^ -~]|  |^ | $"
 ROLES = ("system", "user", "assistant")
 SOURCE_KINDS = ("model", "human", "import")
 ANNOTATOR_KINDS = ("human", "reward_model", "rule", "llm_judge", "simulated")
-_INT64 = 2**63
 
 
-def _mask(values: Any) -> np.ndarray:
-    """A boolean Arrow array (or numpy array) as numpy, null read as ``False``."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if isinstance(values, np.ndarray):
-        return values.astype(bool, copy=False)
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    return np.asarray(pc.fill_null(values, False).to_numpy(zero_copy_only=False), dtype=bool)
-
-
-class _Verdict:
-    """Which of ``n`` rows are still sound; checks on rows or on items (values of a list
-    column, each with its row) clear the rows they fail."""
-
-    def __init__(self, n: int) -> None:
-        self.ok = np.ones(n, dtype=bool)
-
-    def rows(self, good: Any) -> None:
-        self.ok &= _mask(good)
-
-    def items(self, parents: np.ndarray, good: Any) -> None:
-        self.ok[parents[~_mask(good)]] = False
-
-    def where(self, parents: np.ndarray, bad: np.ndarray) -> None:
-        self.ok[parents[bad]] = False
-
-
-def _valid(arr: pa.Array) -> np.ndarray:
-    return _mask(arr.is_valid())
-
-
-def _null_or(arr: pa.Array, good: Any) -> np.ndarray:
-    return ~_valid(arr) | _mask(good)
-
-
-def _ids_ok(arr: pa.Array) -> Any:
-    import pyarrow.compute as pc
-
-    return pc.match_substring_regex(arr, _ID)
-
-
-def _text_ok(arr: pa.Array) -> Any:
-    import pyarrow.compute as pc
-
-    return pc.match_substring_regex(arr, _NOT_SPACE)
-
-
-def _in(arr: pa.Array, allowed: Sequence[str]) -> Any:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    return pc.is_in(arr, value_set=pa.array(allowed, pa.string()))
-
-
-def _between(arr: pa.Array, low: float | None, high: float | None) -> np.ndarray:
-    values = arr.to_numpy(zero_copy_only=False).astype(float)
-    with np.errstate(invalid="ignore"):
-        good = np.isfinite(values)
-        if low is not None:
-            good &= values >= low
-        if high is not None:
-            good &= values <= high
-    return good & _valid(arr)
-
-
-def _flat(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """The values of a list array and the row (index into ``arr``) of each."""
-    import pyarrow.compute as pc
-
-    return pc.list_flatten(arr), np.asarray(pc.list_parent_indices(arr).to_numpy(), np.int64)
-
-
-def _lengths(arr: pa.Array) -> np.ndarray:
-    import pyarrow.compute as pc
-
-    return np.asarray(pc.fill_null(pc.list_value_length(arr), -1).to_numpy(), np.int64)
-
-
-def _distinct_texts(arr: pa.Array, good: Callable[[str], bool]) -> np.ndarray:
-    """``good`` of each value of a string array, called once per distinct text (nulls:
-    ``False``)."""
-    import pyarrow.compute as pc
-
-    encoded = pc.dictionary_encode(arr)
-    verdicts = np.array([good(t) for t in encoded.dictionary.to_pylist()] + [False], bool)
-    codes = pc.fill_null(encoded.indices, len(encoded.dictionary)).to_numpy()
-    return verdicts[codes]
-
-
-def _scalar(value: object) -> bool:
-    if isinstance(value, bool | str):
-        return True
-    if isinstance(value, int):
-        return -_INT64 <= value < _INT64
-    return isinstance(value, float) and math.isfinite(value)
-
-
-def _number(value: object) -> bool:
-    return (not isinstance(value, bool) and isinstance(value, int | float)
-            and math.isfinite(value) and abs(value) < _INT64)
-
-
-def _json_object(text: object) -> dict[str, Any] | None:
-    """The JSON object ``text`` holds, ``None`` for anything else."""
-    if not isinstance(text, str):
-        return None
-    try:
-        value = {} if text == "{}" else json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _scalar_map(text: str) -> bool:
-    value = _json_object(text)
-    return value is not None and all(map(_scalar, value.values()))
-
-
-@cache
-def _datetime_adapter() -> Any:
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(datetime)
-
-
-def _datetime(text: str) -> bool:
-    from pydantic import ValidationError
-
-    try:
-        _datetime_adapter().validate_python(text)
-    except ValidationError:
-        return False
-    return True
-
-
-class _Codes:
-    """Integer codes of id strings (equal text, equal code) across several arrays, so that
-    ids of one group are compared as ``row * M + code`` keys in numpy."""
-
-    def __init__(self, *arrays: pa.Array) -> None:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        encoded = pc.dictionary_encode(pa.concat_arrays([a.cast(pa.string()) for a in arrays]))
-        self.size = len(encoded.dictionary) + 1  # the last code: null
-        codes = pc.fill_null(encoded.indices, self.size - 1).to_numpy().astype(np.int64)
-        bounds = np.cumsum([0] + [len(a) for a in arrays])
-        self.codes = [codes[s:e] for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
-
-    def keys(self, which: int, rows: np.ndarray) -> np.ndarray:
-        return rows * self.size + self.codes[which]
-
-
-def _repeats(keys: np.ndarray) -> np.ndarray:
-    """``True`` for each key that occurs more than once (one sort when none does)."""
-    ordered = np.sort(keys)
-    if not (ordered[1:] == ordered[:-1]).any():
-        return np.zeros(len(keys), dtype=bool)
-    _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
-    return np.asarray(counts[inverse] > 1)
-
-
-def _member(keys: np.ndarray, ordered: np.ndarray) -> np.ndarray:
-    """``np.isin(keys, ordered)`` for a sorted ``ordered``, by binary search."""
-    if not len(ordered):
-        return np.zeros(len(keys), dtype=bool)
-    at = np.minimum(np.searchsorted(ordered, keys), len(ordered) - 1)
-    return np.asarray(ordered[at] == keys)
-
-
-def _prompt(v: _Verdict, prompt: pa.StructArray) -> None:
-    v.rows(_valid(prompt))
-    v.rows(_ids_ok(prompt.field("prompt_id")))
+def _prompt(v: Verdict, prompt: pa.StructArray) -> None:
+    v.rows(not_null(prompt))
+    v.rows(ids_ok(prompt.field("prompt_id")))
     text, messages = prompt.field("text"), prompt.field("messages")
-    has_text, has_messages = _valid(text), _valid(messages)
+    has_text, has_messages = not_null(text), not_null(messages)
     v.rows(has_text ^ has_messages)
-    v.rows(~has_text | _mask(_text_ok(text)))
-    v.rows(~has_messages | (_lengths(messages) >= 1))
-    turns, rows = _flat(messages)
-    v.items(rows, _valid(turns) & _mask(_in(turns.field("role"), ROLES))
-            & _mask(_text_ok(turns.field("content"))))
-    v.rows(_distinct_texts(prompt.field("metadata"), _scalar_map))
+    v.rows(~has_text | as_mask(text_ok(text)))
+    v.rows(~has_messages | (list_lengths(messages) >= 1))
+    turns, rows = flatten(messages)
+    v.items(rows, not_null(turns) & as_mask(is_in(turns.field("role"), ROLES))
+            & as_mask(text_ok(turns.field("content"))))
+    v.rows(distinct_texts(prompt.field("metadata"), scalar_map))
 
 
-def _candidates(v: _Verdict, candidates: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    lengths = _lengths(candidates)
+def _candidates(v: Verdict, candidates: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    lengths = list_lengths(candidates)
     v.rows((lengths >= MIN_K) & (lengths <= MAX_K))
-    items, rows = _flat(candidates)
+    items, rows = flatten(candidates)
     source = items.field("source")
-    v.items(rows, _valid(items) & _mask(_ids_ok(items.field("candidate_id")))
-            & _mask(_text_ok(items.field("text"))) & _valid(source)
-            & _mask(_in(source.field("kind"), SOURCE_KINDS))
-            & _distinct_texts(source.field("params"), _scalar_map)
-            & _null_or(items.field("num_tokens"), _between(items.field("num_tokens"), 0, None))
-            & _null_or(items.field("behavior_logp"),
-                       _between(items.field("behavior_logp"), None, 0.0)))
+    v.items(rows, not_null(items) & as_mask(ids_ok(items.field("candidate_id")))
+            & as_mask(text_ok(items.field("text"))) & not_null(source)
+            & as_mask(is_in(source.field("kind"), SOURCE_KINDS))
+            & distinct_texts(source.field("params"), scalar_map)
+            & null_or(items.field("num_tokens"), between(items.field("num_tokens"), 0, None))
+            & null_or(items.field("behavior_logp"),
+                       between(items.field("behavior_logp"), None, 0.0)))
     _unique_texts(v, items.field("text"), rows)
     return items.field("candidate_id"), rows
 
 
-def _unique_texts(v: _Verdict, texts: pa.Array, rows: np.ndarray) -> None:
+def _unique_texts(v: Verdict, texts: pa.Array, rows: np.ndarray) -> None:
     """Candidate texts of a group distinct under ``normalise_text``. For printable-ASCII text
     with single inner spaces the normal form is the lower-cased text, of the same length: only
     texts of equal length can be equal then. Other texts, and equal lengths, are compared in
@@ -276,11 +114,11 @@ def _unique_texts(v: _Verdict, texts: pa.Array, rows: np.ndarray) -> None:
 
     if not len(texts):
         return
-    irregular = _mask(pc.match_substring_regex(texts, _IRREGULAR))
+    irregular = as_mask(pc.match_substring_regex(texts, _IRREGULAR))
     lengths = np.asarray(pc.fill_null(pc.binary_length(texts), -1).to_numpy(), np.int64)
     lengths = np.where(irregular, -1, lengths)  # every irregular text is compared exactly
     keys = rows * (int(lengths.max()) + 2) + lengths + 1
-    close = _repeats(keys) | irregular
+    close = repeats(keys) | irregular
     suspects = np.unique(rows[close])
     if not len(suspects):
         return
@@ -297,10 +135,10 @@ def _unique_texts(v: _Verdict, texts: pa.Array, rows: np.ndarray) -> None:
 def _tier_ids(tiers: pa.Array, bad: np.ndarray) -> tuple[pa.Array, np.ndarray]:
     """The ids of tier lists (one list per ranking or consensus: its *owner*) and the owner of
     each; ``bad`` (per owner) is set where the list has no tier or an empty one."""
-    bad |= _lengths(tiers) < 1
-    tier_items, tier_owner = _flat(tiers)
-    bad[tier_owner[_lengths(tier_items) < 1]] = True
-    ids, id_tier = _flat(tier_items)
+    bad |= list_lengths(tiers) < 1
+    tier_items, tier_owner = flatten(tiers)
+    bad[tier_owner[list_lengths(tier_items) < 1]] = True
+    ids, id_tier = flatten(tier_items)
     return ids, tier_owner[id_tier]
 
 
@@ -311,23 +149,23 @@ class _Sound:
         import pyarrow.compute as pc
 
         self.n = n = batch.num_rows
-        self.v = v = _Verdict(n)
+        self.v = v = Verdict(n)
         self.batch = batch
         gid = batch.column("group_id")
-        v.rows(_ids_ok(gid))
+        v.rows(ids_ok(gid))
         _prompt(v, batch.column("prompt"))
         cand_ids, self.cand_rows = _candidates(v, batch.column("candidates"))
         self.k = np.bincount(self.cand_rows, minlength=n)
         rankings = batch.column("rankings")
-        v.rows(_valid(rankings))
-        rk, rk_rows = _flat(rankings)
+        v.rows(not_null(rankings))
+        rk, rk_rows = flatten(rankings)
         ann = rk.field("annotator")
-        v.items(rk_rows, _valid(rk) & _valid(ann) & _mask(_ids_ok(ann.field("id")))
-                & _mask(_in(ann.field("kind"), ANNOTATOR_KINDS))
-                & _mask(pc.equal(rk.field("group_id"), gid.take(rk_rows)))
-                & _null_or(rk.field("metadata"),
-                           _distinct_texts(rk.field("metadata"), _scalar_map))
-                & _distinct_texts(rk.field("created_at"), _datetime))
+        v.items(rk_rows, not_null(rk) & not_null(ann) & as_mask(ids_ok(ann.field("id")))
+                & as_mask(is_in(ann.field("kind"), ANNOTATOR_KINDS))
+                & as_mask(pc.equal(rk.field("group_id"), gid.take(rk_rows)))
+                & null_or(rk.field("metadata"),
+                           distinct_texts(rk.field("metadata"), scalar_map))
+                & distinct_texts(rk.field("created_at"), is_datetime))
         rk_bad = np.zeros(len(rk), dtype=bool)
         rk_ids, rk_id_owner = _tier_ids(rk.field("tiers"), rk_bad)
         v.where(rk_rows, rk_bad)
@@ -335,14 +173,14 @@ class _Sound:
         cons_ids, cons_owner = _tier_ids(batch.column("consensus"), cons_bad)
         v.rows(~cons_bad)
         pairs = batch.column("pairs")
-        v.rows(_valid(pairs))
-        pr, pr_rows = _flat(pairs)
-        codes = _Codes(cand_ids, rk_ids, cons_ids, pr.field("winner"), pr.field("loser"),
+        v.rows(not_null(pairs))
+        pr, pr_rows = flatten(pairs)
+        codes = Codes(cand_ids, rk_ids, cons_ids, pr.field("winner"), pr.field("loser"),
                        ann.field("id"))
         cand_keys = codes.keys(0, self.cand_rows)
-        v.where(self.cand_rows, _repeats(cand_keys))  # a candidate id twice
+        v.where(self.cand_rows, repeats(cand_keys))  # a candidate id twice
         self.codes, self.cand_keys = codes, np.sort(cand_keys)
-        v.where(rk_rows, _repeats(codes.keys(5, rk_rows)))  # an annotator ranks twice
+        v.where(rk_rows, repeats(codes.keys(5, rk_rows)))  # an annotator ranks twice
         named = self._ids_of_tiers(rk_ids, rk_id_owner, rk_rows, 1)
         v.where(rk_rows, named < MIN_K)
         named = self._ids_of_tiers(cons_ids, cons_owner, np.arange(n), 2)
@@ -356,37 +194,37 @@ class _Sound:
         """Clear the rows whose tier ids are invalid, unknown or repeated in one owner;
         the number of ids each owner names."""
         id_rows = owner_rows[id_owner]
-        self.v.items(id_rows, _ids_ok(ids))
-        self.v.where(id_rows, ~_member(self.codes.keys(which, id_rows), self.cand_keys))
-        self.v.where(id_rows, _repeats(id_owner * self.codes.size + self.codes.codes[which]))
+        self.v.items(id_rows, ids_ok(ids))
+        self.v.where(id_rows, ~member(self.codes.keys(which, id_rows), self.cand_keys))
+        self.v.where(id_rows, repeats(id_owner * self.codes.size + self.codes.codes[which]))
         return np.bincount(id_owner, minlength=len(owner_rows))
 
     def _pairs(self, pr: pa.StructArray, rows: np.ndarray) -> None:
         v, codes = self.v, self.codes
-        v.items(rows, _valid(pr) & _mask(_ids_ok(pr.field("winner")))
-                & _mask(_ids_ok(pr.field("loser"))) & _between(pr.field("p"), 0.5, 1.0)
-                & _between(pr.field("weight"), 0.0, 1.0)
-                & _between(pr.field("votes_for"), 0.0, None)
-                & _between(pr.field("votes_against"), 0.0, None))
+        v.items(rows, not_null(pr) & as_mask(ids_ok(pr.field("winner")))
+                & as_mask(ids_ok(pr.field("loser"))) & between(pr.field("p"), 0.5, 1.0)
+                & between(pr.field("weight"), 0.0, 1.0)
+                & between(pr.field("votes_for"), 0.0, None)
+                & between(pr.field("votes_against"), 0.0, None))
         winner, loser = codes.codes[3], codes.codes[4]
         v.where(rows, winner == loser)
-        v.where(rows, ~_member(codes.keys(3, rows), self.cand_keys))
-        v.where(rows, ~_member(codes.keys(4, rows), self.cand_keys))
-        if self.n * codes.size**2 >= _INT64:  # keys would overflow: never for a batch
+        v.where(rows, ~member(codes.keys(3, rows), self.cand_keys))
+        v.where(rows, ~member(codes.keys(4, rows), self.cand_keys))
+        if self.n * codes.size**2 >= INT64:  # keys would overflow: never for a batch
             v.ok[:] = False
             return
         low, high = np.minimum(winner, loser), np.maximum(winner, loser)
-        v.where(rows, _repeats((rows * codes.size + low) * codes.size + high))
+        v.where(rows, repeats((rows * codes.size + low) * codes.size + high))
 
     def _scores(self, scores: pa.Array, rk_rows: np.ndarray, cand_ids: pa.Array) -> None:
         """Strengths (every row) and scores (rankings that have them): JSON maps of finite
         numbers; strengths name exactly the candidates, scores only candidates."""
-        maps = [_json_object(t) for t in self.batch.column("strengths").to_pylist()]
+        maps = [json_object(t) for t in self.batch.column("strengths").to_pylist()]
         sizes = self._numbers(maps, np.arange(self.n))
         self.v.rows(sizes == self.k)  # with every key a candidate (keys are unique): all
         self._keys_known(maps, np.arange(self.n), cand_ids)
-        at = np.flatnonzero(_valid(scores))
-        maps = [_json_object(t) for t in scores.take(at).to_pylist()]
+        at = np.flatnonzero(not_null(scores))
+        maps = [json_object(t) for t in scores.take(at).to_pylist()]
         self._numbers(maps, rk_rows[at])
         self._keys_known(maps, rk_rows[at], cand_ids)
 
@@ -401,9 +239,9 @@ class _Sound:
         if not keys:
             return
         sizes = np.array([len(m) if m else 0 for m in maps], dtype=np.int64)
-        codes = _Codes(cand_ids, pa.array(keys, pa.string()))
+        codes = Codes(cand_ids, pa.array(keys, pa.string()))
         key_rows = np.repeat(rows, sizes)
-        known = _member(codes.keys(1, key_rows), np.sort(codes.keys(0, self.cand_rows)))
+        known = member(codes.keys(1, key_rows), np.sort(codes.keys(0, self.cand_rows)))
         self.v.where(key_rows, ~known)
 
     def _numbers(self, maps: list[dict[str, Any] | None], rows: np.ndarray) -> np.ndarray:
@@ -418,7 +256,7 @@ class _Sound:
                                            minlength=len(maps)) > 0)
             return sizes
         for row, got in zip(rows.tolist(), maps, strict=True):
-            if got and not all(map(_number, got.values())):
+            if got and not all(map(finite_number, got.values())):
                 self.v.ok[row] = False
         return sizes
 
@@ -426,19 +264,19 @@ class _Sound:
         """Agreement, flags, split and consensus kinds."""
         v, batch = self.v, self.batch
         agreement = batch.column("agreement")
-        v.rows(_valid(agreement) & _between(agreement.field("num_annotators"), 0, None))
+        v.rows(not_null(agreement) & between(agreement.field("num_annotators"), 0, None))
         for name, low in (("kendall_w", 0.0), ("mean_tau", -1.0), ("noise", 0.0)):
             field = agreement.field(name)
-            v.rows(_null_or(field, _between(field, low, 1.0)))
+            v.rows(null_or(field, between(field, low, 1.0)))
         flags = batch.column("flags")
-        v.rows(_valid(flags))
-        items, rows = _flat(flags)
-        v.items(rows, _valid(items))
+        v.rows(not_null(flags))
+        items, rows = flatten(flags)
+        v.items(rows, not_null(items))
         split = batch.column("split")
-        v.rows(_null_or(split, _in(split, ("train", "test"))))
+        v.rows(null_or(split, is_in(split, ("train", "test"))))
         kinds = batch.column("consensus_kinds")
-        items, rows = _flat(kinds)
-        v.items(rows, _in(items, ANNOTATOR_KINDS))
+        items, rows = flatten(kinds)
+        v.items(rows, is_in(items, ANNOTATOR_KINDS))
 
 
 def check_sound(batch: pa.RecordBatch) -> np.ndarray:

@@ -16,7 +16,8 @@ import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 
-from grouppref.pipeline.validate.batch import SPACE, check_sound, row_facts
+from grouppref.pipeline.validate.batch import check_sound, row_facts
+from grouppref.pipeline.validate.columns import SPACE
 from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.pipeline.validate.core import GroupFacts
 from grouppref.pipeline.validate.stage import check_rows
