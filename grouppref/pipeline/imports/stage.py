@@ -12,6 +12,7 @@ blank lines, the rankings (partial ones too) and the annotators are in the manif
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from grouppref.errors import InputFileError
 from grouppref.pipeline.imports.config import (
@@ -28,7 +29,9 @@ from grouppref.runs.collector import cycle_collection_paused
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject
-from grouppref.schemas.arrow import rows_table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def read_import(config: ImportConfig, stage: str = STAGE) -> Imported:
@@ -70,11 +73,16 @@ def run_import(store: RunStore, config: ImportConfig,
     with cycle_collection_paused():  # while the groups are read, built and written
         imported = read_import(config)
         stage.add_rejects("input", imported.rejects)
-        for shard in stage.pending_shards(imported.stored, shard_size=config.shard_size):
-            stage.write_table(shard, rows_table(shard.items, AnnotatedGroup), [])
+        _write_shards(stage, imported.table, config.shard_size)
         inputs, stats = imported.units, imported.stats
-        del imported  # the rows as Python objects go before the shards are merged into data/
+        del imported  # the groups' table goes before the shards are merged into data/
         return stage.finish(inputs=inputs, stats=stats)
+
+
+def _write_shards(stage: StageRun[Any], table: pa.Table, shard_size: int) -> None:
+    """The rows of ``table`` as the stage's shards (those not written yet)."""
+    for shard in stage.pending_shards(range(table.num_rows), shard_size=shard_size):
+        stage.write_table(shard, table.slice(shard.start, len(shard.items)), [])
 
 
 def run_import_candidates(store: RunStore, config: ImportConfig,
@@ -95,19 +103,20 @@ def run_import_candidates(store: RunStore, config: ImportConfig,
 def _write_candidates(stage: StageRun[CandidateGroup], config: ImportConfig,
                       imported: Imported) -> StageRun[CandidateGroup]:
     """The candidates of ``imported`` as ``RUN/generate``'s shards; the rankings a part-reject."""
+    import pyarrow.compute as pc
+
     rejects = list(imported.rejects)
-    groups: list[dict[str, object]] = []
-    for group, row in zip(imported.stored, imported.group_rows, strict=True):
-        if group["rankings"]:
+    table = imported.table
+    ranked = pc.list_value_length(table.column("rankings")).to_pylist()
+    for gid, n, row in zip(table.column("group_id").to_pylist(), ranked, imported.group_rows,
+                           strict=True):
+        if n:
             rejects.append(Reject(
-                stage=CANDIDATES_STAGE, source=imported.stats["source"],
-                group_id=group["group_id"], field="rankings", scope="part", row=row,
-                reason=f"{len(group['rankings'])} ranking(s) not kept: generate --import keeps "
-                "the candidates only (`grouppref import` keeps the rankings)"))
-        # a CandidateGroup's stored row: the AnnotatedGroup's without its rankings
-        groups.append({"group_id": group["group_id"], "prompt": group["prompt"],
-                       "candidates": group["candidates"]})
+                stage=CANDIDATES_STAGE, source=imported.stats["source"], group_id=gid,
+                field="rankings", scope="part", row=row,
+                reason=f"{n} ranking(s) not kept: generate --import keeps the candidates only "
+                "(`grouppref import` keeps the rankings)"))
     stage.add_rejects("input", rejects)
-    for shard in stage.pending_shards(groups, shard_size=config.shard_size):
-        stage.write_table(shard, rows_table(shard.items, CandidateGroup), [])
+    # a CandidateGroup's stored row: the AnnotatedGroup's without its rankings
+    _write_shards(stage, table.select(["group_id", "prompt", "candidates"]), config.shard_size)
     return stage.finish(inputs=imported.units, stats=imported.stats)

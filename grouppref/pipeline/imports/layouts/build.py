@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import math
 import typing
+from collections import Counter
+from collections.abc import Iterable
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from grouppref.pipeline.imports.layouts.keys import candidate_ids, duplicate_keys
 from grouppref.pipeline.imports.layouts.raw_groups import (
@@ -27,7 +30,9 @@ from grouppref.pipeline.imports.layouts.raw_groups import (
     Imported,
     RawGroup,
     Response,
+    RowFn,
     Vote,
+    collect_rows,
 )
 from grouppref.pipeline.imports.layouts.stored import (
     GroupRow,
@@ -47,6 +52,12 @@ from grouppref.schemas import (
     make_group_id,
     to_row,
 )
+from grouppref.schemas.arrow import arrow_schema_for, rows_table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from grouppref.readers.rows import Row
 
 # Imported data carries no time for its rankings; a fixed one keeps an import's output (and so
 # the cache keys of every stage after it) the same when the same file is imported again.
@@ -212,23 +223,86 @@ def _record(raw: RawGroup, gid: str, responses: list[Response], part: range,
     return typing.cast(GroupRow, to_row(group))
 
 
+CHUNK = 5000  # stored rows converted to Arrow at once
+
+
+class Built:
+    """Groups built one at a time (records of the ``groups`` layout, or raw groups), kept as
+    Arrow tables of ``CHUNK`` stored rows: no group stays a Python object for longer than its
+    chunk; the stats add up as the chunks are made."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.tables: list[pa.Table] = []
+        self.pending: list[GroupRow] = []
+        self.group_rows: list[int] = []
+        self.rejects: list[Reject] = []  # part-rejects of the build, in group order
+        self.split = 0
+        self.annotators: Counter[str] = Counter()
+        self.partial = self.candidates = 0
+        self.models: set[str] = set()
+
+    def add_record(self, group: AnnotatedGroup, row: int) -> None:
+        self._add([typing.cast(GroupRow, to_row(group))], row)
+
+    def add_raw(self, raw: RawGroup) -> None:
+        built, more = build(raw, self.ctx)
+        self.rejects.extend(more)
+        self.split += len(built) > 1
+        self._add(built, raw.row)
+
+    def _add(self, rows: list[GroupRow], row: int) -> None:
+        self.pending.extend(rows)
+        self.group_rows.extend([row] * len(rows))
+        if len(self.pending) >= CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        annotators, partial, candidates, models = row_stats(self.pending)
+        self.annotators.update(annotators)
+        self.partial += partial
+        self.candidates += candidates
+        self.models.update(models)
+        self.tables.append(rows_table(self.pending, AnnotatedGroup))
+        self.pending = []
+
+    def imported(self, collected: Collected) -> Imported:
+        """What the layout read: these groups, the rejects of reading (first) and building."""
+        import pyarrow as pa
+
+        self._flush()
+        table = (pa.concat_tables(self.tables) if self.tables
+                 else arrow_schema_for(AnnotatedGroup).empty_table())
+        stats = {"source": self.ctx.source, "layout": self.ctx.layout, "rows": collected.rows,
+                 "blank_lines": collected.blank, "groups": table.num_rows,
+                 "candidates": self.candidates, "rankings": sum(self.annotators.values()),
+                 "partial_rankings": self.partial, "groups_split": self.split,
+                 "annotators": dict(sorted(self.annotators.items())),
+                 "models": sorted(self.models)}
+        return Imported(table=table, group_rows=self.group_rows,
+                        rejects=[*collected.rejects, *self.rejects], rows=collected.rows,
+                        blank=collected.blank, stats=stats)
+
+
 def finish(collected: Collected, ctx: Context) -> Imported:
     """Every raw group built; the stats the stage reports."""
-    stored = [typing.cast(GroupRow, to_row(g)) for g in collected.built]
-    group_rows = list(collected.built_rows)
-    rejects = list(collected.rejects)
-    split = 0
+    built = Built(ctx)
+    for group, row in zip(collected.built, collected.built_rows, strict=True):
+        built.add_record(group, row)
     for raw in collected.raw:
-        built, more = build(raw, ctx)
-        stored.extend(built)
-        group_rows.extend([raw.row] * len(built))
-        rejects.extend(more)
-        split += len(built) > 1
-    annotators, partial, candidates, models = row_stats(stored)
-    stats = {"source": ctx.source, "layout": ctx.layout, "rows": collected.rows,
-             "blank_lines": collected.blank, "groups": len(stored),
-             "candidates": candidates, "rankings": sum(annotators.values()),
-             "partial_rankings": partial, "groups_split": split,
-             "annotators": dict(sorted(annotators.items())), "models": models}
-    return Imported(stored=stored, group_rows=group_rows, rejects=rejects, rows=collected.rows,
-                    blank=collected.blank, stats=stats)
+        built.add_raw(raw)
+    return built.imported(collected)
+
+
+def read_groups(rows: Iterable[tuple[int, Row]], ctx: Context, add: RowFn, *,
+                merge: bool) -> Imported:
+    """:func:`collect_rows` then :func:`finish`, for a layout of raw groups; where one row is
+    one group (``merge=False``) each group is built as soon as its row is read, so the raw
+    groups of the whole file are never held at once."""
+    built = Built(ctx)
+    collected = collect_rows(rows, ctx, add, merge=merge, final=built.add_raw)
+    for raw in collected.raw:
+        built.add_raw(raw)
+    return built.imported(collected)

@@ -13,12 +13,11 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grouppref.errors import RowError
 from grouppref.pipeline.imports.config import ImportConfig
 from grouppref.pipeline.imports.layouts.derived import derived_prompt
-from grouppref.pipeline.imports.layouts.stored import GroupRow
 from grouppref.readers.mapping import ColumnMapping
 from grouppref.readers.prompts import PromptIds, prompt_from_row
 from grouppref.readers.rows import BlankLine, Row, maybe_json, to_reject
@@ -27,8 +26,11 @@ from grouppref.schemas import (
     Prompt,
     Reject,
 )
-from grouppref.schemas.arrow import from_stored_row
+from grouppref.schemas.arrow import from_stored_row, table_rows
 from grouppref.schemas.records import AnnotatorKind
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(slots=True)
@@ -268,10 +270,11 @@ class Collected:
 
 @dataclass
 class Imported:
-    """The result of a layout: the groups (in their stored form, as the stage writes them),
-    every reject, and the counts the stage reports."""
+    """The result of a layout: the groups (their stored rows, as the stage writes them, in one
+    Arrow table of ``AnnotatedGroup``'s schema: no group is held as Python objects), every
+    reject, and the counts the stage reports."""
 
-    stored: list[GroupRow]  # each group as to_row gives it
+    table: pa.Table  # each group's row as to_row gives it, in order
     group_rows: list[int]  # the (first) row each group was read from
     rejects: list[Reject]
     rows: int
@@ -281,12 +284,12 @@ class Imported:
     @cached_property
     def groups(self) -> list[AnnotatedGroup]:
         """The groups as records (read back from their stored form and validated)."""
-        return [from_stored_row(AnnotatedGroup, dict(row)) for row in self.stored]
+        return [from_stored_row(AnnotatedGroup, row) for row in table_rows(self.table)]
 
     @property
     def units(self) -> int:
         """Stage inputs: groups as assembled plus rows rejected on their own."""
-        return len(self.stored) + sum(r.scope == "row" for r in self.rejects)
+        return self.table.num_rows + sum(r.scope == "row" for r in self.rejects)
 
 
 class Grouper:
@@ -302,6 +305,11 @@ class Grouper:
         self.groups: dict[str, RawGroup] = {}
         self.ids = PromptIds(ctx.mapping.duplicate_ids, ctx.source, ctx.stage,
                              ctx.mapping.prompt_id)
+        # one row per group, and no later row can retract an earlier group (duplicate_ids is
+        # not reject_all): a group is final once its row is read (see release)
+        self.streams = not merge and ctx.mapping.duplicate_ids != "reject_all"
+        self.released: dict[str, int] = {}  # key -> row of a group handed on by release
+        self.fresh: list[tuple[str, RawGroup]] = []  # made since the last release, by key
 
     def group(self, prompt: Prompt, number: int, key: str | None = None,
               merge: bool | None = None) -> RawGroup:
@@ -314,10 +322,17 @@ class Grouper:
         content = self.ctx.content_key(prompt)
         key = content if key is None else f"key:{key}"
         found = self.groups.get(key)
+        if self.streams and merge:
+            raise AssertionError("rows cannot merge into a group already handed on (release)")
+        if found is None and key in self.released:  # only where rows never merge
+            raise self.ctx.fail(f"same prompt as row {self.released[key]} (this layout has one "
+                                "row per prompt)", number, self.ctx.mapping.text)
         if found is None:
             self.ids.check(prompt, number, content)
             self.groups[key] = RawGroup(prompt=prompt, row=number, kind=self.ctx.kind,
                                         content=content)
+            if self.streams:
+                self.fresh.append((key, self.groups[key]))
             return self.groups[key]
         if not (self.merge if merge is None else merge):
             raise self.ctx.fail(f"same prompt as row {found.row} (this layout has one row per "
@@ -327,6 +342,15 @@ class Grouper:
             raise self.ctx.fail(f"group {key[4:]!r} already has a different prompt (row "
                                 f"{found.row})", number, self.ctx.config.group_by)
         return found
+
+    def release(self) -> list[RawGroup]:
+        """Where groups are final once their row is read (:attr:`streams`): the groups made
+        since the last call, in order, handed on and no longer held (their keys are kept, to
+        reject a repeated prompt); elsewhere nothing."""
+        fresh, self.fresh = self.fresh, []
+        for key, _ in fresh:
+            self.released[key] = self.groups.pop(key).row
+        return [group for _, group in fresh]
 
     def collected(self, out: Collected) -> Collected:
         retracted = self.ids.retracted()
@@ -339,12 +363,17 @@ RowFn = Callable[[dict[str, Any], int, Context, Grouper, list[Reject]], None]
 
 
 def collect_rows(rows: Iterable[tuple[int, Row]], ctx: Context, add: RowFn, *,
-                 merge: bool) -> Collected:
+                 merge: bool, final: Callable[[RawGroup], None] | None = None) -> Collected:
     """The driver every layout shares: each row goes to ``add`` (which fills the grouper) or
-    becomes a reject with its file, row and reason."""
+    becomes a reject with its file, row and reason. With ``final``, a group that no later row
+    can change (one row per group, :meth:`Grouper.release`) goes to ``final`` right after its
+    row instead of into ``Collected.raw``."""
     out = Collected()
     grouper = Grouper(ctx, merge)
     for number, row in rows:
+        if final is not None:
+            for group in grouper.release():
+                final(group)
         out.rows += 1
         try:
             if isinstance(row, RowError):
@@ -359,4 +388,7 @@ def collect_rows(rows: Iterable[tuple[int, Row]], ctx: Context, add: RowFn, *,
             out.rejects.append(ctx.reject(
                 f"unexpected shape for layout {ctx.layout!r} ({type(e).__name__}: {e}); see "
                 "docs/import.md for its schema", number, scope="row"))
+    if final is not None:
+        for group in grouper.release():
+            final(group)
     return grouper.collected(out)

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from grouppref.pipeline.imports.layouts.build import finish
-from grouppref.pipeline.imports.layouts.raw_groups import Context, Grouper, Imported, collect_rows
+from grouppref.pipeline.imports.layouts.build import read_groups
+from grouppref.pipeline.imports.layouts.raw_groups import Context, Grouper, Imported
 from grouppref.readers.rows import Row
 from grouppref.schemas import Reject
 
@@ -72,4 +72,4 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
     """Rows -> groups with one (partial where "N/A") ranking per score field, and rejects."""
-    return finish(collect_rows(rows, ctx, _row, merge=False), ctx)
+    return read_groups(rows, ctx, _row, merge=False)
