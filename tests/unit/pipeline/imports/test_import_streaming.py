@@ -12,7 +12,7 @@ import pytest
 
 from grouppref.errors import RowError
 from grouppref.pipeline.imports.config import ImportConfig
-from grouppref.pipeline.imports.layouts import context
+from grouppref.pipeline.imports.layouts import context, raw_groups
 from grouppref.pipeline.imports.layouts.build import finish, read_groups
 from grouppref.pipeline.imports.layouts.raw_groups import Context, Grouper, collect_rows
 from grouppref.readers.rows import iter_rows
@@ -33,9 +33,12 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
             group.vote(ctx.annotator, number).scores[index] = -rank
 
 
-@pytest.mark.parametrize("settings", [{}, {"oversize": "reject", "min_k": 3}])
-def test_groups_built_as_read_equal_groups_built_at_the_end(tmp_path: Path,
-                                                            settings: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("settings", "every"), [({}, 1), ({}, 3), ({}, 1000),
+                                                  ({"oversize": "reject", "min_k": 3}, 2)])
+def test_groups_built_as_read_equal_groups_built_at_the_end(
+        tmp_path: Path, settings: dict[str, Any], every: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(raw_groups, "RELEASE_EVERY", every)  # runs of 1, 3, ... groups
     path = hostile_files(tmp_path)["nectar_hostile"]
     config = ImportConfig(source=str(path), layout="nectar", **settings)
     ctx = context(config, "nectar", str(path), "import")
