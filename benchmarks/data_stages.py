@@ -27,6 +27,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -220,6 +221,12 @@ def main() -> None:
               f"{timed.seconds / peer:7.2f} {timed.cpu_seconds:8.2f} "
               f"{timed.cpu_seconds / peer_cpu:10.2f} {timed.peak_rss_mb:12.0f} "
               f"{timed.peak_anon_mb:8.0f}")
+    wall_med = statistics.median(p.seconds for p in peers)
+    cpu_med = statistics.median(p.cpu_seconds for p in peers)
+    print(f"\nagainst the median peer run ({wall_med:.2f} s, {cpu_med:.2f} CPU-s; the peer's own "
+          f"time moves from run to run, the median less): "
+          + ", ".join(f"{t.name} {t.seconds / wall_med:.2f}x wall / {t.cpu_seconds / cpu_med:.2f}x "
+                      "CPU" for t, _, _ in results))
     print("(seconds: the command's wall time, interpreter and imports included; stage s: the "
           "stage's own time from its manifest; x peer: seconds / mean of the peer runs before "
           "and after it; cpu s: the command's user + system time, all threads, which a loaded "
