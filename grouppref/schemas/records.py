@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from grouppref.schemas.texts import duplicate_keys, normalise_text
+
 MIN_K = 2
 MAX_K = 16
 
@@ -58,13 +60,6 @@ class Record(BaseModel):
     """Base of all records: unknown keys are errors, and assignments are validated too."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-
-def normalise_text(text: str) -> str:
-    """Case-folded text with whitespace collapsed: two candidates equal under it are duplicates."""
-    # str.split() splits at exactly the characters re's \s matches (Py_UNICODE_ISSPACE), so
-    # this is re.sub(r"\s+", " ", text).strip() without the regex engine
-    return " ".join(text.split()).casefold()
 
 
 def _short_hash(*parts: str) -> str:
@@ -184,6 +179,12 @@ class CandidateGroup(Record):
     @model_validator(mode="after")
     def _unique_candidates(self) -> CandidateGroup:
         seen_ids: set[str] = set()
+        if duplicate_keys([c.text for c in self.candidates]) is None:  # no texts alike
+            for c in self.candidates:
+                if c.candidate_id in seen_ids:
+                    raise ValueError(f"duplicate candidate id {c.candidate_id!r}")
+                seen_ids.add(c.candidate_id)
+            return self
         seen_texts: dict[str, str] = {}
         for c in self.candidates:
             if c.candidate_id in seen_ids:

@@ -27,7 +27,7 @@ from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.fit import BTFit
 from grouppref.pipeline.aggregate.outcome import RULES, Decisions
 from grouppref.schemas import ValidatedGroup
-from grouppref.schemas.arrow import features_for, json_text
+from grouppref.schemas.arrow import arrow_schema_for, json_text
 
 AGGREGATE_FIELDS = ("consensus", "strengths", "pairs", "agreement", "flags", "split",
                     "consensus_kinds")
@@ -37,7 +37,7 @@ _ESCAPED = r'[\x00-\x1f"\\]'  # what JSON escapes in a string (ensure_ascii=Fals
 @cache
 def _type(name: str) -> pa.DataType:
     """The Arrow type of ``ValidatedGroup``'s column ``name``."""
-    return features_for(ValidatedGroup).arrow_schema.field(name).type
+    return arrow_schema_for(ValidatedGroup).field(name).type
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,6 @@ class Encoding:
     marked: dict[str, int]
 
 
-def _one(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-
-
 def _lengths(lists: pa.Array) -> np.ndarray:
     """``(n,)`` int64: each list's length (a null list: 0)."""
     return pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(

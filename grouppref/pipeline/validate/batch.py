@@ -63,7 +63,8 @@ from grouppref.pipeline.validate.columns import (
     text_ok,
 )
 from grouppref.pipeline.validate.core import GroupFacts, split_key_of
-from grouppref.schemas.records import MAX_K, MIN_K, normalise_text, prompt_content_key
+from grouppref.schemas.records import MAX_K, MIN_K, prompt_content_key
+from grouppref.schemas.texts import duplicate_keys
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -108,8 +109,8 @@ def _candidates(v: Verdict, candidates: pa.Array) -> tuple[pa.Array, np.ndarray]
 def _unique_texts(v: Verdict, texts: pa.Array, rows: np.ndarray) -> None:
     """Candidate texts of a group distinct under ``normalise_text``. For printable-ASCII text
     with single inner spaces the normal form is the lower-cased text, of the same length: only
-    texts of equal length can be equal then. Other texts, and equal lengths, are compared in
-    Python, exactly."""
+    texts of equal length can be equal then. The texts of a group with another text, or equal
+    lengths, are compared exactly (:func:`~grouppref.schemas.texts.duplicate_keys`)."""
     import pyarrow.compute as pc
 
     if not len(texts):
@@ -123,13 +124,13 @@ def _unique_texts(v: Verdict, texts: pa.Array, rows: np.ndarray) -> None:
     if not len(suspects):
         return
     at = np.flatnonzero(np.isin(rows, suspects))
-    values = texts.take(at).to_pylist()
-    seen: dict[tuple[int, str], int] = {}
-    for row, value in zip(rows[at].tolist(), values, strict=True):
-        key = (row, normalise_text(value) if value is not None else "")
-        if key in seen:
+    by_row: dict[int, list[str]] = {}
+    for row, value in zip(rows[at].tolist(), texts.take(at).to_pylist(), strict=True):
+        by_row.setdefault(row, []).append(value or "")  # a null text fails text_ok anyway
+    for row, group in by_row.items():
+        alike = duplicate_keys(group)
+        if alike is not None and len(set(alike)) < len(alike):
             v.ok[row] = False
-        seen[key] = row
 
 
 def _tier_ids(tiers: pa.Array, bad: np.ndarray) -> tuple[pa.Array, np.ndarray]:

@@ -258,10 +258,10 @@ def _check_batches(table: pa.Table, plan: Checks) -> Iterator[int]:
 
 def _accepted_table(ds: Rows | pa.Table, numbers: Sequence[int], splits: Sequence[str]
                     ) -> pa.Table:
-    """The rows ``numbers`` (1-based) of ``ds`` as they are, with ``split`` set: pass 1 parsed
-    each of them into a valid ``ValidatedGroup``, and a valid row is what :func:`to_row` gives
-    of its record (stored rows, and rows of a published dataset, are written by it), so the
-    Arrow row is the record: taking it saves parsing it a second time."""
+    """The rows ``numbers`` (1-based) of ``ds`` as they are, with ``split`` set: pass 1 proved
+    each of them a valid ``ValidatedGroup`` (on Arrow columns, or by parsing it), and a valid
+    row is what :func:`to_row` gives of its record (stored rows, and rows of a published
+    dataset, are written by it), so the Arrow row is the record: taking it saves building it."""
     import pyarrow as pa
 
     if isinstance(ds, pa.Table):

@@ -35,14 +35,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from grouppref.pipeline.imports.layouts.build import finish
+from grouppref.pipeline.imports.layouts.build import read_groups
 from grouppref.pipeline.imports.layouts.raw_groups import (
     Context,
     Grouper,
     Imported,
     Response,
     Vote,
-    collect_rows,
 )
 from grouppref.pipeline.imports.layouts.transcript import (
     Turn,
@@ -124,4 +123,4 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
     """Rows -> one group per prompt whose rankings are its battles, and rejects."""
-    return finish(collect_rows(rows, ctx, _row, merge=True), ctx)
+    return read_groups(rows, ctx, _row, merge=True)

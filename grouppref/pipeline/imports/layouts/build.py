@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from grouppref.pipeline.imports.layouts.keys import candidate_ids, duplicate_keys
+from grouppref.pipeline.imports.layouts.keys import candidate_ids
 from grouppref.pipeline.imports.layouts.raw_groups import (
     Collected,
     Context,
@@ -53,6 +53,7 @@ from grouppref.schemas import (
     to_row,
 )
 from grouppref.schemas.arrow import arrow_schema_for, rows_table
+from grouppref.schemas.texts import duplicate_keys
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -67,7 +68,7 @@ UNKNOWN_TIME = datetime(1970, 1, 1, tzinfo=timezone.utc)
 def _merge_responses(raw: RawGroup, ctx: Context, gid: str, rejects: list[Reject]
                      ) -> tuple[list[Response], dict[int, int]]:
     """Distinct non-empty responses, and response index -> candidate index (texts are told
-    apart by :func:`.keys.duplicate_keys`, computed for the whole group at once)."""
+    apart by :func:`grouppref.schemas.texts.duplicate_keys`, computed for the whole group at once)."""
     texts = [r.text for r in raw.responses if isinstance(r.text, str)]
     found = duplicate_keys(texts)
     if found is None and len(texts) == len(raw.responses):  # each response is a candidate

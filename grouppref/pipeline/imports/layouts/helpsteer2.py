@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from grouppref.pipeline.imports.layouts.build import finish
-from grouppref.pipeline.imports.layouts.raw_groups import Context, Grouper, Imported, collect_rows
+from grouppref.pipeline.imports.layouts.build import read_groups
+from grouppref.pipeline.imports.layouts.raw_groups import Context, Grouper, Imported
 from grouppref.pipeline.imports.layouts.scores import add_scored_row
 from grouppref.pipeline.imports.layouts.transcript import parse_helpsteer
 from grouppref.readers.rows import Row
@@ -44,4 +44,4 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
     """Rows -> one group per prompt with one ranking per attribute, and rejects."""
-    return finish(collect_rows(rows, ctx, _row, merge=True), ctx)
+    return read_groups(rows, ctx, _row, merge=True)

@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from grouppref.pipeline.imports.layouts.build import finish
+from grouppref.pipeline.imports.layouts.build import read_groups
 from grouppref.pipeline.imports.layouts.raw_groups import (
     Context,
     Grouper,
@@ -39,7 +39,6 @@ from grouppref.pipeline.imports.layouts.raw_groups import (
     RawGroup,
     Response,
     Vote,
-    collect_rows,
 )
 from grouppref.pipeline.imports.layouts.transcript import as_turns, not_turns
 from grouppref.readers.rows import Row, maybe_json
@@ -131,4 +130,4 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
     """Rows -> one group per context with one ranking per annotator's score, and rejects."""
-    return finish(collect_rows(rows, ctx, _row, merge=True), ctx)
+    return read_groups(rows, ctx, _row, merge=True)

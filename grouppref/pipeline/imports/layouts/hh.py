@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from grouppref.pipeline.imports.layouts.build import finish
+from grouppref.pipeline.imports.layouts.build import read_groups
 from grouppref.pipeline.imports.layouts.pairs import add_pair
-from grouppref.pipeline.imports.layouts.raw_groups import Context, Grouper, Imported, collect_rows
+from grouppref.pipeline.imports.layouts.raw_groups import Context, Grouper, Imported
 from grouppref.pipeline.imports.layouts.transcript import parse_hh, split_pair
 from grouppref.readers.rows import Row
 from grouppref.schemas import Reject
@@ -52,4 +52,4 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
     """Rows -> one group per prompt whose rankings are its pairs, and rejects."""
-    return finish(collect_rows(rows, ctx, _row, merge=True), ctx)
+    return read_groups(rows, ctx, _row, merge=True)

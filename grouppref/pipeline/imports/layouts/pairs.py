@@ -33,7 +33,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from grouppref.pipeline.imports.layouts.build import finish
+from grouppref.pipeline.imports.layouts.build import read_groups
 from grouppref.pipeline.imports.layouts.raw_groups import (
     Context,
     Grouper,
@@ -41,7 +41,6 @@ from grouppref.pipeline.imports.layouts.raw_groups import (
     RawGroup,
     Response,
     Vote,
-    collect_rows,
 )
 from grouppref.pipeline.imports.layouts.transcript import as_turns, split_pair
 from grouppref.readers.rows import Row, maybe_json
@@ -124,4 +123,4 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
     """Rows -> one group per prompt whose rankings are its pairs, and rejects."""
-    return finish(collect_rows(rows, ctx, _row, merge=True), ctx)
+    return read_groups(rows, ctx, _row, merge=True)

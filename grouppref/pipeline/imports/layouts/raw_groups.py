@@ -241,11 +241,7 @@ class Context:
 
     def add_response(self, group: RawGroup, value: Any, number: int, where: str) -> int:
         """Append the response in ``value`` (see :meth:`response`) to ``group``; its index."""
-        if type(value) is dict and self.text_key in value:  # most responses: as response() does
-            model = value.get(self.config.model_key)
-            text, model = value[self.text_key], str(model) if model is not None else None
-        else:
-            text, model = self.response(value, number, where)
+        text, model = self.response(value, number, where)
         group.responses.append(Response(text, model, number, where))
         return len(group.responses) - 1
 

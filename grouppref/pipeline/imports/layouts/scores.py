@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from grouppref.pipeline.imports.layouts.build import finish
-from grouppref.pipeline.imports.layouts.raw_groups import Context, Grouper, Imported, collect_rows
+from grouppref.pipeline.imports.layouts.build import read_groups
+from grouppref.pipeline.imports.layouts.raw_groups import Context, Grouper, Imported
 from grouppref.readers.rows import Row
 from grouppref.schemas import Reject
 
@@ -53,4 +53,4 @@ def add_scored_row(row: dict[str, Any], number: int, ctx: Context, grouper: Grou
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
     """Rows -> groups with one ranking per score column, and rejects."""
-    return finish(collect_rows(rows, ctx, add_scored_row, merge=True), ctx)
+    return read_groups(rows, ctx, add_scored_row, merge=True)

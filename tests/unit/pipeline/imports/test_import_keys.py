@@ -9,8 +9,9 @@ import random
 
 import pytest
 
-from grouppref.pipeline.imports.layouts.keys import _ASCII_SPACE, candidate_ids, duplicate_keys
+from grouppref.pipeline.imports.layouts.keys import candidate_ids
 from grouppref.schemas import make_candidate_id, normalise_text
+from grouppref.schemas.texts import _ASCII_SPACE, duplicate_keys
 
 TRICKY = ["Seven.", "seven.", " SEVEN. ", "seven.\n", "se ven.", "seven!", "", " ", "\t\n",
           "\x1c", "a\x1fb", "a b", "A  B", "a\x85b", "a\u00a0b", "a b\u2028", "Straße",
