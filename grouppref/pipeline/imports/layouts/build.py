@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import typing
-from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -34,12 +33,8 @@ from grouppref.pipeline.imports.layouts.raw_groups import (
     Vote,
     collect_rows,
 )
-from grouppref.pipeline.imports.layouts.stored import (
-    GroupRow,
-    PlainRanking,
-    fast_row,
-    row_stats,
-)
+from grouppref.pipeline.imports.layouts.stored import GroupRow, PlainRanking
+from grouppref.pipeline.imports.layouts.table import GroupTable
 from grouppref.schemas import (
     MAX_K,
     AnnotatedGroup,
@@ -52,12 +47,9 @@ from grouppref.schemas import (
     make_group_id,
     to_row,
 )
-from grouppref.schemas.arrow import arrow_schema_for, rows_table
 from grouppref.schemas.texts import duplicate_keys
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from grouppref.readers.rows import Row
 
 # Imported data carries no time for its rankings; a fixed one keeps an import's output (and so
@@ -162,8 +154,9 @@ def _parts(n: int, oversize: str) -> list[range] | None:
     return [range(bounds[j], bounds[j + 1]) for j in range(count)]
 
 
-def build(raw: RawGroup, ctx: Context) -> tuple[list[GroupRow], list[Reject]]:
-    """The stored rows of one raw group's records (several when split) and its rejects."""
+def build(raw: RawGroup, ctx: Context, out: GroupTable) -> tuple[int, list[Reject]]:
+    """One raw group's records (several when split) added to ``out``: how many, and the
+    group's rejects."""
     rejects: list[Reject] = []
     gid = make_group_id(raw.prompt) if raw.content is None else group_id_of(raw.content)
     kept, index = _merge_responses(raw, ctx, gid, rejects)
@@ -176,24 +169,23 @@ def build(raw: RawGroup, ctx: Context) -> tuple[list[GroupRow], list[Reject]]:
                f"{ctx.config.min_k} (min_k)")
         rejects.append(ctx.reject(why, raw.row, ctx.mapping.responses, group_id=gid,
                                   scope="row"))
-        return [], rejects
-    groups = []
-    for j, part in enumerate(parts):
-        part_gid = gid if len(parts) == 1 else f"{gid}-{j + 1}of{len(parts)}"
-        groups.append(_record(raw, part_gid, [kept[c] for c in part], part, votes, ctx,
-                              rejects))
+        return 0, rejects
+    part_gids = [gid if len(parts) == 1 else f"{gid}-{j + 1}of{len(parts)}"
+                 for j in range(len(parts))]
+    for part, part_gid in zip(parts, part_gids, strict=True):
+        _record(raw, part_gid, [kept[c] for c in part], part, votes, ctx, rejects, out)
     if len(parts) > 1:
         rejects.append(ctx.reject(f"{len(kept)} distinct responses split into {len(parts)} "
-                                  f"groups of at most {MAX_K} "
-                                  f"({', '.join(g['group_id'] for g in groups)})",
+                                  f"groups of at most {MAX_K} ({', '.join(part_gids)})",
                                   raw.row, ctx.mapping.responses, group_id=gid))
-    return groups, rejects
+    return len(parts), rejects
 
 
 def _record(raw: RawGroup, gid: str, responses: list[Response], part: range,
-            votes: list[Scored], ctx: Context, rejects: list[Reject]) -> GroupRow:
-    """One record's stored row: made directly (:func:`.stored.fast_row`) or, when a value is
-    one only the models can judge, through :class:`AnnotatedGroup` (its errors as ever)."""
+            votes: list[Scored], ctx: Context, rejects: list[Reject], out: GroupTable) -> None:
+    """One record added to ``out``: from its values (:meth:`.table.GroupTable.add`) or, when a
+    value is one only the models can judge, through :class:`AnnotatedGroup` (its errors as
+    ever)."""
     texts = [r.text for r in responses]
     candidates = list(zip(candidate_ids(gid, texts), texts, [r.model for r in responses],
                           strict=True))
@@ -212,76 +204,52 @@ def _record(raw: RawGroup, gid: str, responses: list[Response], part: range,
         rankings.append((vote.annotator, [[ids[c] for c in tier] for tier in
                                           tiers_from_scores(mine)],
                          kept or None, vote.notes or None))
-    row = fast_row(gid, raw.prompt, candidates, rankings, raw.kind, UNKNOWN_TIME)
-    if row is not None:
-        return row
+    if out.add(gid, raw.prompt, candidates, rankings, raw.kind, UNKNOWN_TIME):
+        return
     group = AnnotatedGroup(group_id=gid, prompt=raw.prompt, candidates=[
         Candidate(candidate_id=cid, text=text, source=CandidateSource(kind="import", model=model))
         for cid, text, model in candidates], rankings=[
         Ranking(annotator=Annotator(id=annotator, kind=raw.kind), group_id=gid, tiers=tiers,
                 scores=scores, metadata=notes, created_at=UNKNOWN_TIME)
         for annotator, tiers, scores, notes in rankings])
-    return typing.cast(GroupRow, to_row(group))
+    out.add_row(typing.cast(GroupRow, to_row(group)))
 
 
-CHUNK = 5000  # stored rows converted to Arrow at once
+CHUNK = 5000  # groups gathered into one Arrow table at once
 
 
 class Built:
-    """Groups built one at a time (records of the ``groups`` layout, or raw groups), kept as
-    Arrow tables of ``CHUNK`` stored rows: no group stays a Python object for longer than its
-    chunk; the stats add up as the chunks are made."""
+    """Groups built one at a time (records of the ``groups`` layout, or raw groups), gathered
+    into Arrow tables of ``CHUNK`` groups (:class:`.table.GroupTable`): no group stays a
+    Python object once it is built; the stats add up as the groups come."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.tables: list[pa.Table] = []
-        self.pending: list[GroupRow] = []
+        self.out = GroupTable(CHUNK)
         self.group_rows: list[int] = []
         self.rejects: list[Reject] = []  # part-rejects of the build, in group order
         self.split = 0
-        self.annotators: Counter[str] = Counter()
-        self.partial = self.candidates = 0
-        self.models: set[str] = set()
 
     def add_record(self, group: AnnotatedGroup, row: int) -> None:
-        self._add([typing.cast(GroupRow, to_row(group))], row)
+        self.out.add_row(typing.cast(GroupRow, to_row(group)))
+        self.group_rows.append(row)
 
     def add_raw(self, raw: RawGroup) -> None:
-        built, more = build(raw, self.ctx)
+        made, more = build(raw, self.ctx, self.out)
         self.rejects.extend(more)
-        self.split += len(built) > 1
-        self._add(built, raw.row)
-
-    def _add(self, rows: list[GroupRow], row: int) -> None:
-        self.pending.extend(rows)
-        self.group_rows.extend([row] * len(rows))
-        if len(self.pending) >= CHUNK:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self.pending:
-            return
-        annotators, partial, candidates, models = row_stats(self.pending)
-        self.annotators.update(annotators)
-        self.partial += partial
-        self.candidates += candidates
-        self.models.update(models)
-        self.tables.append(rows_table(self.pending, AnnotatedGroup))
-        self.pending = []
+        self.split += made > 1
+        self.group_rows.extend([raw.row] * made)
 
     def imported(self, collected: Collected) -> Imported:
         """What the layout read: these groups, the rejects of reading (first) and building."""
-        import pyarrow as pa
-
-        self._flush()
-        table = (pa.concat_tables(self.tables) if self.tables
-                 else arrow_schema_for(AnnotatedGroup).empty_table())
+        out = self.out
+        table = out.table()
         stats = {"source": self.ctx.source, "layout": self.ctx.layout, "rows": collected.rows,
                  "blank_lines": collected.blank, "groups": table.num_rows,
-                 "candidates": self.candidates, "rankings": sum(self.annotators.values()),
-                 "partial_rankings": self.partial, "groups_split": self.split,
-                 "annotators": dict(sorted(self.annotators.items())),
-                 "models": sorted(self.models)}
+                 "candidates": out.candidates, "rankings": sum(out.annotators.values()),
+                 "partial_rankings": out.partial, "groups_split": self.split,
+                 "annotators": dict(sorted(out.annotators.items())),
+                 "models": sorted(out.models)}
         return Imported(table=table, group_rows=self.group_rows,
                         rejects=[*collected.rejects, *self.rejects], rows=collected.rows,
                         blank=collected.blank, stats=stats)

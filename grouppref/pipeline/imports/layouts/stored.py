@@ -1,16 +1,16 @@
-"""An imported group straight in its stored form: the Arrow row that
-:func:`grouppref.schemas.arrow.to_row` gives for the :class:`~grouppref.schemas.AnnotatedGroup`
-(the ``import`` stage writes these rows), built from plain values without making the pydantic
-models first.
+"""An imported group's stored form (the row :func:`grouppref.schemas.arrow.to_row` gives for
+the :class:`~grouppref.schemas.AnnotatedGroup`; the ``import`` stage writes these rows) and
+what must hold to make it from plain values without the pydantic models.
 
-Why by hand: an import builds every group from values it made itself (hashed ids, texts it
-checked, tiers it ordered), so the models' validators would only re-prove what is known, at
-eight model inits and a ``model_dump`` per group, most of an import's time. :func:`fast_row`
-checks what those validators check that the building does not already guarantee (exact
-types, id patterns, finite numbers, one ranking per annotator) and gives ``None`` when it is
-not sure; the caller then builds the models as before, so a value pydantic would refuse is
-refused by pydantic, with its own message. ``tests/integration/test_data_equivalence.py`` and
-``tests/unit/pipeline/imports/test_stored_rows.py`` hold the rows equal to ``to_row``'s.
+Why: an import builds every group from values it made itself (hashed ids, texts it checked,
+tiers it ordered), so the models' validators would only re-prove what is known, at eight model
+inits and a ``model_dump`` per group, most of an import's time. :func:`sure_values` checks what
+those validators check that the building does not already guarantee (exact types, id
+patterns, finite numbers, one ranking per annotator) and says ``False`` when it is not sure;
+the caller then builds the models as before, so a value pydantic would refuse is refused by
+pydantic, with its own message. The rows themselves are made column by column
+(:mod:`.table`); ``tests/integration/test_data_equivalence.py`` and
+``tests/unit/pipeline/imports/test_stored_rows.py`` hold them equal to ``to_row``'s.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from typing import TypedDict
 
 from pydantic import TypeAdapter
 
-from grouppref.schemas import MAX_K, MIN_K, ChatMessage, Prompt, to_row
-from grouppref.schemas.arrow import json_text
+from grouppref.schemas import MAX_K, MIN_K, ChatMessage, Prompt
 from grouppref.schemas.records import AnnotatorKind, Scalar
 
 KINDS = frozenset(typing.get_args(AnnotatorKind))
@@ -88,22 +87,10 @@ def time_text(when: datetime) -> str:
 
 
 _PROMPT_FIELDS = ("prompt_id", "messages", "text", "reference", "metadata")
-# the fields prompt_row writes by hand; another field set (a schema change) goes to to_row
-_HAND_MADE = (tuple(Prompt.model_fields) == _PROMPT_FIELDS
-              and tuple(ChatMessage.model_fields) == ("role", "content"))
-
-
-def prompt_row(prompt: Prompt) -> dict[str, object]:
-    """The stored form of a (validated) prompt: ``to_row(prompt)``, written out by hand (a
-    prompt's values are already JSON's: text, ids, str/int/float/bool metadata)."""
-    if not _HAND_MADE:
-        return to_row(prompt)
-    messages = prompt.messages
-    return {"prompt_id": prompt.prompt_id,
-            "messages": None if messages is None else [
-                {"role": m.role, "content": m.content} for m in messages],
-            "text": prompt.text, "reference": prompt.reference,
-            "metadata": json_text(prompt.metadata)}
+# the prompt fields a stored row is made of by hand (:mod:`.table`); another field set (a
+# schema change) sends every group through the models
+PROMPT_BY_HAND = (tuple(Prompt.model_fields) == _PROMPT_FIELDS
+                  and tuple(ChatMessage.model_fields) == ("role", "content"))
 
 
 def _sure_scores(scores: dict[str, float] | None) -> bool:
@@ -121,33 +108,23 @@ def _sure_notes(notes: Notes | None) -> bool:
     return True
 
 
-def fast_row(gid: str, prompt: Prompt, candidates: Sequence[tuple[str, str, str | None]],
-             rankings: Sequence[PlainRanking], kind: str, when: datetime) -> GroupRow | None:
-    """The stored row of the group ``gid`` (candidates as ``(id, text, model)``), or ``None``
-    when a value is one the checks here cannot vouch for (the models then decide)."""
+def sure_values(candidates: Sequence[tuple[str, str, str | None]],
+                rankings: Sequence[PlainRanking], kind: str) -> bool:
+    """Whether the models would take a group of these candidates (``(id, text, model)``),
+    rankings and annotator kind as they are (a validated prompt and the build's own ids and
+    tiers besides): ``False`` where a check here cannot vouch for a value (the models then
+    decide, with pydantic's own message)."""
     ids = [c[0] for c in candidates]
     if not MIN_K <= len(ids) <= MAX_K or len(set(ids)) != len(ids) or kind not in KINDS:
-        return None
+        return False
     if any(type(text) is not str or (model is not None and type(model) is not str)
            for _, text, model in candidates):
-        return None
+        return False
     annotators = [r[0] for r in rankings]
     if len(set(annotators)) != len(annotators) or not all(
             type(a) is str and _PLAIN_ID.fullmatch(a) for a in annotators):
-        return None
-    if not all(_sure_scores(r[2]) and _sure_notes(r[3]) for r in rankings):
-        return None
-    created = time_text(when)
-    # dict displays, not the TypedDict calls: a call with keywords costs twice as much
-    return GroupRow(
-        group_id=gid, prompt=prompt_row(prompt),
-        candidates=[{"candidate_id": cid, "text": text, "source": {
-            "kind": "import", "model": model, "params": "{}", "seed": None},
-            "num_tokens": None, "behavior_logp": None} for cid, text, model in candidates],
-        rankings=[{"annotator": {"id": a, "kind": kind, "name": None, "version": None},
-                   "group_id": gid, "tiers": tiers, "scores": json_text(scores),
-                   "metadata": json_text(notes), "created_at": created}
-                  for a, tiers, scores, notes in rankings])
+        return False
+    return all(_sure_scores(r[2]) and _sure_notes(r[3]) for r in rankings)
 
 
 def row_stats(rows: Sequence[GroupRow]) -> tuple[Counter[str], int, int, list[str]]:

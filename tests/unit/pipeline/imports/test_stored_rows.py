@@ -1,6 +1,6 @@
-"""An imported group's stored row made without the models (:mod:`...layouts.stored`) is the
-row ``to_row`` gives for the same AnnotatedGroup; values the direct path cannot vouch for go
-back to the models, which refuse them with pydantic's message."""
+"""Imported groups gathered column by column without the models (:mod:`...layouts.table`) are
+the table ``rows_table`` gives for ``to_row`` of the same AnnotatedGroups; values the direct
+path cannot vouch for go back to the models, which refuse them with pydantic's message."""
 
 from __future__ import annotations
 
@@ -10,12 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from grouppref.pipeline.imports.layouts.build import UNKNOWN_TIME
-from grouppref.pipeline.imports.layouts.stored import (
-    PlainRanking,
-    fast_row,
-    prompt_row,
-    row_stats,
-)
+from grouppref.pipeline.imports.layouts.stored import PlainRanking, sure_values
+from grouppref.pipeline.imports.layouts.table import GroupTable
 from grouppref.schemas import (
     AnnotatedGroup,
     Annotator,
@@ -25,6 +21,7 @@ from grouppref.schemas import (
     Ranking,
     to_row,
 )
+from grouppref.schemas.arrow import rows_table
 
 PROMPT = Prompt(prompt_id="p-1", text="Name a prime.", metadata={"turns": 1, "good": True})
 CHAT = Prompt(prompt_id="p-2", messages=[{"role": "user", "content": "Hi?"}])
@@ -41,17 +38,45 @@ def _models(gid: str, prompt: Prompt, rankings: list[PlainRanking], kind: str,
         for a, tiers, scores, notes in rankings])
 
 
-@pytest.mark.parametrize("prompt", [PROMPT, CHAT])
+PROMPTS = [PROMPT, CHAT, Prompt(prompt_id="p-3", text="Sum?", reference="4",
+                               metadata={"z": 1.5, "a": "x", "n": 2, "b": False}),
+           Prompt(prompt_id="p-4", messages=[{"role": "system", "content": "Be brief."},
+                                             {"role": "user", "content": "Hi?"}], metadata={})]
+RANKINGS: list[PlainRanking] = [
+    ("nectar", [["c-1"], ["c-2", "c-3"]], None, None),
+    ("judge#2", [["c-3"], ["c-1"]], {"c-3": 9.5, "c-1": -1.0},
+     {"verdict": "model_a", "n": 3, "ok": False, "w": 0.25}),
+]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 100])
 @pytest.mark.parametrize("when", [UNKNOWN_TIME, datetime(2026, 5, 1, 12, 30, 1, 5,
                                                          tzinfo=timezone.utc)])
-def test_the_direct_row_is_to_rows(prompt: Prompt, when: datetime) -> None:
-    rankings: list[PlainRanking] = [
-        ("nectar", [["c-1"], ["c-2", "c-3"]], None, None),
-        ("judge#2", [["c-3"], ["c-1"]], {"c-3": 9.5, "c-1": -1.0},
-         {"verdict": "model_a", "n": 3, "ok": False, "w": 0.25}),
-    ]
-    got = fast_row("g-1", prompt, CANDIDATES, rankings, "llm_judge", when)
-    assert got == to_row(_models("g-1", prompt, rankings, "llm_judge", when))
+def test_the_table_is_rows_table_of_to_rows(chunk: int, when: datetime) -> None:
+    """Groups of every prompt form, with and without rankings, and one only the models may
+    make (two rankings by one annotator) in between: the same table, rows and stats."""
+    out, rows = GroupTable(chunk), []
+    twice = [RANKINGS[0], RANKINGS[0]]  # sure_values refuses it; the models take it as a reject
+    for i, prompt in enumerate(PROMPTS):
+        for rankings in (RANKINGS, [], RANKINGS[1:]):
+            gid = f"g-{i}-{len(rankings)}"
+            assert out.add(gid, prompt, CANDIDATES, rankings, "llm_judge", when)
+            rows.append(to_row(_models(gid, prompt, rankings, "llm_judge", when)))
+        assert not out.add("g-x", prompt, CANDIDATES, twice, "human", when)
+        row = to_row(_models(f"g-{i}-m", prompt, RANKINGS, "human", when))
+        out.add_row(row)  # type: ignore[arg-type]
+        rows.append(row)
+    table = out.table()
+    assert table.equals(rows_table(rows, AnnotatedGroup))
+    assert table.schema.metadata == rows_table(rows, AnnotatedGroup).schema.metadata
+    assert out.candidates == 3 * len(rows)
+    assert out.annotators == {"nectar": 8, "judge#2": 12}
+    assert out.partial == 12  # judge#2 names 2 of 3 candidates
+    assert out.models == {"gpt-4", "m"}
+
+
+def test_no_group_is_an_empty_table() -> None:
+    assert GroupTable(10).table().equals(rows_table([], AnnotatedGroup))
 
 
 @pytest.mark.parametrize("ranking", [
@@ -63,36 +88,18 @@ def test_the_direct_row_is_to_rows(prompt: Prompt, when: datetime) -> None:
     ("a", [["c-1"], ["c-2"]], None, {"x": [1]}),
 ])
 def test_values_pydantic_refuses_are_left_to_it(ranking: PlainRanking) -> None:
-    assert fast_row("g-1", PROMPT, CANDIDATES, [ranking], "human", UNKNOWN_TIME) is None
+    assert not sure_values(CANDIDATES, [ranking], "human")
+    assert not GroupTable(10).add("g-1", PROMPT, CANDIDATES, [ranking], "human", UNKNOWN_TIME)
     with pytest.raises(ValidationError):
         _models("g-1", PROMPT, [ranking], "human", UNKNOWN_TIME)
 
 
 def test_unsure_values_go_to_the_models() -> None:
     twice = [("a", [["c-1"], ["c-2"]], None, None)] * 2
-    assert fast_row("g-1", PROMPT, CANDIDATES, twice, "human", UNKNOWN_TIME) is None
-    assert fast_row("g-1", PROMPT, CANDIDATES[:1], [], "human", UNKNOWN_TIME) is None
-    assert fast_row("g-1", PROMPT, CANDIDATES, [], "robot", UNKNOWN_TIME) is None
+    assert not sure_values(CANDIDATES, twice, "human")
+    assert not sure_values(CANDIDATES[:1], [], "human")
+    assert not sure_values(CANDIDATES, [], "robot")
     int_score = [("a", [["c-1"], ["c-2"]], {"c-1": 1}, None)]  # pydantic makes it 1.0
-    assert fast_row("g-1", PROMPT, CANDIDATES, int_score, "human", UNKNOWN_TIME) is None  # type: ignore[arg-type]
+    assert not sure_values(CANDIDATES, int_score, "human")  # type: ignore[arg-type]
     unicode_id = [("jürgen", [["c-1"], ["c-2"]], None, None)]
-    assert fast_row("g-1", PROMPT, CANDIDATES, unicode_id, "human", UNKNOWN_TIME) is None
-
-
-def test_row_stats() -> None:
-    rankings: list[PlainRanking] = [("a", [["c-1"], ["c-2"]], None, None),
-                                    ("b", [["c-1", "c-2", "c-3"]], None, None)]
-    row = fast_row("g-1", PROMPT, CANDIDATES, rankings, "human", UNKNOWN_TIME)
-    assert row is not None
-    annotators, partial, candidates, models = row_stats([row, row])
-    assert annotators == {"a": 2, "b": 2} and partial == 2 and candidates == 6
-    assert models == ["gpt-4", "m"]
-
-
-@pytest.mark.parametrize("prompt", [
-    PROMPT, CHAT, Prompt(prompt_id="p-3", text="Sum?", reference="4",
-                         metadata={"z": 1.5, "a": "x", "n": 2, "b": False}),
-    Prompt(prompt_id="p-4", messages=[{"role": "system", "content": "Be brief."},
-                                      {"role": "user", "content": "Hi?"}], metadata={})])
-def test_prompt_row_is_to_row(prompt: Prompt) -> None:
-    assert prompt_row(prompt) == to_row(prompt)
+    assert not sure_values(CANDIDATES, unicode_id, "human")
