@@ -154,6 +154,9 @@ STAGE_PUBLIC = {"config", "core"}
 STAGE_PUBLIC_MORE = {"rank": {"settings", "rankers", "constraints", "shard_scoring"},
                      "report": {"selection"}, "generate": {"served"}, "simulate": {"panel"}}
 STAGE_ENTRY = {"read_report", "load_report"}  # besides the run_<stage> functions
+# a benchmark that times a stage's own pure functions one by one, not the stage through its
+# core: the public functions it may import from the stage's modules
+TIMED_PARTS = {"benchmarks/import_floor.py": {"parse_hh", "tiers_from_scores", "candidate_ids"}}
 
 
 def stage_imports(path: Path) -> list[tuple[int, str, list[str]]]:
@@ -183,8 +186,10 @@ def test_stages_are_used_through_their_core():
                 bad += [n for n in names if not (n.startswith("run_") or n in STAGE_ENTRY)]
             elif part not in STAGE_PUBLIC | STAGE_PUBLIC_MORE.get(stage, set()):
                 bad += names
+            where = str(path.relative_to(ROOT.parent))
+            bad = [n for n in bad if n not in TIMED_PARTS.get(where, set())]
             if bad:
-                found.append(f"{path.relative_to(ROOT.parent)}:{line}: {module} {sorted(set(bad))}")
+                found.append(f"{where}:{line}: {module} {sorted(set(bad))}")
     assert found == []
 
 
