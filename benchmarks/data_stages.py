@@ -147,12 +147,8 @@ def run_child(name: str, argv: list[str], cwd: Path, run: Path | None = None,
                  usage.ru_utime + usage.ru_stime, anon)
 
 
-def load_average() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def file_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the Nectar-shaped file and the folder it is kept in."""
     parser.add_argument("--groups", type=int, default=5000)
     parser.add_argument("--k", type=int, default=7)
     parser.add_argument("--answer-chars", type=int, default=600)
@@ -160,11 +156,11 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None,
                         help="folder for the input file (kept, reused) and the runs; default: "
                         "a temporary folder")
-    parser.add_argument("--stages", default="prompts,import,aggregate,validate,export",
-                        help="comma-separated stages to time (import must run before the "
-                        "others)")
-    args = parser.parse_args()
-    work = args.work or Path(tempfile.mkdtemp(prefix="grouppref-data-bench-"))
+
+
+def nectar_file(args: argparse.Namespace, prefix: str) -> tuple[Path, Path]:
+    """The work folder and the file of :func:`file_arguments`' options, written if missing."""
+    work = args.work or Path(tempfile.mkdtemp(prefix=prefix))
     work.mkdir(parents=True, exist_ok=True)
     data = work / f"nectar-{args.groups}-k{args.k}-c{args.answer_chars}-s{args.seed}.jsonl"
     if not data.exists():
@@ -172,6 +168,21 @@ def main() -> None:
         write_nectar(data, args.groups, args.k, args.answer_chars, args.seed)
         print(f"wrote {data} ({data.stat().st_size / 1e6:.0f} MB) in "
               f"{time.perf_counter() - t:.0f} s", flush=True)
+    return work, data
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    file_arguments(parser)
+    parser.add_argument("--stages", default="prompts,import,aggregate,validate,export",
+                        help="comma-separated stages to time (import must run before the "
+                        "others)")
+    args = parser.parse_args()
+    work, data = nectar_file(args, "grouppref-data-bench-")
     run, prompts_run = work / "run", work / "run-prompts"
     for folder in (run, prompts_run, work / "export", work / "peer.parquet"):
         shutil.rmtree(folder, ignore_errors=True) if folder.is_dir() else folder.unlink(

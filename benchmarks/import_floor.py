@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from data_stages import write_nectar  # noqa: E402
+from data_stages import file_arguments, nectar_file  # noqa: E402
 
 
 def _cpu(fn: Callable[[], object]) -> tuple[float, object]:
@@ -80,19 +79,10 @@ def _parts(data: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--groups", type=int, default=5000)
-    parser.add_argument("--k", type=int, default=7)
-    parser.add_argument("--answer-chars", type=int, default=600)
-    parser.add_argument("--seed", type=int, default=0)
+    file_arguments(parser)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--work", type=Path, default=None,
-                        help="folder for the input file (kept, reused); default: a temporary one")
     args = parser.parse_args()
-    work = args.work or Path(tempfile.mkdtemp(prefix="grouppref-floor-"))
-    work.mkdir(parents=True, exist_ok=True)
-    data = work / f"nectar-{args.groups}-k{args.k}-c{args.answer_chars}-s{args.seed}.jsonl"
-    if not data.exists():
-        write_nectar(data, args.groups, args.k, args.answer_chars, args.seed)
+    work, data = nectar_file(args, "grouppref-floor-")
     peers, runs = [], []
     for _ in range(args.repeats):  # alternating: the machine's speed moves
         peers.append(_peer(data, work / "floor-peer.parquet"))

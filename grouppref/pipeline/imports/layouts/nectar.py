@@ -45,8 +45,7 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
     column = ctx.mapping.responses
     items = row.get(column) if column else None
     plain = type(items) is list and all(type(a) is dict and ctx.text_key in a for a in items)
-    answers = (list(enumerate(items)) if plain  # type: ignore[arg-type]
-               else ctx.objects(row, number, "answer", rejects))
+    answers = [] if plain else ctx.objects(row, number, "answer", rejects)
     text = row.get(ctx.mapping.text) if ctx.mapping.text else None
     turns = parse_hh(text) if ctx.config.transcripts and isinstance(text, str) else None
     group = grouper.group(ctx.prompt(row, number, messages=turns or None, extra=METADATA),
@@ -58,7 +57,7 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
     scores: dict[int, float] | None = None  # the ranking's, made at the first rank
     keys: set[str] = set()
     for where, answer in answers:
-        index = ctx.add_response(group, answer, number, where)  # type: ignore[arg-type]
+        index = ctx.add_response(group, answer, number, where)
         rank = ctx.number(answer.get(rank_key), number, f"{where}.{rank_key}", rejects)
         if rank is not None:  # rank 1 is best: the score is its negative
             if scores is None:

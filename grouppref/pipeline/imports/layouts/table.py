@@ -90,8 +90,8 @@ class _Columns:
         source = item.field("source").type
         n = len(self.candidate_ids)
         sources = pa.StructArray.from_arrays([
-            pa.repeat("import", n).cast(pa.string()), pa.array(self.models, pa.string()),
-            pa.repeat("{}", n).cast(pa.string()), pa.nulls(n, source.field("seed").type)],
+            pa.repeat("import", n), pa.array(self.models, pa.string()),
+            pa.repeat("{}", n), pa.nulls(n, source.field("seed").type)],
             fields=list(source))
         items = pa.StructArray.from_arrays([
             pa.array(self.candidate_ids, pa.string()), pa.array(self.candidate_texts, pa.string()),
