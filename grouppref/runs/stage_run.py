@@ -48,6 +48,8 @@ class StageFolders(Protocol):
 
     def load_dataset(self, stage: str) -> datasets.Dataset: ...
 
+    def load_records(self, stage: str, record_type: type[R]) -> list[R]: ...
+
 
 @dataclass(frozen=True)
 class Shard(Generic[T]):
@@ -116,26 +118,23 @@ class StageRun(Generic[R]):
             if self.shard_done(i)
         )
 
-    def _features(self) -> Any:
-        from grouppref.schemas.arrow import features_for
-
+    def _record_type(self) -> type[R]:
+        """The record type of ``data/``, or a ``StageError`` for a stage that writes none."""
         if self.record_type is None:
             raise StageError(f"stage {self.name!r} writes no records (it has outputs: "
                              f"{sorted(self.outputs)})")
-        return features_for(self.record_type)
+        return self.record_type
 
     def _schema(self) -> pa.Schema:
         from grouppref.schemas.arrow import arrow_schema_for
 
-        self._features()
-        return arrow_schema_for(self.record_type)
+        return arrow_schema_for(self._record_type())
 
     def write_shard(self, shard: Shard[Any], records: Sequence[R], rejects: Sequence[Reject]) -> None:
         """Persist one shard's output and rejects; rename makes it all-or-nothing."""
         from grouppref.schemas.arrow import to_table
 
-        self._features()
-        self.write_table(shard, to_table(records, self.record_type), rejects)  # type: ignore[arg-type]
+        self.write_table(shard, to_table(records, self._record_type()), rejects)
 
     def write_table(self, shard: Shard[Any], table: pa.Table, rejects: Sequence[Reject]) -> None:
         """:meth:`write_shard` for records already in Arrow form (rows :func:`to_row` would
@@ -158,27 +157,28 @@ class StageRun(Generic[R]):
         write_rejects(self.dir / SHARDS / f"{name}.rejects.jsonl", rejects)
 
     def _write_data(self) -> int:
-        """Merge the shards into ``data/`` (atomically); returns the number of records."""
-        import datasets
+        """Merge the shards into ``data/`` (atomically; a ``save_to_disk`` folder,
+        :mod:`grouppref.runs.saved`); returns the number of records."""
         import pyarrow as pa
 
-        from grouppref.runs.hashing import fingerprint_file
-        from grouppref.schemas.arrow import table_dataset
+        from grouppref.runs.hashing import sha256_text
+        from grouppref.runs.saved import write_saved
 
-        features = self._features()
+        schema = self._schema()
         shards = self.shard_paths()
         tables = [read_shard_file(p) for p in shards]
-        table = pa.concat_tables(tables) if tables else self._schema().empty_table()
-        # the dataset's fingerprint from the shards' bytes, not datasets' hash of the table
-        key = " ".join(fingerprint_file(p) for p in shards) or "empty"
-        dataset = table_dataset(table, datasets.DatasetInfo(features=features), key)
+        table = pa.concat_tables(tables) if tables else schema.empty_table()
+        # The dataset's fingerprint (it names datasets' cache files) from what made the rows:
+        # the stage's cache key and the shards' sizes, not a hash of every byte
+        m = self.manifest
+        key = sha256_text(" ".join([m.stage, m.config_hash, m.input_fingerprint,
+                                    *(str(p.stat().st_size) for p in shards)]))[:16]
         data_dir, tmp_dir = self.dir / DATA, self.dir / (DATA + ".tmp")
         shutil.rmtree(tmp_dir, ignore_errors=True)
-        # An empty dataset must still be saved as one (empty) shard to load back.
-        dataset.save_to_disk(str(tmp_dir), num_shards=1 if len(dataset) == 0 else None)
+        write_saved(table, schema, tmp_dir, key)
         shutil.rmtree(data_dir, ignore_errors=True)
         os.replace(tmp_dir, data_dir)
-        return len(dataset)
+        return table.num_rows
 
     def finish(self, inputs: int, stats: dict[str, Any] | None = None, *,
                outputs: dict[str, str] | None = None, kept: int | None = None) -> StageRun[R]:
@@ -222,10 +222,7 @@ class StageRun(Generic[R]):
         return self.store.load_dataset(self.manifest.stage)
 
     def records(self) -> list[R]:
-        from grouppref.schemas.arrow import from_dataset
-
-        self._features()
-        return from_dataset(self.dataset(), self.record_type)  # type: ignore[arg-type]
+        return self.store.load_records(self.manifest.stage, self._record_type())
 
     def rejects(self) -> list[Reject]:
         return read_rejects(self.dir / REJECTS)

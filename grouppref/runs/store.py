@@ -56,6 +56,7 @@ from grouppref.runs.stage_run import DATA, SHARDS, Shard, StageRun
 
 if TYPE_CHECKING:
     import datasets
+    import pyarrow as pa
 
 __all__ = ["DATA", "SHARDS", "RunStore", "Shard", "StageRun", "is_remote"]  # StageRun, Shard: stage_run.py
 
@@ -137,10 +138,18 @@ class RunStore:
         self.require(stage)
         return datasets.load_from_disk(str(self.stage_dir(stage) / DATA))
 
-    def load_records(self, stage: str, record_type: type[R]) -> list[R]:
-        from grouppref.schemas.arrow import from_dataset
+    def load_table(self, stage: str) -> pa.Table:
+        """The rows of a complete stage's ``data/`` as one Arrow table, memory-mapped and
+        read without ``datasets`` (:func:`~grouppref.runs.saved.read_saved`)."""
+        from grouppref.runs.saved import read_saved
 
-        return from_dataset(self.load_dataset(stage), record_type)
+        self.require(stage)
+        return read_saved(self.stage_dir(stage) / DATA)
+
+    def load_records(self, stage: str, record_type: type[R]) -> list[R]:
+        from grouppref.schemas.arrow import from_table
+
+        return from_table(self.load_table(stage), record_type)
 
     # -- cache keys and staleness ------------------------------------------------------------
     def input_fingerprints(self, stages: Sequence[str]) -> dict[str, str]:

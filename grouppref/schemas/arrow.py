@@ -54,47 +54,74 @@ def _unwrap(annotation: Any) -> Any:
         return annotation
 
 
-def _feature(annotation: Any) -> Any:
-    import datasets  # here, not at import: the CLI's help and schema commands stay light
+# The Arrow type and the ``datasets`` feature (in its serialized form, what ``Features.to_dict``
+# gives and ``dataset_info.json`` holds) of each scalar annotation; ``datasets`` itself is not
+# imported for them, so that a stage writes and reads its run folder without it (its import
+# is 1.6 CPU-s of a stage's fixed cost). tests/unit/schemas holds both equal to ``datasets``'.
+_VALUES: dict[Any, str] = {str: "string", bool: "bool", int: "int64", float: "float64",
+                           datetime: "string"}
 
+
+def _feature(annotation: Any) -> Any:
+    """The serialized ``datasets`` feature of an annotation: ``{"dtype": ..., "_type":
+    "Value"}``, ``{"feature": ..., "_type": "List"}``, or a dict of a model's fields."""
     ann = _unwrap(annotation)
     if isinstance(ann, list):
         raise TypeError(f"union {ann} has no Arrow feature; wrap it in a dict field")
     origin = typing.get_origin(ann)
-    if ann is str or origin is Literal:
-        return datasets.Value("string")
-    if ann is bool:
-        return datasets.Value("bool")
-    if ann is int:
-        return datasets.Value("int64")
-    if ann is float:
-        return datasets.Value("float64")
-    if ann is datetime:
-        return datasets.Value("string")
+    if origin is Literal or origin is dict:
+        return {"dtype": "string", "_type": "Value"}
+    if ann in _VALUES:
+        return {"dtype": _VALUES[ann], "_type": "Value"}
     if origin is list:
-        return datasets.List(_feature(typing.get_args(ann)[0]))
-    if origin is dict:
-        return datasets.Value("string")
+        return {"feature": _feature(typing.get_args(ann)[0]), "_type": "List"}
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return {name: _feature(f.annotation) for name, f in ann.model_fields.items()}
     raise TypeError(f"no Arrow feature for annotation {ann!r}")
 
 
+def _arrow_type(feature: dict[str, Any]) -> pa.DataType:
+    """The Arrow type ``datasets`` gives a serialized feature of :func:`_feature`."""
+    import pyarrow as pa
+
+    if feature.get("_type") == "Value":
+        return pa.type_for_alias(feature["dtype"])
+    if feature.get("_type") == "List":
+        return pa.list_(_arrow_type(feature["feature"]))
+    return pa.struct([pa.field(name, _arrow_type(f)) for name, f in feature.items()])
+
+
+@cache
+def feature_dict_for(model: type[BaseModel]) -> dict[str, Any]:
+    """A record type's ``datasets`` features in serialized form (one entry per top-level
+    field): what ``features_for(model).to_dict()`` gives, made without ``datasets``."""
+    return {name: _feature(f.annotation) for name, f in model.model_fields.items()}
+
+
 @cache
 def features_for(model: type[BaseModel]) -> datasets.Features:
     """The ``datasets.Features`` of a record type (one column per top-level field)."""
-    import datasets
+    import datasets  # here, not at import: the CLI's help and schema commands stay light
 
-    return datasets.Features(
-        {name: _feature(f.annotation) for name, f in model.model_fields.items()}
-    )
+    return datasets.Features.from_dict(feature_dict_for(model))
 
 
 @cache
 def arrow_schema_for(model: type[BaseModel]) -> pa.Schema:
-    """The Arrow schema of :func:`features_for` (made once per record type: ``datasets``
-    builds it anew, with deep copies, on every ``Features.arrow_schema``)."""
-    return features_for(model).arrow_schema
+    """The Arrow schema of :func:`features_for`, with the ``huggingface`` metadata that
+    ``Features.arrow_schema`` gives it (made once per record type, without ``datasets``)."""
+    import pyarrow as pa
+
+    features = feature_dict_for(model)
+    fields = [pa.field(name, _arrow_type(f)) for name, f in features.items()]
+    return pa.schema(fields).with_metadata(
+        {"huggingface": json.dumps({"info": {"features": features}})})
+
+
+def stored_as(schema: pa.Schema, model: type[BaseModel]) -> bool:
+    """A table of this schema holds rows in ``model``'s own stored form (the columns and
+    types of :func:`arrow_schema_for`; metadata aside)."""
+    return schema.equals(arrow_schema_for(model))
 
 
 # Converters are compiled once per record type from the annotations: a function per field
@@ -274,6 +301,13 @@ def table_dataset(table: pa.Table, info: datasets.DatasetInfo, key: str) -> data
 
     fingerprint = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
     return datasets.Dataset(table, info=info, fingerprint=fingerprint)
+
+
+def from_table(table: pa.Table, model: type[R]) -> list[R]:
+    """Every row of ``table`` as a validated record (:func:`from_dataset` of a table read
+    without ``datasets``, e.g. a stage's ``data/``)."""
+    parse = from_stored_row if stored_as(table.schema, model) else from_row
+    return [parse(model, row) for row in table_rows(table)]
 
 
 def from_dataset(ds: datasets.Dataset, model: type[R]) -> list[R]:

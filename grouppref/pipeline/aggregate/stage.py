@@ -40,10 +40,9 @@ from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject, ValidatedGroup
 from grouppref.schemas.arrow import (
-    arrow_table,
-    dataset_rows,
-    features_for,
-    from_dataset,
+    from_table,
+    stored_as,
+    table_rows,
 )
 from grouppref.schemas.reports import AggregateReport
 
@@ -108,19 +107,18 @@ def _stage_groups(store: RunStore, source: str) -> _Read:
     type, a dataset edited by hand) go through the salvaging reader (:func:`parse_rows`),
     which rejects what is invalid row by row and ranking by ranking."""
     record_type = _GROUP_TYPES.get(store.require(source).record_type or "")
-    ds = store.load_dataset(source)
+    table = store.load_table(source)
     if record_type is not None:
-        if ds.features == features_for(record_type) and store.intact(source):
-            table = arrow_table(ds)
+        if stored_as(table.schema, record_type) and store.intact(source):
             if (parsed := stored_input(table, record_type, source)) is not None:
                 return _Read(parsed, table)
         try:
-            records = from_dataset(ds, record_type)
+            records = from_table(table, record_type)
         except (ValidationError, ValueError, TypeError):
             pass  # a row that is not a valid record: salvage it below
         else:
             return _Read(collect_groups([annotated(g) for g in records], source, STAGE))
-    return _Read(parse_rows(list(dataset_rows(ds)), source, STAGE))
+    return _Read(parse_rows(list(table_rows(table)), source, STAGE))
 
 
 def _input(store: RunStore, config: AggregateConfig) -> _Input:

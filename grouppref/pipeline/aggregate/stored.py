@@ -44,7 +44,7 @@ from grouppref.pipeline.aggregate.outcome import (
 from grouppref.pipeline.aggregate.parse import Encoded, ParsedInput
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject, ValidatedGroup
 from grouppref.schemas.arrow import (
-    features_for,
+    arrow_schema_for,
     from_stored_row,
     rows_table,
     take_rows,
@@ -163,7 +163,7 @@ def stored_outcomes(parsed: ParsedInput, table: pa.Table, fit: BTFit, dec: Decis
     lay = layout(kept, candidate_ids(groups.column("candidates")))
     rankings = _rankings(groups)
     made, holds = aggregate_columns(lay, fit, dec, config, rankings)
-    schema = features_for(ValidatedGroup).arrow_schema
+    schema = arrow_schema_for(ValidatedGroup)
     if rankings is None:
         kind = schema.field("rankings").type
         rankings = pa.ListArray.from_arrays(pa.array(np.zeros(len(kept) + 1, np.int32)),

@@ -42,7 +42,7 @@ from grouppref.runs.hashing import canonical_json, sha256_text
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup
-from grouppref.schemas.arrow import arrow_table, features_for
+from grouppref.schemas.arrow import stored_as
 from grouppref.schemas.reports import ExportReport
 
 try:  # the HTTP client of huggingface_hub 2.x; its errors are not all OSErrors
@@ -83,8 +83,8 @@ def stored_table(store: RunStore) -> pa.Table | None:
     (empty, or another schema: those go through :func:`load_validated`)."""
     if store.require(INPUT_STAGE).counts.outputs == 0:
         return None
-    ds = store.load_dataset(INPUT_STAGE)
-    return arrow_table(ds) if ds.features == features_for(ValidatedGroup) else None
+    table = store.load_table(INPUT_STAGE)
+    return table if stored_as(table.schema, ValidatedGroup) else None
 
 
 # -- targets ------------------------------------------------------------------------------------

@@ -39,10 +39,10 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
-import datasets
 import numpy as np
+import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grouppref.errors import StageError
@@ -57,20 +57,16 @@ from grouppref.runs.store import DATA, RunStore, StageRun
 from grouppref.schemas import Reject, ValidatedGroup, check_tiers, from_row
 from grouppref.schemas.arrow import (
     arrow_schema_for,
-    arrow_table,
-    dataset_rows,
-    features_for,
     from_stored_row,
+    stored_as,
+    table_rows,
     take_rows,
 )
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 REPORT = "report.json"
 MAX_FAILURES_IN_REPORT = 1000
 BATCH_ROWS = 1024  # rows checked on Arrow at once
-Rows: TypeAlias = Sequence[dict[str, Any]] | datasets.Dataset  # raw Arrow rows of RUN/aggregate
+Rows: TypeAlias = Sequence[dict[str, Any]] | pa.Table  # raw Arrow rows of RUN/aggregate
 
 
 class Failure(BaseModel):
@@ -191,12 +187,12 @@ def parse_row(row: dict[str, Any], number: int, source: str, *, stored: bool = F
 def _repeated_ids(ds: Rows) -> set[str]:
     """The group ids that occur in more than one row (only their rows' contents are
     compared; ids that are not text fail the schema check)."""
-    if isinstance(ds, datasets.Dataset):
+    if isinstance(ds, pa.Table):
         if "group_id" not in ds.column_names:
             return set()
         import pyarrow.compute as pc
 
-        counts = pc.value_counts(arrow_table(ds).column("group_id")).to_pylist()
+        counts = pc.value_counts(ds.column("group_id")).to_pylist()
         return {c["values"] for c in counts if c["counts"] > 1 and isinstance(c["values"], str)}
     seen = Counter(row.get("group_id") for row in ds)
     return {gid for gid, n in seen.items() if n > 1 and isinstance(gid, str)}
@@ -207,17 +203,17 @@ def check_rows(ds: Rows, config: ValidateConfig, source: str, *, batch_check: bo
     """Pass 1: the schema check of every row, then :class:`Checks`. Rows of a table in the
     record's own schema are checked on Arrow batches first (:mod:`.batch`); only the rows that
     check does not prove sound, and every row without ``batch_check``, are parsed."""
-    stored = isinstance(ds, datasets.Dataset) and ds.features == features_for(ValidatedGroup)
+    stored = isinstance(ds, pa.Table) and stored_as(ds.schema, ValidatedGroup)
     plan = Checks(config, source, _repeated_ids(ds))
     with stage_progress() as bar:
         task = bar.add_task(f"{STAGE}: check", total=len(ds), unit="groups")
         if stored and batch_check:
-            assert isinstance(ds, datasets.Dataset)
-            for done in _check_batches(arrow_table(ds), plan):
+            assert isinstance(ds, pa.Table)
+            for done in _check_batches(ds, plan):
                 bar.advance(task, done)
             plan.finish_groups()
             return plan
-        rows = dataset_rows(ds) if isinstance(ds, datasets.Dataset) else ds
+        rows = table_rows(ds) if isinstance(ds, pa.Table) else ds
         for number, row in enumerate(rows, start=1):
             _parse_and_add(plan, row, number, stored)
             bar.advance(task)
@@ -236,7 +232,6 @@ def _parse_and_add(plan: Checks, row: dict[str, Any], number: int, stored: bool)
 def _check_batches(table: pa.Table, plan: Checks) -> Iterator[int]:
     """Check a stored table batch by batch: sound rows whose group id does not repeat by
     their facts, the others parsed; yields the rows done after each batch."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     number = 0
@@ -256,14 +251,12 @@ def _check_batches(table: pa.Table, plan: Checks) -> Iterator[int]:
         yield batch.num_rows
 
 
-def _accepted_table(ds: Rows | pa.Table, numbers: Sequence[int], splits: Sequence[str]
+def _accepted_table(ds: Rows, numbers: Sequence[int], splits: Sequence[str]
                     ) -> pa.Table:
     """The rows ``numbers`` (1-based) of ``ds`` as they are, with ``split`` set: pass 1 proved
     each of them a valid ``ValidatedGroup`` (on Arrow columns, or by parsing it), and a valid
     row is what :func:`to_row` gives of its record (stored rows, and rows of a published
     dataset, are written by it), so the Arrow row is the record: taking it saves building it."""
-    import pyarrow as pa
-
     if isinstance(ds, pa.Table):
         table = take_rows(ds, [n - 1 for n in numbers])
     else:
@@ -277,13 +270,12 @@ def _write(stage: StageRun[ValidatedGroup], ds: Rows, plan: Checks,
            shard_size: int) -> None:
     """Pass 2: write the accepted rows with the split pass 1 gave them (resumable)."""
     accepted = plan.accepted()
-    rows = arrow_table(ds) if isinstance(ds, datasets.Dataset) else ds  # once: it copies Features
     with stage_progress() as bar:
         task = bar.add_task(f"{STAGE}: write", total=len(accepted), unit="groups",
                             completed=stage.done_items(accepted, shard_size))
         for shard in stage.pending_shards(accepted, shard_size=shard_size):
             splits = [plan.info[n].split for n in shard.items]
-            stage.write_table(shard, _accepted_table(rows, shard.items, splits), [])
+            stage.write_table(shard, _accepted_table(ds, shard.items, splits), [])
             bar.advance(task, len(shard.items))
 
 
@@ -296,8 +288,7 @@ def _input(store: RunStore, config: ValidateConfig
         rows, rejects = validated_rows(published, STAGE)
         return rows, rejects, published.source, published.fingerprint, []
     manifest = store.require(INPUT_STAGE)
-    # An empty stage output cannot be loaded back (datasets saves it with 0 shards): skip it.
-    ds = store.load_dataset(INPUT_STAGE) if manifest.counts.outputs else []
+    ds = store.load_table(INPUT_STAGE) if manifest.counts.outputs else []
     return ds, [], str(store.stage_dir(INPUT_STAGE) / DATA), "", [INPUT_STAGE]
 
 

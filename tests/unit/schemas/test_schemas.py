@@ -107,6 +107,17 @@ def test_every_record_has_arrow_features_and_json_schema() -> None:
         assert schema["additionalProperties"] is False, name
 
 
+def test_schema_made_without_datasets_is_the_one_datasets_makes_of_the_features() -> None:
+    import datasets
+
+    from grouppref.schemas.arrow import arrow_schema_for, feature_dict_for
+
+    for name, cls in RECORD_TYPES.items():
+        theirs = datasets.Features.from_dict(feature_dict_for(cls))
+        assert theirs.to_dict() == feature_dict_for(cls), name  # datasets' serialized form
+        assert theirs.arrow_schema.equals(arrow_schema_for(cls), check_metadata=True), name
+
+
 def test_empty_dataset_keeps_schema() -> None:
     ds = to_dataset([], CandidateGroup)
     assert len(ds) == 0 and ds.features == features_for(CandidateGroup)
