@@ -25,7 +25,7 @@ from grouppref.readers.rows import (
     to_reject,
     validation_reason,
 )
-from grouppref.schemas.records import Prompt, Reject, make_group_id
+from grouppref.schemas.records import Prompt, Reject, group_id_of, make_group_id
 
 
 def _present(row: dict[str, Any], column: str | None) -> bool:
@@ -178,11 +178,12 @@ def read_prompts(source: str | Path, mapping: ColumnMapping | None = None, stage
                 result.blank += isinstance(row, BlankLine)
                 raise row
             prompt = prompt_from_row(row, mapping, text, number)
-            key = make_group_id(prompt)
+            content = prompt.content_key()  # once: the same-prompt and the id checks share it
+            key = group_id_of(content)
             if key in seen:
                 raise RowError(f"same prompt as row {seen[key]}", field=mapping.text,
                                source=text, row=number)
-            ids.check(prompt, number)
+            ids.check(prompt, number, content)
             seen[key] = number
             result.items.append(prompt)
             result.item_rows.append(number)
