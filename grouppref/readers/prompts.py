@@ -25,7 +25,13 @@ from grouppref.readers.rows import (
     to_reject,
     validation_reason,
 )
-from grouppref.schemas.records import Prompt, Reject, group_id_of, make_group_id
+from grouppref.schemas.records import (
+    Prompt,
+    Reject,
+    group_id_of,
+    make_group_id,
+    prompt_content_key,
+)
 
 
 def _present(row: dict[str, Any], column: str | None) -> bool:
@@ -121,6 +127,63 @@ def prompt_from_row(row: dict[str, Any], mapping: ColumnMapping, source: str, nu
         raise fail(f"{msg} (in {loc})" if loc else msg, return_field) from e
 
 
+# -- a prompt made with its content key once: a layout's derived prompt, or a prompts file's
+# text column. ``prompt_from_row`` names a prompt without an id by a hash of its content key,
+# on a first model that it then copies with that id, and the caller then needs the same key
+# again. Here the key is computed first, from the turns (or text) given, and the id made from
+# it goes in as the row's own: one model, one key. The result is used only when the prompt
+# made holds exactly those turns (or that text), so that the key is its ``content_key()``;
+# anything else (a row that names its id, a value the models would change or refuse) is left
+# to ``prompt_from_row`` as ever.
+def _pairs(messages: list[Any]) -> list[tuple[str, str]] | None:
+    """``(role, content)`` of turns given as plain ``{role, content}`` text, else ``None``."""
+    pairs = []
+    for turn in messages:
+        if type(turn) is not dict or turn.keys() != {"role", "content"}:
+            return None
+        role, content = turn["role"], turn["content"]
+        if type(role) is not str or type(content) is not str:
+            return None
+        pairs.append((role, content))
+    return pairs
+
+
+def _id_column(mapping: ColumnMapping) -> str | None:
+    """The id column, when no other prompt field is read from a column of that name."""
+    column = mapping.prompt_id
+    if column is None or column in mapping.metadata_columns or column in (
+            mapping.text, mapping.messages, mapping.reference, mapping.metadata):
+        return None
+    return column
+
+
+def derived_prompt(row: dict[str, Any], mapping: ColumnMapping, source: str, number: int, *,
+                   text: str | None, messages: list[Any] | None) -> tuple[Prompt, str] | None:
+    """``prompt_from_row(row, ..., text=text, messages=messages)`` and its content key, or
+    ``None`` where that prompt is not surely made so (the caller makes it as ever)."""
+    column = _id_column(mapping)
+    if column is None or row.get(column) is not None:
+        return None
+    pairs = None
+    if messages is not None:
+        pairs = _pairs(messages)
+        if pairs is None:
+            return None
+        key = prompt_content_key(None, pairs)
+    elif type(text) is str:
+        key = prompt_content_key(text, None)
+    else:
+        return None
+    named = {**row, column: "p-" + group_id_of(key)[2:]}  # make_group_id's hash, as a prompt id
+    try:
+        prompt = prompt_from_row(named, mapping, source, number, text=text, messages=messages)
+    except RowError:
+        return None  # made as ever, the error is prompt_from_row's own
+    if prompt.turns() != pairs or (pairs is None and prompt.text != text):
+        return None
+    return prompt, key
+
+
 class PromptIds:
     """One id names one prompt: remembers where each ``prompt_id`` was first read.
 
@@ -156,6 +219,20 @@ class PromptIds:
             for pid, rows in self.clashes.items()}
 
 
+def _prompt_and_key(row: dict[str, Any], mapping: ColumnMapping, source: str, number: int
+                    ) -> tuple[Prompt, str]:
+    """``prompt_from_row`` of a prompts file's row and the prompt's content key, made once
+    for a text prompt without an id (:func:`derived_prompt`), else from the prompt."""
+    value = row.get(mapping.text) if mapping.text else None
+    chat = _present(row, mapping.messages) and row[mapping.messages] not in ("", [])  # type: ignore[index]
+    if type(value) is str and not chat:
+        made = derived_prompt(row, mapping, source, number, text=value, messages=None)
+        if made is not None:
+            return made
+    prompt = prompt_from_row(row, mapping, source, number)
+    return prompt, prompt.content_key()
+
+
 def read_prompts(source: str | Path, mapping: ColumnMapping | None = None, stage: str = "prompts",
                  split: str = "train", limit: int | None = None) -> ReadResult[Prompt]:
     """Read prompts (the first ``limit`` rows when given); bad rows, repeated prompts and
@@ -177,8 +254,7 @@ def read_prompts(source: str | Path, mapping: ColumnMapping | None = None, stage
             if isinstance(row, RowError):
                 result.blank += isinstance(row, BlankLine)
                 raise row
-            prompt = prompt_from_row(row, mapping, text, number)
-            content = prompt.content_key()  # once: the same-prompt and the id checks share it
+            prompt, content = _prompt_and_key(row, mapping, text, number)
             key = group_id_of(content)
             if key in seen:
                 raise RowError(f"same prompt as row {seen[key]}", field=mapping.text,

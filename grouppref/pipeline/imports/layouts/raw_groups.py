@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from grouppref.errors import RowError
 from grouppref.pipeline.imports.config import ImportConfig
-from grouppref.pipeline.imports.layouts.derived import derived_prompt
 from grouppref.readers.mapping import ColumnMapping
-from grouppref.readers.prompts import PromptIds, prompt_from_row
+from grouppref.readers.prompts import PromptIds, derived_prompt, prompt_from_row
 from grouppref.readers.rows import BlankLine, Row, maybe_json, to_reject
 from grouppref.schemas import (
     AnnotatedGroup,

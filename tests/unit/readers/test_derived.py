@@ -1,6 +1,6 @@
-"""A derived prompt made with its content key once (:mod:`...layouts.derived`) is the prompt
-``prompt_from_row`` makes, and the key its ``content_key()``; where that is not sure, nothing
-is made (the import makes it as ever)."""
+"""A prompt made with its content key once (``grouppref.readers.prompts.derived_prompt``) is
+the prompt ``prompt_from_row`` makes, and the key its ``content_key()``; where that is not sure,
+nothing is made (the caller makes it as ever)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 
 from grouppref.errors import RowError
-from grouppref.pipeline.imports.layouts.derived import derived_prompt
 from grouppref.readers.mapping import ColumnMapping
-from grouppref.readers.prompts import prompt_from_row
+from grouppref.readers.prompts import derived_prompt, prompt_from_row
 
 MAPPING = ColumnMapping(metadata_columns=["turns"])
 ROW = {"prompt": "ignored", "turns": 2, "metadata": {"k": "v"}, "reference": "ref"}
@@ -54,3 +53,34 @@ def test_a_prompt_the_models_refuse_is_refused_as_ever() -> None:
     assert derived_prompt(ROW, MAPPING, "f.jsonl", 3, text=None, messages=bad) is None
     with pytest.raises(RowError):
         prompt_from_row(ROW, MAPPING, "f.jsonl", 3, messages=bad)
+
+
+PROMPT_ROWS = [
+    {"prompt": "Name a colour."},                                    # made with its key once
+    {"prompt": "  Name a fruit. ", "prompt_id": "f-1"},              # the row names its id
+    {"prompt": "Name a tree.", "prompt_id": "   "},                  # a blank id is no id
+    {"prompt": "Ignored: the chat wins.", "messages": HI},           # a chat prompt
+    {"prompt": "Name a bird.", "messages": []},                      # an empty chat: the text
+    {"prompt": "   "},                                               # refused, as ever
+    {"prompt": 7},                                                   # not text: refused
+    {"prompt": "Name a colour.", "metadata": {"n": 2}},              # the same prompt again
+]
+
+
+def test_a_prompts_file_reads_as_row_by_row_prompt_from_row(tmp_path: Any) -> None:
+    import json
+
+    from grouppref.readers.prompts import read_prompts
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in PROMPT_ROWS), encoding="utf-8")
+    got = read_prompts(path)
+    want = []
+    for number, row in enumerate(PROMPT_ROWS, start=1):
+        try:
+            want.append((number, prompt_from_row(row, ColumnMapping(), str(path), number)))
+        except RowError:
+            pass
+    assert list(zip(got.item_rows, got.items, strict=True)) == want[:-1]  # the last repeats
+    assert [r.row for r in got.rejects] == [6, 7, 8]
+    assert "same prompt as row 1" in got.rejects[-1].reason
