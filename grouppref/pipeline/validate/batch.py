@@ -69,8 +69,9 @@ from grouppref.schemas.texts import duplicate_keys
 if TYPE_CHECKING:
     import pyarrow as pa
 
-# a text whose normal form is its lower-cased self: printable ASCII, single inner spaces
-_IRREGULAR = r"[^ -~]|  |^ | $"
+# a text whose normal form is its lower-cased self: printable ASCII (``ascii_is_printable``)
+# without two spaces in a row or a space at either end
+_SPACES = r"  |^ | $"
 ROLES = ("system", "user", "assistant")
 SOURCE_KINDS = ("model", "human", "import")
 ANNOTATOR_KINDS = ("human", "reward_model", "rule", "llm_judge", "simulated")
@@ -115,7 +116,10 @@ def _unique_texts(v: Verdict, texts: pa.Array, rows: np.ndarray) -> None:
 
     if not len(texts):
         return
-    irregular = as_mask(pc.match_substring_regex(texts, _IRREGULAR))
+    irregular = as_mask(pc.invert(pc.ascii_is_printable(texts)))
+    regular = np.flatnonzero(~irregular)  # only these are searched for spaces (a null: neither)
+    if len(regular):
+        irregular[regular] = as_mask(pc.match_substring_regex(texts.take(regular), _SPACES))
     lengths = np.asarray(pc.fill_null(pc.binary_length(texts), -1).to_numpy(), np.int64)
     lengths = np.where(irregular, -1, lengths)  # every irregular text is compared exactly
     keys = rows * (int(lengths.max()) + 2) + lengths + 1

@@ -35,7 +35,9 @@ def as_mask(values: Any) -> np.ndarray:
         return values.astype(bool, copy=False)
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
-    return np.asarray(pc.fill_null(values, False).to_numpy(zero_copy_only=False), dtype=bool)
+    if values.null_count:  # a call per mask: skipped when there is nothing to fill
+        values = pc.fill_null(values, False)
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=bool)
 
 
 class Verdict:
