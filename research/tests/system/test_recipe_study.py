@@ -37,21 +37,29 @@ def test_study_screens_chooses_a_rate_runs_seeds_and_resumes(tmp_path: Path, mon
     tiny = replace(study.SCALES["smoke"], val=2, test=2, seeds=2, steps=2, curve=(1,),
                    lrs=(1e-3, 5e-3), samples=1)
     monkeypatch.setitem(study.SCALES, "smoke", tiny)
+    # the screen's choice and the seeds' clean-up are tested on gspo_hard (two rates, two
+    # seeds); the peer, whose runs cost as much, screens one rate of the grid for one seed
+    # through a method's own "lrs" and "seeds" (as trl_dpo_all's): one TRL run instead of three
+    peer = {**study.METHODS["trl_dpo"], "lrs": [tiny.lrs[0]], "seeds": 1}
+    monkeypatch.setitem(study.METHODS, "trl_dpo", peer)
+    runs = {"gspo_hard": (tiny.lrs, tiny.seeds), "trl_dpo": (peer["lrs"], 1)}
     args = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--scale", "smoke",
             "--threads", "1", "--methods", "gspo_hard,trl_dpo"]
     study.main(args)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     tasks = results["tasks"]
-    for method in ("gspo_hard", "trl_dpo"):
-        assert results["chosen_lr"][method] in tiny.lrs
-        for lr in tiny.lrs:
+    for method, (lrs, seeds) in runs.items():
+        assert results["chosen_lr"][method] in lrs
+        for lr in lrs:
             name = f"{method}-lr{study.lr_tag(lr)}-seed0"
             assert f"eval:val:greedy:{name}" in tasks and f"eval:val:greedy:{name}@1" in tasks
         chosen = f"{method}-lr{study.lr_tag(results['chosen_lr'][method])}"
-        for seed in range(tiny.seeds):
+        for seed in range(seeds):
             got = tasks[f"eval:test:full:{chosen}-seed{seed}"]["per_prompt"]
             assert len(got) == 2 and all(len(p["s"]) == 1 for p in got)
+        assert f"eval:test:full:{chosen}-seed{seeds}" not in tasks
         assert tasks[f"train:{chosen}-seed0"]["tokens_at"]["1"] > 0
+    assert not any(k.startswith(f"train:trl_dpo-lr{study.lr_tag(tiny.lrs[1])}") for k in tasks)
     # the peer trained on the export a TRL user reads, one best-vs-worst pair per group
     assert tasks[f"train:trl_dpo-lr{study.lr_tag(tiny.lrs[0])}-seed0"]["pairs_in_data"] >= 1
     assert "| gspo_hard |" in markdown(results) and "trl_dpo" in markdown(results)
