@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-import pytest
-
 from grouppref.pipeline.rank.rankers import build_ranker
 from grouppref.pipeline.rank.settings import annotator_for
 from grouppref.runs.store import RunStore
@@ -52,24 +50,27 @@ def _groups(store: RunStore, stage: str) -> list[AnnotatedGroup]:
             for row in store.load_dataset(stage)]
 
 
-@pytest.mark.slow  # about 30 s: the fake answers the last held requests after an idle second
 def test_two_served_judges_overlap_in_a_refresh_round(
         groups_run: RunStore) -> None:
-    # pointwise: 6 questions at concurrency 3 on one server; pairwise: 12 at 2 on the other.
-    # One judge after another, the fakes would see at most 3 in flight.
-    fake = VaryingFake(hold=5)
+    # pointwise: 6 questions at concurrency 2 on one server; pairwise: 12 at 4 on the other:
+    # three bursts each, so together every burst reaches the hold of 6 and is answered at once
+    # (no idle wait). One judge after another, the fakes would see at most 4 in flight.
+    fake = VaryingFake(hold=6)
     with ExitStack() as stack:
         url1, url2 = _servers(fake, 2, stack)
-        plan = _plan([RULE, _judge("pointwise", MODELS[0], url1, 3),
-                      _judge("pairwise", MODELS[1], url2, 2)])
+        plan = _plan([RULE, _judge("pointwise", MODELS[0], url1, 2),
+                      _judge("pairwise", MODELS[1], url2, 4)])
         annotated, rejects = rank_groups(plan, _groups(groups_run, plan.rank_config.input_stage))
         assert plan.scorer.pool is None  # closed once the round is ranked
         by = {m: [r for r in fake.requests if _judge_of(r) == m] for m in ("pointwise", "pairwise")}
         assert (len(by["pointwise"]), len(by["pairwise"])) == (6, 12)
-        assert fake.max_in_flight == 5  # both servers' limits at once
-        assert (_max_overlap(by["pointwise"]), _max_overlap(by["pairwise"])) == (3, 2)
+        assert fake.max_in_flight == 6  # both servers' limits at once
+        assert (_max_overlap(by["pointwise"]), _max_overlap(by["pairwise"])) == (2, 4)
         assert any(fake.in_flight_together(a, b) for a in by["pointwise"] for b in by["pairwise"])
-        # a second round: the scorer opens a new pool (the first was closed)
+        # a second round: the scorer opens a new pool (the first was closed). The overlap is
+        # counted: from here on the fake answers each request at once (hold 1), not after the
+        # idle wait that ends a burst of fewer than 6
+        fake.hold = 1
         again, _ = rank_groups(plan, _groups(groups_run, plan.rank_config.input_stage))
         records, expected_rejects, _ = _one_after_another(groups_run, plan.rank_config)
     assert [_without_times(g) for g in annotated] == [_without_times(g) for g in records]
