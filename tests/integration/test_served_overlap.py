@@ -41,10 +41,11 @@ from tests.support.served_fakes import (
 
 
 @contextmanager
-def in_flight_fake(hold: int, k: int = 0, gate: threading.Event | None = None
+def in_flight_fake(hold: int, k: int = 0, gate: threading.Event | None = None, alone: int = 1
                    ) -> Iterator[tuple[str, InFlightFake]]:
-    """``(base URL, fake)`` of an :class:`InFlightFake` on a free loopback port."""
-    fake = InFlightFake(hold=hold, k=k, gate=gate)
+    """``(base URL, fake)`` of an :class:`InFlightFake` on a free loopback port; the first
+    ``alone`` requests (each test's check, sent before its stage) are answered at once."""
+    fake = InFlightFake(hold=hold, k=k, gate=gate, alone=alone)
     with serve_fake(fake) as url:
         yield url, fake
 
@@ -76,7 +77,7 @@ def test_generate_keeps_min_of_concurrency_and_pending_in_flight(
 def test_generate_sends_every_served_model_of_the_mix_together(tmp_path: Path) -> None:
     # two models, 2 slots each, 2 prompts: 8 requests, of which the check sends each model's
     # first; the stage's other 6 go together (a per-model loop would keep 3 in flight)
-    with in_flight_fake(hold=6) as (url, fake):
+    with in_flight_fake(hold=6, alone=2) as (url, fake):
         stage = _generate(tmp_path, url, ["one question", "another question"], 4, 8,
                           models=MODELS)
     assert (len(fake.requests), fake.max_in_flight) == (8, 6)

@@ -66,10 +66,14 @@ class InFlightFake:
     Attributes:
         hold (int): answer held requests once this many are in flight.
         k (int): answers per prompt that a ``DUPLICATE`` prompt repeats.
+        alone (int): the first this many requests are answered at once (counted, neither held
+            nor gated): a check that sends one request by itself before a stage would
+            otherwise wait out ``IDLE_S``, or ``GATE_S`` for a gate that the stage opens.
     """
 
     hold: int
     k: int = 0
+    alone: int = 0  # the first ``alone`` requests (checks sent by themselves) are not held
     now: int = 0
     max_in_flight: int = 0
     requests: list[Request] = field(default_factory=list)
@@ -94,6 +98,8 @@ class InFlightFake:
             if self.now >= self.hold:
                 self._release += 1
                 self._cond.notify_all()
+            if len(self.requests) <= self.alone:
+                return request
             while (self._release == generation
                    and time.monotonic() - self._last_arrival < IDLE_S):
                 self._cond.wait(timeout=0.05)
