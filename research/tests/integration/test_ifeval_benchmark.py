@@ -236,6 +236,11 @@ def test_experiment_restarted_reuses_data_and_finished_runs(tiny_lm_dir: Path, t
     monkeypatch.setitem(experiment.SCALES, "test", Scale(
         train=24, test=4, k=8, seeds=1, steps=2, batch=2, samples=1, max_new_tokens=48,
         curve=(1,), gen_batch=64, shard=8, chunk=4, lr=5e-3))
+    # three of the five methods: the order (each seed's methods, then the curve) and the
+    # resume are the same for any number; the losses themselves are tested in
+    # tests/integration/test_losses.py and test_listwise_losses.py
+    monkeypatch.setattr(experiment, "METHODS", {m: experiment.METHODS[m]
+                                                for m in ("gspo_soft", "dpo", "sft")})
     out = tmp_path / "exp"
     argv = ["--model", str(tiny_lm_dir), "--out", str(out), "--scale", "test", "--threads", "1"]
     main([*argv, "--budget-s", "0.001"])
@@ -248,7 +253,6 @@ def test_experiment_restarted_reuses_data_and_finished_runs(tiny_lm_dir: Path, t
     assert (out / "run" / "generate" / "manifest.json").read_text() == generated
     assert second["runs"][:2] == first["runs"]  # kept as they were, not run again
     names = [(r["method"], r["steps"]) for r in second["runs"][2:]]
-    assert names == [(m, 2) for m in ("dpo", "sft", "gspo_hard", "plackett_luce")] + [
-        (m, 1) for m in ("gspo_soft", "dpo", "sft", "gspo_hard", "plackett_luce")]
+    assert names == [(m, 2) for m in ("dpo", "sft")] + [(m, 1) for m in ("gspo_soft", "dpo", "sft")]
     assert second["finished"] and second["skipped"] == []
     assert "| sft | 1 |" in capsys.readouterr().out
