@@ -42,7 +42,8 @@ def test_two_servers_keep_the_sum_of_their_limits_in_flight(groups_run: RunStore
                                                             c2: int) -> None:
     # pointwise: 6 questions at concurrency c1; pairwise: 12 at c2. One after another, the
     # fake would see at most max(c1, c2) in flight.
-    fake = VaryingFake(hold=c1 + c2)
+    # each judge's check sends its first question alone, before the stage: answered at once
+    fake = VaryingFake(hold=c1 + c2, alone=2)
     with ExitStack() as stack:
         url1, url2 = _servers(fake, 2, stack)
         config = RankConfig(rankers=[_judge("pointwise", MODELS[0], url1, c1),
@@ -56,7 +57,7 @@ def test_two_servers_keep_the_sum_of_their_limits_in_flight(groups_run: RunStore
 
 
 def test_judges_on_one_server_share_its_largest_limit(groups_run: RunStore) -> None:
-    fake = VaryingFake(hold=4)
+    fake = VaryingFake(hold=4, alone=2)
     with ExitStack() as stack:
         [url] = _servers(fake, 1, stack)
         config = RankConfig(rankers=[_judge("pointwise", MODELS[0], url, 2),
