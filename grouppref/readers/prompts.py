@@ -68,9 +68,14 @@ def _metadata(row: dict[str, Any], mapping: ColumnMapping, fail: Any) -> dict[st
     return meta
 
 
+def _has_chat(row: dict[str, Any], mapping: ColumnMapping) -> bool:
+    """The row's messages column holds a chat prompt (not missing, null, ``""`` or ``[]``)."""
+    return _present(row, mapping.messages) and row[mapping.messages] not in ("", [])  # type: ignore[index]
+
+
 def _prompt_fields(row: dict[str, Any], mapping: ColumnMapping, fail: Any) -> dict[str, Any]:
     """``{"messages": ...}`` or ``{"text": ...}`` from the row's prompt columns."""
-    if _present(row, mapping.messages) and row[mapping.messages] not in ("", []):  # type: ignore[index]
+    if _has_chat(row, mapping):
         return {"messages": maybe_json(row[mapping.messages])}  # type: ignore[index]
     if _present(row, mapping.text):
         value = row[mapping.text]  # type: ignore[index]
@@ -224,8 +229,7 @@ def _prompt_and_key(row: dict[str, Any], mapping: ColumnMapping, source: str, nu
     """``prompt_from_row`` of a prompts file's row and the prompt's content key, made once
     for a text prompt without an id (:func:`derived_prompt`), else from the prompt."""
     value = row.get(mapping.text) if mapping.text else None
-    chat = _present(row, mapping.messages) and row[mapping.messages] not in ("", [])  # type: ignore[index]
-    if type(value) is str and not chat:
+    if type(value) is str and not _has_chat(row, mapping):
         made = derived_prompt(row, mapping, source, number, text=value, messages=None)
         if made is not None:
             return made

@@ -68,9 +68,10 @@ def write_saved(table: pa.Table, schema: pa.Schema, folder: Path, fingerprint: s
             for at in range(start, start + length, batch):
                 part = table.slice(at, min(batch, start + length - at)).combine_chunks()
                 writer.write_table(part, max_chunksize=batch)
-    state: dict[str, object] = {"_data_files": [{"filename": _file_name(i, files)} for i in range(files)],
-             "_fingerprint": fingerprint, "_format_columns": None, "_format_kwargs": {},
-             "_format_type": None, "_output_all_columns": False, "_split": None}
+    state: dict[str, object] = {
+        "_data_files": [{"filename": _file_name(i, files)} for i in range(files)],
+        "_fingerprint": fingerprint, "_format_columns": None, "_format_kwargs": {},
+        "_format_type": None, "_output_all_columns": False, "_split": None}
     (folder / STATE).write_text(json.dumps(state, indent=2, sort_keys=True), encoding="utf-8")
     features = json.loads(schema.metadata[b"huggingface"])["info"]["features"]
     info = {"citation": "", "description": "", "features": features, "homepage": "",

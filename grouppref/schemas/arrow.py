@@ -260,11 +260,6 @@ def take_rows(table: pa.Table, indices: Sequence[int]) -> pa.Table:
     return table.slice(lo, hi - lo + 1).take([i - lo for i in indices])
 
 
-def dataset_rows(ds: datasets.Dataset, batch_size: int = 1024) -> Iterator[dict[str, Any]]:
-    """The rows of a ``datasets.Dataset`` (what iterating it gives), a batch at a time."""
-    yield from table_rows(arrow_table(ds), batch_size)
-
-
 def to_table(records: typing.Iterable[BaseModel], model: type[BaseModel]) -> pa.Table:
     """Records of one type as one Arrow table with the schema of :func:`features_for`."""
     return rows_table([to_row(r) for r in records], model)
@@ -304,14 +299,13 @@ def table_dataset(table: pa.Table, info: datasets.DatasetInfo, key: str) -> data
 
 
 def from_table(table: pa.Table, model: type[R]) -> list[R]:
-    """Every row of ``table`` as a validated record (:func:`from_dataset` of a table read
-    without ``datasets``, e.g. a stage's ``data/``)."""
+    """Every row of ``table`` as a validated record (e.g. a stage's ``data/``, read without
+    ``datasets``)."""
     parse = from_stored_row if stored_as(table.schema, model) else from_row
     return [parse(model, row) for row in table_rows(table)]
 
 
 def from_dataset(ds: datasets.Dataset, model: type[R]) -> list[R]:
-    """Every row of ``ds`` as a validated record."""
-    parse = from_stored_row if ds.features == features_for(model) else from_row
-    return [parse(model, row) for row in dataset_rows(ds)]
+    """Every row of ``ds`` as a validated record (:func:`from_table` of its rows)."""
+    return from_table(arrow_table(ds), model)
 

@@ -24,7 +24,7 @@ from grouppref.runs.manifest import read_rejects
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
-from grouppref.schemas.arrow import arrow_table, dataset_rows, to_row
+from grouppref.schemas.arrow import arrow_table, table_rows, to_row
 from tests.support.factories import make_group
 from tests.support.simulate import write_stage
 
@@ -99,7 +99,7 @@ def test_stored_rows_give_what_the_records_give(tmp_path: Path, name: str) -> No
 
     done = run_aggregate(store, config, StageContext())
     want = aggregate_groups(groups, config, source="rank")
-    got_rows = list(dataset_rows(store.load_dataset("aggregate")))
+    got_rows = list(table_rows(store.load_table("aggregate")))
     assert got_rows == [to_row(g) for g in want.groups]
     got_rejects = [(r.row, r.group_id, r.reason) for r in read_rejects(done.dir / "rejects.jsonl")]
     assert got_rejects == [(r.row, r.group_id, r.reason) for r in want.rejects]

@@ -73,7 +73,7 @@ class InFlightFake:
 
     hold: int
     k: int = 0
-    alone: int = 0  # the first ``alone`` requests (checks sent by themselves) are not held
+    alone: int = 0
     now: int = 0
     max_in_flight: int = 0
     requests: list[Request] = field(default_factory=list)

@@ -63,8 +63,8 @@ def load_validated(store: RunStore) -> list[ValidatedGroup]:
     Raises:
         StageError: a row is not a valid group, or has no split.
     """
-    if store.require(INPUT_STAGE).counts.outputs == 0:  # nothing passed (an empty output
-        return []                                       # does not load)
+    if store.require(INPUT_STAGE).counts.outputs == 0:  # nothing passed (a run of an older
+        return []                                       # version saved no file for it)
     try:
         groups = store.load_records(INPUT_STAGE, ValidatedGroup)
     except ValidationError as e:

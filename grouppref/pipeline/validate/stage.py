@@ -288,6 +288,7 @@ def _input(store: RunStore, config: ValidateConfig
         rows, rejects = validated_rows(published, STAGE)
         return rows, rejects, published.source, published.fingerprint, []
     manifest = store.require(INPUT_STAGE)
+    # nothing to check when nothing passed (a run of an older version saved no file for it)
     ds = store.load_table(INPUT_STAGE) if manifest.counts.outputs else []
     return ds, [], str(store.stage_dir(INPUT_STAGE) / DATA), "", [INPUT_STAGE]
 

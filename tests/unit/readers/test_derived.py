@@ -4,6 +4,7 @@ nothing is made (the caller makes it as ever)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,7 +68,7 @@ PROMPT_ROWS = [
 ]
 
 
-def test_a_prompts_file_reads_as_row_by_row_prompt_from_row(tmp_path: Any) -> None:
+def test_a_prompts_file_reads_as_row_by_row_prompt_from_row(tmp_path: Path) -> None:
     import json
 
     from grouppref.readers.prompts import read_prompts

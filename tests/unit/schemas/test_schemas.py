@@ -123,16 +123,20 @@ def test_empty_dataset_keeps_schema() -> None:
     assert len(ds) == 0 and ds.features == features_for(CandidateGroup)
 
 
-def test_arrow_table_and_dataset_rows_of_a_whole_table_and_of_a_selection() -> None:
-    from grouppref.schemas.arrow import arrow_table, dataset_rows
+def test_arrow_table_and_its_rows_of_a_whole_table_and_of_a_selection() -> None:
+    from grouppref.schemas.arrow import arrow_table, table_rows
 
     groups = [make_group(prompt_text=f"Name colour {i}.") for i in range(3)]
     ds = to_dataset(groups, CandidateGroup)
     assert arrow_table(ds).to_pylist() == list(ds)
     picked = ds.select([2, 0])  # an indices mapping over the same table
     assert arrow_table(picked).to_pylist() == list(picked)
-    assert [r["group_id"] for r in dataset_rows(picked)] == [groups[2].group_id, groups[0].group_id]
-    assert [r["group_id"] for r in dataset_rows(ds, batch_size=2)] == [g.group_id for g in groups]
+    assert [r["group_id"] for r in table_rows(arrow_table(picked))] == [groups[2].group_id,
+                                                                          groups[0].group_id]
+    assert [r["group_id"] for r in table_rows(arrow_table(ds), batch_size=2)] == [
+        g.group_id for g in groups]
+    # the records of a selection, through from_dataset (from_table of its rows)
+    assert from_dataset(picked, CandidateGroup) == [groups[2], groups[0]]
 
 
 @SETTINGS
