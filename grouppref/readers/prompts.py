@@ -204,14 +204,25 @@ class PromptIds:
     def check(self, prompt: Prompt, number: int, content: str | None = None) -> None:
         """Raise ``RowError`` when ``prompt``'s id was read first with another prompt
         (``content``: its :meth:`~grouppref.schemas.Prompt.content_key`, when known)."""
-        content = prompt.content_key() if content is None else content
-        seen = self.first.setdefault(prompt.prompt_id, (number, content))
-        if seen[1] == content:
+        self.check_id(prompt.prompt_id, number,
+                      prompt.content_key() if content is None else content)
+
+    def check_id(self, prompt_id: str, number: int, content: str) -> None:
+        """:meth:`check` of a prompt known by its id and content key."""
+        first = self.taken(prompt_id, content)
+        if first is None:
+            self.first.setdefault(prompt_id, (number, content))
             return
-        self.clashes.setdefault(prompt.prompt_id, []).append(number)
-        raise RowError(f"duplicate prompt_id {prompt.prompt_id!r} with a different prompt; first "
-                       f"seen at row {seen[0]} (give each prompt its own id)", field=self.field,
+        self.clashes.setdefault(prompt_id, []).append(number)
+        raise RowError(f"duplicate prompt_id {prompt_id!r} with a different prompt; first "
+                       f"seen at row {first} (give each prompt its own id)", field=self.field,
                        source=self.source, row=number)
+
+    def taken(self, prompt_id: str, content: str) -> int | None:
+        """The row that took ``prompt_id`` for another prompt than ``content`` (``None``:
+        the id is free, or names this prompt)."""
+        seen = self.first.get(prompt_id)
+        return None if seen is None or seen[1] == content else seen[0]
 
     def retracted(self) -> dict[int, Reject]:
         """With ``reject_all``: the first rows of clashing ids, row -> reject."""

@@ -20,7 +20,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -66,9 +66,10 @@ class ReadResult(Generic[T]):
             raise InputFileError(f"{self.source}: no rows{extra}")
 
 
-class _Decoding:
+class Decoding:
     """Counts the rows of a text file that decode and those that do not: a file none of whose
-    rows decodes is not UTF-8 text, and is refused whole."""
+    rows decodes is not UTF-8 text, and is refused whole (:meth:`check`). Counts of parts of
+    one file read apart add up (:meth:`add`)."""
 
     def __init__(self, path: Path):
         self.path, self.good, self.bad, self.first = path, 0, 0, ""
@@ -77,6 +78,11 @@ class _Decoding:
         self.bad += 1
         self.first = self.first or reason
         return RowError(f"{reason}; {SAVE_AS_UTF8}", source=str(self.path))
+
+    def add(self, other: Decoding) -> None:
+        """Count ``other``'s rows too (a later part of the same file)."""
+        self.good, self.bad = self.good + other.good, self.bad + other.bad
+        self.first = self.first or other.first
 
     def check(self) -> None:
         if self.bad and not self.good:
@@ -135,29 +141,36 @@ def _check_head(path: Path) -> None:
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, Row]]:
-    """JSONL rows, streamed line by line (``\n`` or ``\r\n``), each line decoded on its own.
+    """JSONL rows, streamed line by line (``\n`` or ``\r\n``; :func:`jsonl_rows`)."""
+    _check_head(path)
+    decoding = Decoding(path)
+    with open_binary(path) as fh:
+        yield from jsonl_rows(fh, path, decoding)
+    decoding.check()
+
+
+def jsonl_rows(lines: Iterable[bytes], path: Path, decoding: Decoding, first: int = 1
+               ) -> Iterator[tuple[int, Row]]:
+    """The rows of JSONL ``lines`` (with their line ends) of ``path``, numbered from ``first``
+    (a BOM is dropped from row 1), each line decoded on its own and counted in ``decoding``.
 
     A line is decoded and parsed with its line end (whitespace to JSON, so the same value and
     no copy of the line without it); only a line that fails is looked at again without it, so
     that the reason names the same position as for the bare line.
     """
-    _check_head(path)
-    decoding = _Decoding(path)
-    with open_binary(path) as fh:
-        for number, raw in enumerate(fh, start=1):
-            if number == 1:
-                raw = raw.removeprefix(UTF8_BOM)
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                yield number, _undecodable(decoding, _bare(raw), number)
-                continue
-            if not line or line.isspace():
-                yield number, BlankLine(BLANK, source=str(path), row=number)
-                continue
-            decoding.good += 1
-            yield number, _json_row(line, path, number)
-    decoding.check()
+    for number, raw in enumerate(lines, start=first):
+        if number == 1:
+            raw = raw.removeprefix(UTF8_BOM)
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            yield number, _undecodable(decoding, _bare(raw), number)
+            continue
+        if not line or line.isspace():
+            yield number, BlankLine(BLANK, source=str(path), row=number)
+            continue
+        decoding.good += 1
+        yield number, _json_row(line, path, number)
 
 
 def _bare(raw: bytes) -> bytes:
@@ -165,7 +178,7 @@ def _bare(raw: bytes) -> bytes:
     return raw.removesuffix(b"\n").removesuffix(b"\r")
 
 
-def _undecodable(decoding: _Decoding, raw: bytes, number: int) -> RowError:
+def _undecodable(decoding: Decoding, raw: bytes, number: int) -> RowError:
     """The reject of a line (without its line end) that is not UTF-8."""
     try:
         raw.decode("utf-8")
@@ -268,7 +281,7 @@ def _iter_csv(path: Path, delimiter: str = ",") -> Iterator[tuple[int, Row]]:
 def _with_decoding(path: Path, rows: Iterator[tuple[int, Row]]) -> Iterator[tuple[int, Row]]:
     """Rows of a file decoded with :func:`_escaped`: a row holding an undecodable byte is a
     RowError; a file none of whose rows decodes is refused."""
-    decoding = _Decoding(path)
+    decoding = Decoding(path)
     for number, row in rows:
         reason = _bad_bytes(row) if isinstance(row, dict) else None
         if reason is not None:
@@ -332,7 +345,8 @@ def _numbered(rows: list[Any], source: str) -> Iterator[tuple[int, Row]]:
                                    source=source, row=number)
 
 
-def iter_rows(source: str | Path, split: str = "train") -> Iterator[tuple[int, Row]]:
+def iter_rows(source: str | Path, split: str = "train"
+              ) -> Generator[tuple[int, Row], None, None]:
     """Yield ``(row_number, row)`` or ``(row_number, RowError)`` for every row of ``source``.
 
     Raises:

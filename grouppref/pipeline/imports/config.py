@@ -98,6 +98,10 @@ class ImportConfig(BaseModel):
     min_k: int = Field(default=MIN_K, ge=MIN_K, le=MAX_K, description="Fewest distinct "
                        "candidates a group may keep; groups with fewer go to rejects.")
     shard_size: int = Field(default=5000, ge=1, description="Groups per output shard.")
+    workers: int = Field(default=0, ge=0, le=64, exclude=True, description="Processes that "
+                         "read a large JSONL file of a layout of one row per group (nectar, "
+                         "ultrafeedback), a part each (0: one per CPU core, at most 8; 1: one "
+                         "process). The result is the same for any number.")
 
     @model_validator(mode="after")
     def _scores_given(self) -> ImportConfig:

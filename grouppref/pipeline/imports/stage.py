@@ -24,6 +24,7 @@ from grouppref.pipeline.imports.config import (
 )
 from grouppref.pipeline.imports.layouts import READERS, context, detect, peek
 from grouppref.pipeline.imports.layouts.raw_groups import Imported
+from grouppref.pipeline.imports.parallel import plan, read_parallel
 from grouppref.readers.rows import iter_rows, source_fingerprint
 from grouppref.runs.collector import cycle_collection_paused
 from grouppref.runs.stage import StageContext
@@ -42,12 +43,21 @@ def read_import(config: ImportConfig, stage: str = STAGE) -> Imported:
             its layout cannot be told.
     """
     source = str(config.source)
-    first, rows = peek(iter_rows(source, config.split))
+    read = iter_rows(source, config.split)
+    first, rows = peek(read)
     layout: str = config.layout
     if layout == "auto":
         layout = detect(first, config, source) if first is not None else "responses"
-    with cycle_collection_paused():
-        imported = READERS[layout](rows, context(config, layout, source, stage))
+    ranges = plan(config, layout)
+    imported = None
+    if ranges is not None:  # a large file: its parts read on several cores
+        read.close()  # its file, open since the first row, is closed
+        imported = read_parallel(config, layout, stage, ranges)
+        if imported is None:
+            rows = iter_rows(source, config.split)
+    if imported is None:
+        with cycle_collection_paused():
+            imported = READERS[layout](rows, context(config, layout, source, stage))
     if imported.rows - imported.blank == 0:
         extra = f" (only {imported.blank} blank lines)" if imported.blank else ""
         raise InputFileError(f"{source}: no rows{extra}")

@@ -26,6 +26,7 @@ from grouppref.pipeline.imports.layouts.keys import candidate_ids
 from grouppref.pipeline.imports.layouts.raw_groups import (
     Collected,
     Context,
+    Counts,
     Imported,
     RawGroup,
     Response,
@@ -244,15 +245,14 @@ class Built:
         """What the layout read: these groups, the rejects of reading (first) and building."""
         out = self.out
         table = out.table()
-        stats = {"source": self.ctx.source, "layout": self.ctx.layout, "rows": collected.rows,
-                 "blank_lines": collected.blank, "groups": table.num_rows,
-                 "candidates": out.candidates, "rankings": sum(out.annotators.values()),
-                 "partial_rankings": out.partial, "groups_split": self.split,
-                 "annotators": dict(sorted(out.annotators.items())),
-                 "models": sorted(out.models)}
+        counts = Counts(candidates=out.candidates, annotators=out.annotators,
+                        partial=out.partial, split=self.split, models=out.models)
         return Imported(table=table, group_rows=self.group_rows,
                         rejects=[*collected.rejects, *self.rejects], rows=collected.rows,
-                        blank=collected.blank, stats=stats)
+                        blank=collected.blank,
+                        stats=counts.stats(self.ctx, collected.rows, collected.blank,
+                                           table.num_rows),
+                        counts=counts, reading=len(collected.rejects))
 
 
 def finish(collected: Collected, ctx: Context) -> Imported:

@@ -10,10 +10,11 @@ better).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from grouppref.errors import RowError
 from grouppref.pipeline.imports.config import ImportConfig
@@ -30,6 +31,20 @@ from grouppref.schemas.records import AnnotatorKind
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+
+class Seen(NamedTuple):
+    """A row as the grouper saw it: its number, group key, prompt id and content key."""
+
+    row: int
+    key: str
+    prompt_id: str
+    content: str
+
+
+# what stops a new group (Grouper.replay): None (nothing), ("prompt", r): the prompt of row r
+# again where rows do not merge; ("id", r): its prompt id taken by row r's other prompt
+Stop = tuple[Literal["prompt", "id"], int] | None
 
 
 @dataclass(slots=True)
@@ -104,6 +119,8 @@ class Context:
     extended: dict[tuple[str, ...], ColumnMapping] = field(default_factory=dict, repr=False)
     # the last prompt made from a derived prompt, with its content key (see content_key)
     made: tuple[Prompt, str] | None = field(default=None, repr=False)
+    # when a list: every row that reaches the grouper, noted there (Grouper.replay)
+    seen: list[Seen] | None = field(default=None, repr=False)
 
     def fail(self, reason: str, number: int, field_name: str | None = None) -> RowError:
         return RowError(reason, field=field_name, source=self.source, row=number)
@@ -264,6 +281,25 @@ class Collected:
 
 
 @dataclass
+class Counts:
+    """What the stats count of the groups a layout built."""
+
+    candidates: int = 0
+    annotators: Counter[str] = field(default_factory=Counter)  # rankings per annotator
+    partial: int = 0  # rankings that leave some candidates out
+    split: int = 0  # raw groups split into several
+    models: set[str] = field(default_factory=set)
+
+    def stats(self, ctx: Context, rows: int, blank: int, groups: int) -> dict[str, Any]:
+        """The stage's stats: these counts, the rows read and the groups made."""
+        return {"source": ctx.source, "layout": ctx.layout, "rows": rows, "blank_lines": blank,
+                "groups": groups, "candidates": self.candidates,
+                "rankings": sum(self.annotators.values()), "partial_rankings": self.partial,
+                "groups_split": self.split, "annotators": dict(sorted(self.annotators.items())),
+                "models": sorted(self.models)}
+
+
+@dataclass
 class Imported:
     """The result of a layout: the groups (their stored rows, as the stage writes them, in one
     Arrow table of ``AnnotatedGroup``'s schema: no group is held as Python objects), every
@@ -271,10 +307,12 @@ class Imported:
 
     table: pa.Table  # each group's row as to_row gives it, in order
     group_rows: list[int]  # the (first) row each group was read from
-    rejects: list[Reject]
+    rejects: list[Reject]  # the rejects of reading (in row order), then of building
     rows: int
     blank: int
     stats: dict[str, Any]
+    counts: Counts = field(default_factory=Counts)
+    reading: int = 0  # how many of the rejects are reading's
 
     @cached_property
     def groups(self) -> list[AnnotatedGroup]:
@@ -316,6 +354,8 @@ class Grouper:
         """
         content = self.ctx.content_key(prompt)
         key = content if key is None else f"key:{key}"
+        if self.ctx.seen is not None:
+            self.ctx.seen.append(Seen(number, key, prompt.prompt_id, content))
         found = self.groups.get(key)
         if self.streams and merge:
             raise AssertionError("rows cannot merge into a group already handed on (release)")
@@ -337,6 +377,24 @@ class Grouper:
             raise self.ctx.fail(f"group {key[4:]!r} already has a different prompt (row "
                                 f"{found.row})", number, self.ctx.config.group_by)
         return found
+
+    def replay(self, seen: Iterable[Seen]) -> list[Stop]:
+        """What :meth:`group` decides for these rows of a layout of one row per group, read in
+        this order and no others: for each, ``None`` (its group is made) or what stops it
+        (:data:`Stop`). The grouper keeps the prompts and ids of the groups made."""
+        out: list[Stop] = []
+        for row, key, prompt_id, content in seen:
+            if key in self.released:
+                out.append(("prompt", self.released[key]))
+                continue
+            first = self.ids.taken(prompt_id, content)
+            if first is not None:
+                out.append(("id", first))
+                continue
+            self.ids.check_id(prompt_id, row, content)  # notes the id: it is free
+            self.released[key] = row
+            out.append(None)
+        return out
 
     def release(self) -> list[RawGroup]:
         """Where groups are final once their row is read (:attr:`streams`): the groups made

@@ -1,0 +1,279 @@
+"""A large JSON Lines file of a layout of one row per group, imported on several cores, with
+the result of the one-process read: the same groups in the same order, the same rejects in the
+same order, the same counts and stats (``tests/unit/pipeline/imports/test_parallel.py``).
+
+When: a plain ``.jsonl``/``.ndjson`` file (not compressed, not one JSON list) of a layout in
+:data:`~.layouts.ONE_ROW_PER_GROUP`, with ``duplicate_ids`` ``reject_later``, of at least
+:data:`RANGE_BYTES` per process; ``workers`` processes (0: one per core the process may use,
+at most :data:`MAX_WORKERS`), started with ``fork`` (Linux only: elsewhere the file is read
+in one process).
+
+How:
+
+1. the file is cut into ranges of whole lines (:func:`~grouppref.readers.lines.split_lines`),
+   one per process, and each process reads its range with the layout as the whole file is
+   read (its rows keep their numbers), noting each row its grouper sees
+   (``Context.seen``); its groups' table goes to an Arrow IPC file, memory-mapped back;
+2. in one process, rows of one range depend on rows of another only through the grouper (a
+   prompt read again, a prompt id taken for another prompt). So every row the ranges' groupers
+   saw is replayed, in file order, through one grouper (:meth:`~.raw_groups.Grouper.replay`)
+   and through its range's own; a row whose fate differs (its prompt was first read in an
+   earlier range, say) loses what its range made of it and is read again, after the rows that
+   decide its fate, and what that read makes of it takes its place;
+3. the ranges' tables are joined in order (a row read again puts its groups back in row
+   order), the rejects of reading first and of building after, each in row order, as the
+   one-process read gives them.
+
+Memory: each process holds its own range's groups until it writes them; the parent maps the
+files, as it would hold the one-process table.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from grouppref.config import UTF8_BOM
+from grouppref.pipeline.imports.config import ImportConfig
+from grouppref.pipeline.imports.layouts import ONE_ROW_PER_GROUP, READERS, context
+from grouppref.pipeline.imports.layouts.raw_groups import (
+    Context,
+    Counts,
+    Grouper,
+    Imported,
+    Seen,
+    Stop,
+)
+from grouppref.pipeline.imports.layouts.stored import GroupRow, row_stats
+from grouppref.readers.lines import LineRange, pick_rows, range_rows, split_lines
+from grouppref.readers.rows import Decoding
+from grouppref.runs.collector import cycle_collection_paused
+from grouppref.schemas import Reject
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+RANGE_BYTES = 16 << 20  # the least a process reads: below, starting it costs more than it saves
+MAX_WORKERS = 8
+SUFFIXES = (".jsonl", ".ndjson")
+
+
+def default_workers() -> int:
+    """One process per core this process may use, at most :data:`MAX_WORKERS`."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(usable or 1, MAX_WORKERS))
+
+
+def plan(config: ImportConfig, layout: str, range_bytes: int | None = None
+         ) -> list[LineRange] | None:
+    """The ranges to read ``config.source`` in, one per process, each of at least
+    ``range_bytes`` (default :data:`RANGE_BYTES`); ``None``: read it in one."""
+    range_bytes = RANGE_BYTES if range_bytes is None else range_bytes
+    path = Path(str(config.source))
+    workers = config.workers or default_workers()
+    if (workers < 2 or layout not in ONE_ROW_PER_GROUP or not sys.platform.startswith("linux")
+            or config.mapping.duplicate_ids == "reject_all" or not path.is_file()
+            or path.suffix.lower() not in SUFFIXES):
+        return None
+    size = path.stat().st_size
+    parts = min(workers, size // max(range_bytes, 1))
+    if parts < 2:
+        return None
+    with path.open("rb") as fh:  # a .jsonl file holding one JSON list is read as a list
+        if fh.read(4096).removeprefix(UTF8_BOM).lstrip().startswith(b"["):
+            return None
+    ranges = split_lines(path, parts)
+    return ranges if len(ranges) > 1 else None
+
+
+@dataclass
+class _Part:
+    """What one process read from its range; its groups are in the Arrow IPC file ``file``."""
+
+    file: str
+    group_rows: list[int]
+    rejects: list[Reject]
+    reading: int
+    rows: int
+    blank: int
+    counts: Counts
+    seen: list[Seen]
+    decoding: Decoding
+
+
+def _read_part(config: ImportConfig, layout: str, stage: str, part: LineRange,
+               file: str) -> _Part:
+    import pyarrow as pa
+
+    source = str(config.source)
+    ctx = context(config, layout, source, stage)
+    ctx.seen = []
+    decoding = Decoding(Path(source))
+    with cycle_collection_paused():
+        got = READERS[layout](range_rows(Path(source), part, decoding), ctx)
+    with pa.OSFile(file, "wb") as sink, pa.ipc.new_file(sink, got.table.schema) as writer:
+        writer.write_table(got.table)
+    return _Part(file=file, group_rows=got.group_rows, rejects=got.rejects,
+                 reading=got.reading, rows=got.rows, blank=got.blank, counts=got.counts,
+                 seen=ctx.seen, decoding=decoding)
+
+
+def read_parallel(config: ImportConfig, layout: str, stage: str,
+                  ranges: Sequence[LineRange]) -> Imported | None:
+    """``config.source`` read by ``layout``, its ``ranges`` each in a process of its own
+    (``None``: the rows could not be put together as one read gives them; read it in one).
+
+    Raises:
+        InputFileError: no line of the file decodes as UTF-8.
+    """
+    import pyarrow as pa
+
+    source = str(config.source)
+    with tempfile.TemporaryDirectory(prefix="grouppref-import-") as folder, \
+            ProcessPoolExecutor(len(ranges), mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = [pool.submit(_read_part, config, layout, stage, part,
+                               os.path.join(folder, f"{i}.arrow"))
+                   for i, part in enumerate(ranges)]
+        parts = [f.result() for f in futures]
+        # mapped, the tables stay readable once their files are gone
+        tables = [pa.ipc.open_file(pa.memory_map(p.file)).read_all() for p in parts]
+    decoding = Decoding(Path(source))
+    for p in parts:
+        decoding.add(p.decoding)
+    decoding.check()
+    return _join(context(config, layout, source, stage), parts, tables)
+
+
+def _changed(ctx: Context, parts: Sequence[_Part]) -> dict[int, Stop]:
+    """The rows whose fate in the whole file differs from their range's: row -> that fate."""
+    whole = Grouper(ctx, merge=False).replay(chain.from_iterable(p.seen for p in parts))
+    out: dict[int, Stop] = {}
+    at = len(parts[0].seen)  # the first range's rows meet no earlier row
+    for p in parts[1:]:
+        alone = Grouper(ctx, merge=False).replay(p.seen)
+        for seen, mine, fate in zip(p.seen, alone, whole[at : at + len(p.seen)], strict=True):
+            if mine != fate:
+                out[seen.row] = fate
+        at += len(p.seen)
+    return out
+
+
+@dataclass
+class _Piece:
+    """Groups and rejects of some rows, to be put in row order with the others."""
+
+    table: pa.Table
+    group_rows: list[int]
+    reading: list[Reject]
+    building: list[Reject]
+
+
+def _without(piece: _Piece, rows: set[int]) -> tuple[_Piece, _Piece]:
+    """``piece`` without the groups and rejects of ``rows``, and those alone."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keep = [r not in rows for r in piece.group_rows]
+    mask = pa.array(keep, pa.bool_())
+    out = _Piece(piece.table.filter(mask), [r for r in piece.group_rows if r not in rows],
+                 [x for x in piece.reading if x.row not in rows],
+                 [x for x in piece.building if x.row not in rows])
+    gone = _Piece(piece.table.filter(pc.invert(mask)),
+                  [r for r in piece.group_rows if r in rows],
+                  [x for x in piece.reading if x.row in rows],
+                  [x for x in piece.building if x.row in rows])
+    return out, gone
+
+
+def _counts(piece: _Piece) -> Counts:
+    """The counts of a piece's groups (for the few rows read again)."""
+    annotators, partial, candidates, models = row_stats(
+        cast(list[GroupRow], piece.table.to_pylist()))
+    split = len({r for r in piece.group_rows if piece.group_rows.count(r) > 1})
+    return Counts(candidates=candidates, annotators=annotators, partial=partial, split=split,
+                  models=set(models))
+
+
+def _models(table: pa.Table) -> set[str]:
+    import pyarrow.compute as pc
+
+    candidates = pc.list_flatten(table.column("candidates"))
+    models = pc.struct_field(pc.struct_field(candidates, "source"), "model")
+    return {m for m in pc.unique(models).to_pylist() if m}
+
+
+def _join(ctx: Context, parts: Sequence[_Part], tables: Sequence[pa.Table]) -> Imported | None:
+    """The parts put together as one read of the whole file makes them."""
+    import numpy as np
+    import pyarrow as pa
+
+    pieces = [_Piece(t, p.group_rows, p.rejects[: p.reading], p.rejects[p.reading :])
+              for p, t in zip(parts, tables, strict=True)]
+    counts = Counts()
+    for p in parts:
+        counts.candidates += p.counts.candidates
+        counts.annotators.update(p.counts.annotators)
+        counts.partial += p.counts.partial
+        counts.split += p.counts.split
+        counts.models |= p.counts.models
+    changed = _changed(ctx, parts)
+    if changed:
+        split = [_without(piece, set(changed)) for piece in pieces]
+        pieces = [kept for kept, _ in split]
+        for _, gone in split:
+            less = _counts(gone)
+            counts.candidates -= less.candidates
+            counts.annotators -= less.annotators
+            counts.partial -= less.partial
+            counts.split -= less.split
+        again = _read_again(ctx, changed)
+        if again is None:
+            return None
+        more = _counts(again)
+        counts.candidates += more.candidates
+        counts.annotators.update(more.annotators)
+        counts.partial += more.partial
+        counts.split += more.split
+        pieces.append(again)
+    table = pa.concat_tables([p.table for p in pieces])
+    group_rows = [r for p in pieces for r in p.group_rows]
+    if changed and pieces[-1].group_rows:  # groups read again go back to their rows' places
+        order = np.argsort(np.asarray(group_rows, dtype=np.int64), kind="stable")
+        table, group_rows = table.take(pa.array(order)), [group_rows[i] for i in order]
+    if changed:
+        counts.models = _models(table)
+
+    def in_order(rejects: list[Reject]) -> list[Reject]:
+        return sorted(rejects, key=lambda r: r.row or 0) if changed else rejects
+
+    reading = in_order([r for p in pieces for r in p.reading])
+    building = in_order([r for p in pieces for r in p.building])
+    read, blank = sum(p.rows for p in parts), sum(p.blank for p in parts)
+    return Imported(table=table, group_rows=group_rows, rejects=[*reading, *building],
+                    rows=read, blank=blank, stats=counts.stats(ctx, read, blank, table.num_rows),
+                    counts=counts, reading=len(reading))
+
+
+def _read_again(ctx: Context, changed: dict[int, Stop]) -> _Piece | None:
+    """The rows ``changed`` read again after the rows that decide their fate (the row whose
+    prompt or id stops them), as one read of the whole file makes them: their groups and
+    rejects (``None``: a row's fate is not the one it has in the whole file)."""
+    deciding = {fate[1] for fate in changed.values() if fate is not None}
+    again = context(ctx.config, ctx.layout, ctx.source, ctx.stage)
+    again.seen = []
+    got = READERS[ctx.layout](pick_rows(Path(ctx.source), set(changed) | deciding), again)
+    fates = dict(zip([s.row for s in again.seen],
+                     Grouper(ctx, merge=False).replay(again.seen), strict=True))
+    if any(fates.get(row, fate) != fate for row, fate in changed.items()):
+        return None
+    piece = _Piece(got.table, got.group_rows, got.rejects[: got.reading],
+                   got.rejects[got.reading :])
+    return _without(piece, set(deciding) - set(changed))[0]

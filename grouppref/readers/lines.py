@@ -1,0 +1,85 @@
+"""A plain (uncompressed) JSON Lines file cut into ranges of whole lines, each read on its own
+as :func:`~grouppref.readers.rows.iter_rows` reads the whole file: the same rows, the same
+row numbers (a range knows the number of its first line), the same rejects. The import reads a
+large file's ranges on several cores (:mod:`grouppref.pipeline.imports.parallel`).
+
+Lines end at ``\\n`` as Python's binary file iteration cuts them (a ``\\r`` before it stays on
+the line), so a cut after a ``\\n`` is a cut between two rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from grouppref.readers.rows import Decoding, Row, jsonl_rows
+
+BLOCK = 1 << 20  # bytes read at once to count lines
+
+
+@dataclass(frozen=True)
+class LineRange:
+    """Whole lines of a file: bytes ``start`` to ``end``, the first of them row ``first_row``."""
+
+    start: int
+    end: int
+    first_row: int
+
+
+def split_lines(path: Path, parts: int) -> list[LineRange]:
+    """``path`` cut into at most ``parts`` ranges of about equal size, each cut just after a
+    line end (fewer ranges where lines are longer than a part)."""
+    size = path.stat().st_size
+    cuts = [0]
+    with path.open("rb") as fh:
+        for i in range(1, parts):
+            target = max(size * i // parts, cuts[-1] + 1)
+            if target >= size:
+                break
+            fh.seek(target - 1)
+            fh.readline()  # to the end of the line holding byte target - 1
+            if fh.tell() >= size:
+                break
+            cuts.append(fh.tell())
+        cuts.append(size)
+        ranges, row = [], 1
+        for start, end in zip(cuts, cuts[1:], strict=False):
+            ranges.append(LineRange(start, end, row))
+            fh.seek(start)
+            left = end - start
+            while left > 0:
+                block = fh.read(min(BLOCK, left))
+                row += block.count(b"\n")
+                left -= len(block)
+    return ranges
+
+
+def _lines(path: Path, part: LineRange) -> Iterator[bytes]:
+    with path.open("rb") as fh:
+        fh.seek(part.start)
+        left = part.end - part.start
+        for raw in fh:
+            if left <= 0:
+                return
+            left -= len(raw)
+            yield raw
+
+
+def range_rows(path: Path, part: LineRange, decoding: Decoding) -> Iterator[tuple[int, Row]]:
+    """The rows of ``part``, numbered and rejected as :func:`~grouppref.readers.rows.iter_rows`
+    numbers and rejects them, their decoding counted in ``decoding`` (the caller checks the
+    whole file's counts)."""
+    yield from jsonl_rows(_lines(path, part), path, decoding, part.first_row)
+
+
+def pick_rows(path: Path, numbers: Collection[int]) -> list[tuple[int, Row]]:
+    """The rows of ``path`` numbered ``numbers`` (1-based lines), in order, read as
+    :func:`range_rows` reads them."""
+    decoding = Decoding(path)
+    picked: list[tuple[int, Row]] = []
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if number in numbers:
+                picked.extend(jsonl_rows([raw], path, decoding, number))
+    return picked
