@@ -103,20 +103,40 @@ class Timed:
     peak_rss_mb: float
     stage_seconds: float | None = None  # what the stage's manifest says it took
     cpu_seconds: float = 0.0  # user + system time of the child (all its threads)
-    peak_anon_mb: float = 0.0  # largest RssAnon seen (sampled): memory not backed by a file
+    peak_anon_mb: float = 0.0  # largest RssAnon seen (sampled, its processes summed)
+    peak_sum_rss_mb: float = 0.0  # largest RSS seen (sampled, its processes summed)
 
 
-def _anon_mb(pid: int) -> float:
-    """The RssAnon of a process (Linux ``/proc``): its resident memory that no file backs
-    (heap, Python objects, Arrow buffers it built), as against memory-mapped file pages."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process under it (Linux ``/proc``: each thread's children)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                todo.extend(int(c) for c in task.read_text(encoding="ascii").split())
+            except OSError:
+                pass
+    return out
+
+
+def _memory_mb(pid: int) -> tuple[float, float]:
+    """``(RSS, RssAnon)`` of ``pid`` and the processes under it, summed (Linux ``/proc``):
+    resident memory, and the part of it that no file backs (heap, Python objects, Arrow
+    buffers built), as against memory-mapped file pages."""
+    rss = anon = 0.0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/status", encoding="ascii") as fh:
+                for line in fh:
+                    if line.startswith("VmRSS:"):
+                        rss += int(line.split()[1]) / 1024
+                    elif line.startswith("RssAnon:"):
+                        anon += int(line.split()[1]) / 1024
+        except OSError:
+            pass
+    return rss, anon
 
 
 def run_child(name: str, argv: list[str], cwd: Path, run: Path | None = None,
@@ -126,12 +146,13 @@ def run_child(name: str, argv: list[str], cwd: Path, run: Path | None = None,
     t = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
-    anon = 0.0
-    while True:  # sample the child's anonymous memory until it ends
+    rss = anon = 0.0
+    while True:  # sample the memory of the child and its processes until it ends
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
-        anon = max(anon, _anon_mb(proc.pid))
+        now_rss, now_anon = _memory_mb(proc.pid)
+        rss, anon = max(rss, now_rss), max(anon, now_anon)
         time.sleep(0.05)
     seconds = time.perf_counter() - t
     out = (proc.stdout.read() if proc.stdout else b"") + (proc.stderr.read() if proc.stderr
@@ -144,7 +165,7 @@ def run_child(name: str, argv: list[str], cwd: Path, run: Path | None = None,
         manifest = json.loads((run / stage / "manifest.json").read_text(encoding="utf-8"))
         stage_seconds = manifest.get("seconds")
     return Timed(name, seconds, usage.ru_maxrss / 1024, stage_seconds,
-                 usage.ru_utime + usage.ru_stime, anon)
+                 usage.ru_utime + usage.ru_stime, anon, rss)
 
 
 def file_arguments(parser: argparse.ArgumentParser) -> None:
@@ -181,6 +202,8 @@ def main() -> None:
     parser.add_argument("--stages", default="prompts,import,aggregate,validate,export",
                         help="comma-separated stages to time (import must run before the "
                         "others)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="import's --workers (default: the command's own default)")
     args = parser.parse_args()
     work, data = nectar_file(args, "grouppref-data-bench-")
     run, prompts_run = work / "run", work / "run-prompts"
@@ -191,8 +214,9 @@ def main() -> None:
     commands: dict[str, tuple[list[str], Path, str | None]] = {
         "prompts": (py + ["prompts", str(data), "--out", str(prompts_run)], prompts_run,
                     "prompts"),
-        "import": (py + ["import", str(data), "--out", str(run), "--layout", "nectar"], run,
-                   "import"),
+        "import": (py + ["import", str(data), "--out", str(run), "--layout", "nectar",
+                         *(["--workers", str(args.workers)] if args.workers is not None else [])],
+                   run, "import"),
         "aggregate": (py + ["aggregate", str(run)], run, "aggregate"),
         "validate": (py + ["validate", str(run)], run, "validate"),
         "export": (py + ["export", str(run), "--parquet", str(work / "export")], run, None),
@@ -222,16 +246,18 @@ def main() -> None:
           f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     print(f"load average (1/5/15 min) before and after each command: {' | '.join(loads)}")
     print(f"{'command':<10} {'seconds':>8} {'stage s':>8} {'groups/s':>9} {'x peer':>7} "
-          f"{'cpu s':>8} {'x peer cpu':>10} {'peak RSS MB':>12} {'anon MB':>8}")
+          f"{'cpu s':>8} {'x peer cpu':>10} {'peak RSS MB':>12} {'sum RSS MB':>11} "
+          f"{'anon MB':>8}")
     for p in peers:
         print(f"{'peer':<10} {p.seconds:8.2f} {'':>8} {n / p.seconds:9.0f} {'':>7} "
-              f"{p.cpu_seconds:8.2f} {'':>10} {p.peak_rss_mb:12.0f} {p.peak_anon_mb:8.0f}")
+              f"{p.cpu_seconds:8.2f} {'':>10} {p.peak_rss_mb:12.0f} {p.peak_sum_rss_mb:11.0f} "
+              f"{p.peak_anon_mb:8.0f}")
     for timed, peer, peer_cpu in results:
         stage_s = f"{timed.stage_seconds:8.2f}" if timed.stage_seconds is not None else " " * 8
         print(f"{timed.name:<10} {timed.seconds:8.2f} {stage_s} {n / timed.seconds:9.0f} "
               f"{timed.seconds / peer:7.2f} {timed.cpu_seconds:8.2f} "
               f"{timed.cpu_seconds / peer_cpu:10.2f} {timed.peak_rss_mb:12.0f} "
-              f"{timed.peak_anon_mb:8.0f}")
+              f"{timed.peak_sum_rss_mb:11.0f} {timed.peak_anon_mb:8.0f}")
     wall_med = statistics.median(p.seconds for p in peers)
     cpu_med = statistics.median(p.cpu_seconds for p in peers)
     print(f"\nagainst the median peer run ({wall_med:.2f} s, {cpu_med:.2f} CPU-s; the peer's own "
@@ -242,8 +268,9 @@ def main() -> None:
           "stage's own time from its manifest; x peer: seconds / mean of the peer runs before "
           "and after it; cpu s: the command's user + system time, all threads, which a loaded "
           "machine stretches less than wall time; x peer cpu: the same ratio on CPU time; peak RSS: "
-          "the child's own (os.wait4), memory-mapped file pages included; anon MB: the largest "
-          "RssAnon sampled every 50 ms, the memory no file backs)")
+          "the largest of the child and the processes it waited for (os.wait4), memory-mapped file "
+          "pages included; sum RSS MB: the largest sum of RSS over the child and its processes, "
+          "sampled every 50 ms; anon MB: the same for RssAnon, the memory no file backs)")
 
 
 def _export_stage(run: Path) -> str:
