@@ -5,8 +5,8 @@ same order, the same counts and stats (``tests/unit/pipeline/imports/test_parall
 When: a plain ``.jsonl``/``.ndjson`` file (not compressed, not one JSON list) of a layout in
 :data:`~.layouts.ONE_ROW_PER_GROUP`, with ``duplicate_ids`` ``reject_later``, of at least
 :data:`RANGE_BYTES` per process; ``workers`` processes (0: one per core the process may use,
-at most :data:`MAX_WORKERS`), started with ``fork`` (Linux only: elsewhere the file is read
-in one process).
+at most 8), forked (:mod:`grouppref.runs.processes`; Linux only: elsewhere the file is read in
+one process).
 
 How:
 
@@ -30,12 +30,9 @@ files, as it would hold the one-process table.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import sys
 import tempfile
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -56,20 +53,14 @@ from grouppref.pipeline.imports.layouts.stored import GroupRow, row_stats
 from grouppref.readers.lines import LineRange, pick_rows, range_rows, split_lines
 from grouppref.readers.rows import Decoding
 from grouppref.runs.collector import cycle_collection_paused
+from grouppref.runs.processes import forked_pool, workers_for
 from grouppref.schemas import Reject
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 RANGE_BYTES = 16 << 20  # the least a process reads: below, starting it costs more than it saves
-MAX_WORKERS = 8
 SUFFIXES = (".jsonl", ".ndjson")
-
-
-def default_workers() -> int:
-    """One process per core this process may use, at most :data:`MAX_WORKERS`."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(usable or 1, MAX_WORKERS))
 
 
 def plan(config: ImportConfig, layout: str, range_bytes: int | None = None
@@ -78,13 +69,10 @@ def plan(config: ImportConfig, layout: str, range_bytes: int | None = None
     ``range_bytes`` (default :data:`RANGE_BYTES`); ``None``: read it in one."""
     range_bytes = RANGE_BYTES if range_bytes is None else range_bytes
     path = Path(str(config.source))
-    workers = config.workers or default_workers()
-    if (workers < 2 or layout not in ONE_ROW_PER_GROUP or not sys.platform.startswith("linux")
-            or config.mapping.duplicate_ids == "reject_all" or not path.is_file()
-            or path.suffix.lower() not in SUFFIXES):
+    if (layout not in ONE_ROW_PER_GROUP or config.mapping.duplicate_ids == "reject_all"
+            or not path.is_file() or path.suffix.lower() not in SUFFIXES):
         return None
-    size = path.stat().st_size
-    parts = min(workers, size // max(range_bytes, 1))
+    parts = workers_for(config.workers, path.stat().st_size // max(range_bytes, 1))
     if parts < 2:
         return None
     with path.open("rb") as fh:  # a .jsonl file holding one JSON list is read as a list
@@ -138,7 +126,7 @@ def read_parallel(config: ImportConfig, layout: str, stage: str,
 
     source = str(config.source)
     with tempfile.TemporaryDirectory(prefix="grouppref-import-") as folder, \
-            ProcessPoolExecutor(len(ranges), mp_context=multiprocessing.get_context("fork")) as pool:
+            forked_pool(len(ranges)) as pool:
         futures = [pool.submit(_read_part, config, layout, stage, part,
                                os.path.join(folder, f"{i}.arrow"))
                    for i, part in enumerate(ranges)]

@@ -297,6 +297,8 @@ def row_facts(batch: pa.RecordBatch, rows: Sequence[int], split_by: str
     not repeat), as :meth:`GroupFacts.of` gives them of the records."""
     import pyarrow.compute as pc
 
+    if not rows:  # (a take of no rows would need the indices' type)
+        return []
     picked = batch.take(list(rows)) if len(rows) != batch.num_rows else batch
     prompt = picked.column("prompt")
     texts = prompt.field("text").to_pylist()

@@ -39,6 +39,10 @@ class ValidateConfig(BaseModel):
     reject_flags: list[str] = Field(default_factory=list,
                                     description="Reject groups carrying any of these flags.")
     shard_size: int = Field(default=1000, ge=1, description="Groups per resumable shard.")
+    workers: int = Field(default=0, ge=0, le=64, exclude=True, description="Processes that "
+                         "check a large run's groups (20,000 or more), a part each (0: one per "
+                         "CPU core, at most 8; 1: one process). The result is the same for any "
+                         "number.")
 
 
 def _reads(config: ValidateConfig) -> tuple[str, ...]:

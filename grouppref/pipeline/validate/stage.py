@@ -41,12 +41,11 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeAlias
 
-import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grouppref.errors import StageError
-from grouppref.pipeline.validate.batch import check_sound, row_facts
+from grouppref.pipeline.validate.batches import Checked, checked_batches
 from grouppref.pipeline.validate.config import INPUT_STAGE, STAGE, STAGE_VERSION, ValidateConfig
 from grouppref.pipeline.validate.core import CHECKS, Checks
 from grouppref.readers.published import open_published, validated_rows
@@ -65,7 +64,6 @@ from grouppref.schemas.arrow import (
 
 REPORT = "report.json"
 MAX_FAILURES_IN_REPORT = 1000
-BATCH_ROWS = 1024  # rows checked on Arrow at once
 Rows: TypeAlias = Sequence[dict[str, Any]] | pa.Table  # raw Arrow rows of RUN/aggregate
 
 
@@ -203,16 +201,19 @@ def check_rows(ds: Rows, config: ValidateConfig, source: str, *, batch_check: bo
     """Pass 1: the schema check of every row, then :class:`Checks`. Rows of a table in the
     record's own schema are checked on Arrow batches first (:mod:`.batch`); only the rows that
     check does not prove sound, and every row without ``batch_check``, are parsed."""
-    stored = isinstance(ds, pa.Table) and stored_as(ds.schema, ValidatedGroup)
     plan = Checks(config, source, _repeated_ids(ds))
+    if isinstance(ds, pa.Table) and stored_as(ds.schema, ValidatedGroup) and batch_check:
+        # the batches' processes start before the progress display's thread
+        with checked_batches(ds, plan.repeated, config.split_by, config.workers) as checked, \
+                stage_progress() as bar:
+            task = bar.add_task(f"{STAGE}: check", total=len(ds), unit="groups")
+            for done in _add_checked(checked, plan):
+                bar.advance(task, done)
+        plan.finish_groups()
+        return plan
+    stored = isinstance(ds, pa.Table) and stored_as(ds.schema, ValidatedGroup)
     with stage_progress() as bar:
         task = bar.add_task(f"{STAGE}: check", total=len(ds), unit="groups")
-        if stored and batch_check:
-            assert isinstance(ds, pa.Table)
-            for done in _check_batches(ds, plan):
-                bar.advance(task, done)
-            plan.finish_groups()
-            return plan
         rows = table_rows(ds) if isinstance(ds, pa.Table) else ds
         for number, row in enumerate(rows, start=1):
             _parse_and_add(plan, row, number, stored)
@@ -229,20 +230,14 @@ def _parse_and_add(plan: Checks, row: dict[str, Any], number: int, stored: bool)
         plan.add(number, parsed)
 
 
-def _check_batches(table: pa.Table, plan: Checks) -> Iterator[int]:
-    """Check a stored table batch by batch: sound rows whose group id does not repeat by
-    their facts, the others parsed; yields the rows done after each batch."""
-    import pyarrow.compute as pc
-
+def _add_checked(checked: Iterator[tuple[pa.RecordBatch, Checked]], plan: Checks
+                 ) -> Iterator[int]:
+    """Each batch's rows added to ``plan``: the sound rows by their facts, the others parsed;
+    yields the rows done after each batch."""
     number = 0
-    repeated = pa.array(sorted(plan.repeated), pa.string())
-    for batch in table.to_batches(max_chunksize=BATCH_ROWS):
-        sound = check_sound(batch)
-        if len(repeated):
-            sound &= ~np.asarray(pc.is_in(batch.column("group_id"), value_set=repeated)
-                                 .fill_null(False).to_numpy(zero_copy_only=False), bool)
-        facts = iter(row_facts(batch, np.flatnonzero(sound).tolist(), plan.config.split_by))
-        for i, ok in enumerate(sound.tolist()):
+    for batch, got in checked:
+        facts = iter(got.facts)
+        for i, ok in enumerate(got.sound.tolist()):
             number += 1
             if ok:
                 plan.add_facts(number, next(facts))

@@ -1,7 +1,8 @@
 """The schema check on Arrow batches (grouppref.pipeline.validate.batch) against pydantic, the
 schema of record: every row it calls sound is a valid ValidatedGroup; each kind of invalid
 value is caught; plain valid rows take the fast path; and the checks after it see the same
-facts, so the stage's result is the same with and without it."""
+facts, so the stage's result is the same with and without it, and with the batches checked
+in several processes."""
 
 from __future__ import annotations
 
@@ -9,20 +10,22 @@ import copy
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 
+from grouppref.pipeline.validate import batches
 from grouppref.pipeline.validate.batch import check_sound, row_facts
 from grouppref.pipeline.validate.columns import SPACE
 from grouppref.pipeline.validate.config import ValidateConfig
 from grouppref.pipeline.validate.core import GroupFacts
-from grouppref.pipeline.validate.stage import check_rows
+from grouppref.pipeline.validate.stage import check_rows, run_validate
 from grouppref.schemas import ValidatedGroup
 from grouppref.schemas.arrow import arrow_schema_for, from_stored_row, stored_as, to_row
-from tests.support.validated import make_validated
+from tests.support.validated import make_validated, write_aggregate
 
 Row = dict[str, Any]
 
@@ -216,15 +219,42 @@ def test_facts_of_rows_equal_the_facts_of_their_records(split_by: str) -> None:
     assert facts == [GroupFacts.of(r, split_by, repeated=False) for r in records]
 
 
-def test_the_stage_result_is_the_same_with_and_without_the_batch_check() -> None:
+@pytest.mark.parametrize("workers", [1, 3])
+def test_the_stage_result_is_the_same_with_and_without_the_batch_check(
+        workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also with the batches (of 4 rows here) checked in 3 processes (:mod:`.batches`)."""
+    monkeypatch.setattr(batches, "BATCH_ROWS", 4)
+    monkeypatch.setattr(batches, "PARALLEL_ROWS", 1)
     rows = [_good(i) for i in range(4)] + [_changed(c, i) for i, c in
                                             enumerate(BROKEN.values(), start=100)]
     rows += [_changed(c, i) for i, c in enumerate(UNUSUAL.values(), start=500)]
     rows += [_good(0), _good(1, flags=["x"])]  # a duplicate, and a conflict of contents
     table = pa.Table.from_pylist(rows, schema=arrow_schema_for(ValidatedGroup))
     assert stored_as(table.schema, ValidatedGroup)  # so check_rows takes the batch path
-    config = ValidateConfig(test_fraction=0.3, min_pairs=1)
+    config = ValidateConfig(test_fraction=0.3, min_pairs=1, workers=workers)
     fast, slow = (check_rows(table, config, "rows", batch_check=b) for b in (True, False))
     assert fast.rejects == slow.rejects and fast.info == slow.info
     assert fast.summary() == slow.summary()
     assert len(slow.rejects) >= len(BROKEN)
+
+
+def test_the_stage_writes_the_same_bytes_with_its_checks_in_processes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batches, "BATCH_ROWS", 5)
+    monkeypatch.setattr(batches, "PARALLEL_ROWS", 1)
+    records = [make_validated(f"Question {i}?", k=2 + i % 3, chat=i % 4 == 0,
+                              flags=["x"] if i % 5 == 0 else None) for i in range(40)]
+    records += records[:3]  # repeated groups: their rows are parsed, not checked in batches
+    written = {}
+    for workers in (1, 3):
+        store = write_aggregate(tmp_path / f"w{workers}" / "run", records)
+        run_validate(store, ValidateConfig(test_fraction=0.3, workers=workers, shard_size=7))
+        written[workers] = store.stage_dir("validate")
+    one, three = written[1], written[3]
+    names = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
+    assert names == sorted(p.relative_to(three) for p in three.rglob("*") if p.is_file())
+    assert "duplicate_group_id" in (one / "rejects.jsonl").read_text(encoding="utf-8")
+    for name in names:  # the rejects name their run's folder
+        if name.name != "manifest.json":
+            assert (one / name).read_bytes().replace(b"/w1/", b"/w3/") == (
+                three / name).read_bytes(), name
