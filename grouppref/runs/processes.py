@@ -3,14 +3,16 @@
 The processes are forked (Linux only; elsewhere a stage does its work in one process): they
 start at once with everything the stage has loaded and read (a memory-mapped table is shared,
 not copied), and are all started when the pool gets its first task, before the stage starts
-a progress display's thread. A worker shows no warnings: it has no terminal of its own, and
-the stage reports what its results say.
+a progress display's thread. A worker shows no warnings (the stage reports what its results
+say) and is killed when the stage's process ends, however it ends.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -34,13 +36,25 @@ def workers_for(asked: int, tasks: int) -> int:
     return max(1, min(asked or default_workers(), tasks))
 
 
-def _quiet() -> None:
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent ends
+
+
+def _start_worker(parent: int) -> None:
+    """A worker shows no warnings, and ends with its parent (killed with -9, say) instead of
+    finishing a task nobody will read."""
     warnings.simplefilter("ignore")
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # no prctl: the worker ends with its task
+        pass
+    if os.getppid() != parent:  # the parent ended before the line above
+        os._exit(1)
 
 
 @contextmanager
 def forked_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
     """A pool of ``workers`` forked processes, shut down (and waited for) on leaving."""
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                             initializer=_quiet) as pool:
+                             initializer=_start_worker, initargs=(os.getpid(),)) as pool:
         yield pool

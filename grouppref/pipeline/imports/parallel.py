@@ -115,9 +115,11 @@ def _read_part(config: ImportConfig, layout: str, stage: str, part: LineRange,
 
 
 def read_parallel(config: ImportConfig, layout: str, stage: str,
-                  ranges: Sequence[LineRange]) -> Imported | None:
+                  ranges: Sequence[LineRange], scratch: Path | None = None) -> Imported | None:
     """``config.source`` read by ``layout``, its ``ranges`` each in a process of its own
     (``None``: the rows could not be put together as one read gives them; read it in one).
+    The processes' tables pass through files in a new folder in ``scratch`` (default: the
+    system's temporary folder), removed before this returns.
 
     Raises:
         InputFileError: no line of the file decodes as UTF-8.
@@ -125,7 +127,9 @@ def read_parallel(config: ImportConfig, layout: str, stage: str,
     import pyarrow as pa
 
     source = str(config.source)
-    with tempfile.TemporaryDirectory(prefix="grouppref-import-") as folder, \
+    if scratch is not None:
+        scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="grouppref-import-", dir=scratch) as folder, \
             forked_pool(len(ranges)) as pool:
         futures = [pool.submit(_read_part, config, layout, stage, part,
                                os.path.join(folder, f"{i}.arrow"))

@@ -11,6 +11,9 @@ blank lines, the rankings (partial ones too) and the annotators are in the manif
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +38,10 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
-def read_import(config: ImportConfig, stage: str = STAGE) -> Imported:
-    """Read ``config.source`` with its layout (told from the first row when ``auto``).
+def read_import(config: ImportConfig, stage: str = STAGE, scratch: Path | None = None
+                ) -> Imported:
+    """Read ``config.source`` with its layout (told from the first row when ``auto``); a large
+    file in parts on several cores (:mod:`.parallel`, its files in ``scratch``).
 
     Raises:
         InputFileError: the source is missing, unreadable, not UTF-8 text, holds no rows, or
@@ -52,7 +57,7 @@ def read_import(config: ImportConfig, stage: str = STAGE) -> Imported:
     imported = None
     if ranges is not None:  # a large file: its parts read on several cores
         read.close()  # its file, open since the first row, is closed
-        imported = read_parallel(config, layout, stage, ranges)
+        imported = read_parallel(config, layout, stage, ranges, scratch)
         if imported is None:
             rows = iter_rows(source, config.split)
     if imported is None:
@@ -62,6 +67,18 @@ def read_import(config: ImportConfig, stage: str = STAGE) -> Imported:
         extra = f" (only {imported.blank} blank lines)" if imported.blank else ""
         raise InputFileError(f"{source}: no rows{extra}")
     return imported
+
+
+@contextmanager
+def _scratch(stage: StageRun[Any]) -> Iterator[Path]:
+    """The stage's folder for the files of a read in parts (:mod:`.parallel`): emptied of
+    what a killed run left there, and removed after the read."""
+    scratch = stage.dir / "parts"
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _settings(config: ImportConfig) -> ImportConfig:
@@ -81,7 +98,8 @@ def run_import(store: RunStore, config: ImportConfig,
     if stage.cached:
         return stage
     with cycle_collection_paused():  # while the groups are read, built and written
-        imported = read_import(config)
+        with _scratch(stage) as scratch:
+            imported = read_import(config, scratch=scratch)
         stage.add_rejects("input", imported.rejects)
         _write_shards(stage, imported.table, config.shard_size)
         inputs, stats = imported.units, imported.stats
@@ -106,8 +124,10 @@ def run_import_candidates(store: RunStore, config: ImportConfig,
                              force=context.force)
     if stage.cached:
         return stage
+    with cycle_collection_paused(), _scratch(stage) as scratch:
+        imported = read_import(config, stage=CANDIDATES_STAGE, scratch=scratch)
     with cycle_collection_paused():
-        return _write_candidates(stage, config, read_import(config, stage=CANDIDATES_STAGE))
+        return _write_candidates(stage, config, imported)
 
 
 def _write_candidates(stage: StageRun[CandidateGroup], config: ImportConfig,
