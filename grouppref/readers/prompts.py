@@ -249,9 +249,11 @@ def _prompt_and_key(row: dict[str, Any], mapping: ColumnMapping, source: str, nu
 
 
 def read_prompts(source: str | Path, mapping: ColumnMapping | None = None, stage: str = "prompts",
-                 split: str = "train", limit: int | None = None) -> ReadResult[Prompt]:
+                 split: str = "train", limit: int | None = None, fingerprint: str | None = None
+                 ) -> ReadResult[Prompt]:
     """Read prompts (the first ``limit`` rows when given); bad rows, repeated prompts and
-    reused ids become rejects.
+    reused ids become rejects. ``fingerprint``: the source's, when the caller made it
+    (:func:`~grouppref.readers.rows.source_fingerprint`; else it is made here).
 
     Raises:
         InputFileError: the source cannot be read at all, or holds no rows.
@@ -282,7 +284,7 @@ def read_prompts(source: str | Path, mapping: ColumnMapping | None = None, stage
             result.rejects.append(to_reject(stage, err))
     result.require_rows()
     drop_retracted(result, ids.retracted())
-    result.fingerprint = source_fingerprint(text)
+    result.fingerprint = fingerprint or source_fingerprint(text)
     return result
 
 

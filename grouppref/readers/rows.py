@@ -23,7 +23,7 @@ import re
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import ValidationError
 
@@ -345,6 +345,36 @@ def _numbered(rows: list[Any], source: str) -> Iterator[tuple[int, Row]]:
                                    source=source, row=number)
 
 
+SourceKind = Literal["folder", "hub", "json", "csv", "parquet"]
+
+
+def source_kind(source: str | Path) -> SourceKind:
+    """What ``source`` is, told from its name and whether it exists, before anything is read.
+
+    Raises:
+        InputFileError: a local file that is missing or of an unknown format.
+    """
+    text = str(source)
+    path = Path(text)
+    suffix = format_suffix(path)
+    if path.is_dir():
+        return "folder"
+    if not path.exists():
+        if HUB_ID.match(text) and not text.endswith(SUFFIXES):
+            return "hub"
+        raise InputFileError(f"{path}: file not found")
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return "json"
+    if suffix in (".csv", ".tsv"):
+        return "csv"
+    if suffix == ".parquet" and path.suffix.lower() == ".parquet":
+        return "parquet"
+    named = suffix + (path.suffix if path.suffix.lower() in COMPRESSIONS else "")
+    raise InputFileError(f"{path}: unknown format {named!r}; use one of "
+                         f"{', '.join(FORMATS)} (the text formats may be compressed: "
+                         f"{', '.join(COMPRESSIONS)}) or a dataset folder")
+
+
 def iter_rows(source: str | Path, split: str = "train"
               ) -> Generator[tuple[int, Row], None, None]:
     """Yield ``(row_number, row)`` or ``(row_number, RowError)`` for every row of ``source``.
@@ -355,25 +385,18 @@ def iter_rows(source: str | Path, split: str = "train"
     """
     text = str(source)
     path = Path(text)
-    suffix = format_suffix(path)
-    if path.is_dir():
+    kind = source_kind(text)
+    if kind == "folder":
         yield from _iter_folder(path, split)
-    elif not path.exists():
-        if HUB_ID.match(text) and not text.endswith(SUFFIXES):
-            yield from _numbered(_rows_dataset(text, split), text)
-        else:
-            raise InputFileError(f"{path}: file not found")
-    elif suffix in (".jsonl", ".ndjson", ".json"):
-        yield from _iter_json(path, json_lines=suffix != ".json")
-    elif suffix in (".csv", ".tsv"):
-        yield from _with_decoding(path, _iter_csv(path, "\t" if suffix == ".tsv" else ","))
-    elif suffix == ".parquet" and path.suffix.lower() == ".parquet":
-        yield from _numbered(_rows_parquet(path), text)
+    elif kind == "hub":
+        yield from _numbered(_rows_dataset(text, split), text)
+    elif kind == "json":
+        yield from _iter_json(path, json_lines=format_suffix(path) != ".json")
+    elif kind == "csv":
+        yield from _with_decoding(path, _iter_csv(path, "\t" if format_suffix(path) == ".tsv"
+                                                  else ","))
     else:
-        named = suffix + (path.suffix if path.suffix.lower() in COMPRESSIONS else "")
-        raise InputFileError(f"{path}: unknown format {named!r}; use one of "
-                             f"{', '.join(FORMATS)} (the text formats may be compressed: "
-                             f"{', '.join(COMPRESSIONS)}) or a dataset folder")
+        yield from _numbered(_rows_parquet(path), text)
 
 
 def _iter_json(path: Path, json_lines: bool) -> Iterator[tuple[int, Row]]:

@@ -28,7 +28,7 @@ from grouppref.pipeline.imports.config import (
 from grouppref.pipeline.imports.layouts import READERS, context, detect, peek
 from grouppref.pipeline.imports.layouts.raw_groups import Imported
 from grouppref.pipeline.imports.parallel import plan, read_parallel
-from grouppref.readers.rows import iter_rows, source_fingerprint
+from grouppref.readers.rows import iter_rows, source_fingerprint, source_kind
 from grouppref.runs.collector import cycle_collection_paused
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
@@ -92,6 +92,7 @@ def run_import(store: RunStore, config: ImportConfig,
     Raises:
         InputFileError: the source cannot be used at all (see :func:`read_import`).
     """
+    source_kind(config.source)  # a missing file or unknown format: before the run is touched
     stage = store.open_stage(STAGE, _settings(config),
                              input_fingerprint=source_fingerprint(str(config.source)),
                              record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=context.force)
@@ -118,6 +119,7 @@ def run_import_candidates(store: RunStore, config: ImportConfig,
     """``generate --import``: the candidates of ``config.source`` into ``RUN/generate``; a
     group's rankings are not kept (a part-reject says how many, and that ``grouppref import``
     keeps them)."""
+    source_kind(config.source)
     stage = store.open_stage(CANDIDATES_STAGE, _settings(config),
                              input_fingerprint=source_fingerprint(str(config.source)),
                              record_type=CandidateGroup, stage_version=CANDIDATES_VERSION,
