@@ -13,9 +13,13 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from grouppref.config import UTF8_BOM
 from grouppref.readers.rows import Decoding, Row, jsonl_rows
+from grouppref.runs.processes import workers_for
 
 BLOCK = 1 << 20  # bytes read at once to count lines
+RANGE_BYTES = 16 << 20  # the least a process reads: below, starting it costs more than it saves
+SUFFIXES = (".jsonl", ".ndjson")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,26 @@ def split_lines(path: Path, parts: int) -> list[LineRange]:
                 row += block.count(b"\n")
                 left -= len(block)
     return ranges
+
+
+def jsonl_ranges(source: str, workers: int, range_bytes: int | None = None
+                 ) -> list[LineRange] | None:
+    """``source`` cut into one range per process (``workers``, 0: one per core; each range of
+    at least ``range_bytes``, default :data:`RANGE_BYTES`), when it is a plain JSON Lines file
+    (``.jsonl``/``.ndjson``, not compressed, not one JSON list) large enough for two; else
+    ``None``: read it in one process."""
+    range_bytes = RANGE_BYTES if range_bytes is None else range_bytes
+    path = Path(source)
+    if not path.is_file() or path.suffix.lower() not in SUFFIXES:
+        return None
+    parts = workers_for(workers, path.stat().st_size // max(range_bytes, 1))
+    if parts < 2:
+        return None
+    with path.open("rb") as fh:  # a .jsonl file holding one JSON list is read as a list
+        if fh.read(4096).removeprefix(UTF8_BOM).lstrip().startswith(b"["):
+            return None
+    ranges = split_lines(path, parts)
+    return ranges if len(ranges) > 1 else None
 
 
 def _lines(path: Path, part: LineRange) -> Iterator[bytes]:

@@ -9,6 +9,8 @@ prompt as row N".
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from grouppref.readers.mapping import ColumnMapping, DuplicateIds
 from grouppref.readers.rows import (
     BlankLine,
     ReadResult,
+    Row,
     iter_rows,
     maybe_json,
     source_fingerprint,
@@ -248,6 +251,59 @@ def _prompt_and_key(row: dict[str, Any], mapping: ColumnMapping, source: str, nu
     return prompt, prompt.content_key()
 
 
+@dataclass(frozen=True)
+class Made:
+    """A row's prompt and the prompt's content key."""
+
+    row: int
+    prompt: Prompt
+    content: str
+
+
+def make_prompts(rows: Iterable[tuple[int, Row]], mapping: ColumnMapping, source: str,
+                 stage: str, counts: ReadResult[Any], limit: int | None = None
+                 ) -> Iterator[Made | Reject]:
+    """Each row's prompt, or the reject of a row that holds none, in row order (the first
+    ``limit`` rows when given); the rows and blank lines read are counted in ``counts``.
+    Whether the file may hold the prompt is :class:`OnePerPrompt`'s to say."""
+    for number, row in rows:
+        if limit is not None and counts.rows - counts.blank >= limit:
+            return
+        counts.rows += 1
+        try:
+            if isinstance(row, RowError):
+                counts.blank += isinstance(row, BlankLine)
+                raise row
+            prompt, content = _prompt_and_key(row, mapping, source, number)
+        except RowError as err:
+            yield to_reject(stage, err)
+            continue
+        yield Made(number, prompt, content)
+
+
+class OnePerPrompt:
+    """The prompts a file may hold, in row order: one row per prompt (a later row with the same
+    prompt is a reject naming the first) and one prompt per id (:class:`PromptIds`)."""
+
+    def __init__(self, mapping: ColumnMapping, source: str, stage: str):
+        self.field, self.source = mapping.text, source
+        self.seen: dict[str, int] = {}  # group id of each prompt taken -> its row
+        self.ids = PromptIds(mapping.duplicate_ids, source, stage, mapping.prompt_id)
+
+    def admit(self, prompt_id: str, content: str, number: int) -> None:
+        """Take the prompt of row ``number`` (its id and content key).
+
+        Raises:
+            RowError: an earlier row has the same prompt, or its id for another prompt.
+        """
+        key = group_id_of(content)
+        if key in self.seen:
+            raise RowError(f"same prompt as row {self.seen[key]}", field=self.field,
+                           source=self.source, row=number)
+        self.ids.check_id(prompt_id, number, content)
+        self.seen[key] = number
+
+
 def read_prompts(source: str | Path, mapping: ColumnMapping | None = None, stage: str = "prompts",
                  split: str = "train", limit: int | None = None, fingerprint: str | None = None
                  ) -> ReadResult[Prompt]:
@@ -261,29 +317,20 @@ def read_prompts(source: str | Path, mapping: ColumnMapping | None = None, stage
     mapping = mapping or ColumnMapping()
     text = str(source)
     result: ReadResult[Prompt] = ReadResult(source=text, items=[])
-    seen: dict[str, int] = {}
-    ids = PromptIds(mapping.duplicate_ids, text, stage, mapping.prompt_id)
-    for number, row in iter_rows(source, split):
-        if limit is not None and result.rows - result.blank >= limit:
-            break
-        result.rows += 1
+    admitted = OnePerPrompt(mapping, text, stage)
+    for made in make_prompts(iter_rows(source, split), mapping, text, stage, result, limit):
+        if isinstance(made, Reject):
+            result.rejects.append(made)
+            continue
         try:
-            if isinstance(row, RowError):
-                result.blank += isinstance(row, BlankLine)
-                raise row
-            prompt, content = _prompt_and_key(row, mapping, text, number)
-            key = group_id_of(content)
-            if key in seen:
-                raise RowError(f"same prompt as row {seen[key]}", field=mapping.text,
-                               source=text, row=number)
-            ids.check(prompt, number, content)
-            seen[key] = number
-            result.items.append(prompt)
-            result.item_rows.append(number)
+            admitted.admit(made.prompt.prompt_id, made.content, made.row)
         except RowError as err:
             result.rejects.append(to_reject(stage, err))
+            continue
+        result.items.append(made.prompt)
+        result.item_rows.append(made.row)
     result.require_rows()
-    drop_retracted(result, ids.retracted())
+    drop_retracted(result, admitted.ids.retracted())
     result.fingerprint = fingerprint or source_fingerprint(text)
     return result
 

@@ -233,16 +233,18 @@ SHARD_BATCH = 1000  # rows per record batch of a shard file (as in data/)
 
 def write_shard_file(table: pa.Table, path: Path) -> None:
     """Write ``table`` as one shard file (Arrow IPC, uncompressed), in record batches of
-    :data:`SHARD_BATCH` rows whatever the table's chunks: the file's bytes depend on its rows
-    alone (a table read in parts and joined writes the file a table read whole writes)."""
+    :data:`SHARD_BATCH` rows, each copied into buffers of its own: the file's bytes depend on
+    its rows alone, not on the table's chunks (a table read in parts and joined writes the file
+    a table read whole writes; IPC pads a buffer that is a slice of a larger one to 64 bytes,
+    and writes a buffer of its own as it is)."""
     import pyarrow as pa
 
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         for start in range(0, table.num_rows, SHARD_BATCH):
             part = table.slice(start, SHARD_BATCH)
-            batches = part.to_batches()
-            writer.write_batch(batches[0] if len(batches) == 1 else
-                               part.combine_chunks().to_batches()[0])
+            writer.write_batch(pa.RecordBatch.from_arrays(
+                [pa.concat_arrays(column.chunks) for column in part.columns],
+                schema=part.schema))
 
 
 def read_shard_file(path: Path, columns: Sequence[str] | None = None) -> pa.Table:

@@ -4,9 +4,9 @@ same order, the same counts and stats (``tests/unit/pipeline/imports/test_parall
 
 When: a plain ``.jsonl``/``.ndjson`` file (not compressed, not one JSON list) of a layout in
 :data:`~.layouts.ONE_ROW_PER_GROUP`, with ``duplicate_ids`` ``reject_later``, of at least
-:data:`RANGE_BYTES` per process; ``workers`` processes (0: one per core the process may use,
-at most 8), forked (:mod:`grouppref.runs.processes`; Linux only: elsewhere the file is read in
-one process).
+:data:`~grouppref.readers.lines.RANGE_BYTES` per process; ``workers`` processes (0: one per
+core the process may use, at most 8), forked (:mod:`grouppref.runs.processes`; Linux only:
+elsewhere the file is read in one process).
 
 How:
 
@@ -38,7 +38,6 @@ from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from grouppref.config import UTF8_BOM
 from grouppref.pipeline.imports.config import ImportConfig
 from grouppref.pipeline.imports.layouts import ONE_ROW_PER_GROUP, READERS, context
 from grouppref.pipeline.imports.layouts.raw_groups import (
@@ -50,36 +49,24 @@ from grouppref.pipeline.imports.layouts.raw_groups import (
     Stop,
 )
 from grouppref.pipeline.imports.layouts.stored import GroupRow, row_stats
-from grouppref.readers.lines import LineRange, pick_rows, range_rows, split_lines
+from grouppref.readers.lines import LineRange, jsonl_ranges, pick_rows, range_rows
 from grouppref.readers.rows import Decoding
 from grouppref.runs.collector import cycle_collection_paused
-from grouppref.runs.processes import forked_pool, workers_for
+from grouppref.runs.processes import forked_pool
 from grouppref.schemas import Reject
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-RANGE_BYTES = 16 << 20  # the least a process reads: below, starting it costs more than it saves
-SUFFIXES = (".jsonl", ".ndjson")
 
 
 def plan(config: ImportConfig, layout: str, range_bytes: int | None = None
          ) -> list[LineRange] | None:
     """The ranges to read ``config.source`` in, one per process, each of at least
-    ``range_bytes`` (default :data:`RANGE_BYTES`); ``None``: read it in one."""
-    range_bytes = RANGE_BYTES if range_bytes is None else range_bytes
-    path = Path(str(config.source))
-    if (layout not in ONE_ROW_PER_GROUP or config.mapping.duplicate_ids == "reject_all"
-            or not path.is_file() or path.suffix.lower() not in SUFFIXES):
+    ``range_bytes`` (:func:`~grouppref.readers.lines.jsonl_ranges`); ``None``: read it in one."""
+    if layout not in ONE_ROW_PER_GROUP or config.mapping.duplicate_ids == "reject_all":
         return None
-    parts = workers_for(config.workers, path.stat().st_size // max(range_bytes, 1))
-    if parts < 2:
-        return None
-    with path.open("rb") as fh:  # a .jsonl file holding one JSON list is read as a list
-        if fh.read(4096).removeprefix(UTF8_BOM).lstrip().startswith(b"["):
-            return None
-    ranges = split_lines(path, parts)
-    return ranges if len(ranges) > 1 else None
+    return jsonl_ranges(str(config.source), config.workers, range_bytes)
 
 
 @dataclass

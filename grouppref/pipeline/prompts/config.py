@@ -23,6 +23,10 @@ class PromptsConfig(BaseModel):
     mapping: ColumnMapping = Field(default_factory=ColumnMapping,
                                    description="Which columns hold the prompt fields.")
     limit: int | None = Field(default=None, ge=1, description="Read only the first N rows.")
+    workers: int = Field(default=0, ge=0, le=64, exclude=True, description="Processes that "
+                         "read a large JSONL file (32 MB or more), a part each (0: one per CPU "
+                         "core, at most 8; 1: one process). The result is the same for any "
+                         "number.")
 
 PROMPTS = StageSpec(
     name=STAGE, config=PromptsConfig,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from grouppref.pipeline.prompts.config import STAGE, STAGE_VERSION, PromptsConfig
+from grouppref.pipeline.prompts.parallel import plan, read_parallel
+from grouppref.readers.lines import LineRange
 from grouppref.readers.prompts import read_prompts
 from grouppref.readers.rows import source_fingerprint, source_kind
 from grouppref.runs.stage import StageContext
@@ -23,9 +26,29 @@ def run_prompts(store: RunStore, config: PromptsConfig,
                              stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
+    ranges = plan(config)
+    if ranges is not None:  # a large file: its parts read on several cores
+        return _read_in_parts(stage, config, ranges)
     result = read_prompts(config.source, config.mapping, stage=STAGE, split=config.split,
                           limit=config.limit, fingerprint=fingerprint)
     stage.add_rejects("input", result.rejects)
     for shard in stage.pending_shards(result.items, shard_size=max(len(result.items), 1)):
         stage.write_shard(shard, list(shard.items), [])
-    return stage.finish(inputs=result.rows, stats={"source": result.source})
+    return stage.finish(inputs=result.rows, stats={"source": str(config.source)})
+
+
+def _read_in_parts(stage: StageRun[Prompt], config: PromptsConfig,
+                   ranges: list[LineRange]) -> StageRun[Prompt]:
+    """The stage from :func:`.parallel.read_parallel` (its files in ``RUN/prompts/parts``,
+    emptied of what a killed run left there, removed after the read)."""
+    scratch = stage.dir / "parts"
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        got = read_parallel(config, ranges, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    stage.add_rejects("input", got.rejects)
+    rows = range(got.table.num_rows)
+    for shard in stage.pending_shards(rows, shard_size=max(len(rows), 1)):
+        stage.write_table(shard, got.table.slice(shard.start, len(shard.items)), [])
+    return stage.finish(inputs=got.rows, stats={"source": str(config.source)})

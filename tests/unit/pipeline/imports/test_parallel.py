@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from grouppref.errors import InputFileError
-from grouppref.pipeline.imports import parallel
 from grouppref.pipeline.imports.config import STAGE, ImportConfig
 from grouppref.pipeline.imports.layouts.raw_groups import Imported
 from grouppref.pipeline.imports.parallel import plan, read_parallel
 from grouppref.pipeline.imports.stage import read_import, run_import
+from grouppref.readers import lines
 from grouppref.runs.store import RunStore
 from tests.support.equivalence import hostile_files
 from tests.support.paths import REPO
@@ -153,7 +153,7 @@ def test_the_stage_writes_the_same_bytes_in_ranges(files: dict[str, tuple[Path, 
     path, _ = files["repeated"]
     runs = {}
     for workers in (1, 3):
-        monkeypatch.setattr(parallel, "RANGE_BYTES", 1)
+        monkeypatch.setattr(lines, "RANGE_BYTES", 1)
         store = RunStore(tmp_path / f"w{workers}")
         run_import(store, ImportConfig(source=str(path), layout="nectar", workers=workers,
                                        shard_size=4))
