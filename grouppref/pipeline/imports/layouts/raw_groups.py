@@ -121,6 +121,9 @@ class Context:
     made: tuple[Prompt, str] | None = field(default=None, repr=False)
     # when a list: every row that reaches the grouper, noted there (Grouper.replay)
     seen: list[Seen] | None = field(default=None, repr=False)
+    # rows of a layout of one row per group taken as read, each at its place among the rows
+    # read (their prompts and ids taken; Grouper.replay): what decides the rows read again
+    read_before: list[Seen] = field(default_factory=list, repr=False)
 
     def fail(self, reason: str, number: int, field_name: str | None = None) -> RowError:
         return RowError(reason, field=field_name, source=self.source, row=number)
@@ -290,6 +293,22 @@ class Counts:
     split: int = 0  # raw groups split into several
     models: set[str] = field(default_factory=set)
 
+    def add(self, other: Counts) -> None:
+        """Count ``other``'s groups too."""
+        self.candidates += other.candidates
+        self.annotators.update(other.annotators)
+        self.partial += other.partial
+        self.split += other.split
+        self.models |= other.models
+
+    def remove(self, other: Counts) -> None:
+        """Stop counting ``other``'s groups (counted here before); the models are not
+        removed (another group may name them)."""
+        self.candidates -= other.candidates
+        self.annotators -= other.annotators
+        self.partial -= other.partial
+        self.split -= other.split
+
     def stats(self, ctx: Context, rows: int, blank: int, groups: int) -> dict[str, Any]:
         """The stage's stats: these counts, the rows read and the groups made."""
         return {"source": ctx.source, "layout": ctx.layout, "rows": rows, "blank_lines": blank,
@@ -343,6 +362,8 @@ class Grouper:
         self.streams = not merge and ctx.mapping.duplicate_ids != "reject_all"
         self.released: dict[str, int] = {}  # key -> row of a group handed on by release
         self.fresh: list[tuple[str, RawGroup]] = []  # made since the last release, by key
+        # rows taken as read before (Context.read_before), each taken at its place
+        self.earlier = sorted(ctx.read_before) if self.streams else []
 
     def group(self, prompt: Prompt, number: int, key: str | None = None,
               merge: bool | None = None) -> RawGroup:
@@ -354,6 +375,8 @@ class Grouper:
         """
         content = self.ctx.content_key(prompt)
         key = content if key is None else f"key:{key}"
+        if self.earlier and self.earlier[0].row < number:
+            self.replay(self._taken_before(number))
         if self.ctx.seen is not None:
             self.ctx.seen.append(Seen(number, key, prompt.prompt_id, content))
         found = self.groups.get(key)
@@ -377,6 +400,13 @@ class Grouper:
             raise self.ctx.fail(f"group {key[4:]!r} already has a different prompt (row "
                                 f"{found.row})", number, self.ctx.config.group_by)
         return found
+
+    def _taken_before(self, number: int) -> list[Seen]:
+        """The rows of :attr:`earlier` before row ``number``, no longer pending."""
+        cut = next((i for i, s in enumerate(self.earlier) if s.row >= number),
+                   len(self.earlier))
+        taken, self.earlier = self.earlier[:cut], self.earlier[cut:]
+        return taken
 
     def replay(self, seen: Iterable[Seen]) -> list[Stop]:
         """What :meth:`group` decides for these rows of a layout of one row per group, read in

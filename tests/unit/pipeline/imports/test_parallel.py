@@ -59,11 +59,17 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str
         _row("Taken, other prompt?", prompt_id="t"),  # id t was taken in an earlier range
         _row("Short?"),  # its first row was rejected (one answer), its prompt still read
         _row("First?"))  # the repeat of a repeat
+    # each row its own range at 7 parts: row 2 loses id p to row 1; row 3, the same prompt
+    # as row 2, is the first of it; row 4 repeats row 3 (row 3 decides it and is not read
+    # again: it must count as read after row 2, not before)
+    crossed = _dumped(_row("Zero?", prompt_id="p"), _row("Kay?", prompt_id="p"),
+                      _row("Kay?", prompt_id="q"), _row("Kay?"))
     uf = REPO / "examples" / "data" / "import" / "ultrafeedback.jsonl"
     return {
         "hostile": (hostile, "nectar"),
         "repeated": (_write(folder / "repeated.jsonl", [*early, *lines, *late, *lines, *late]),
                      "nectar"),
+        "crossed": (_write(folder / "crossed.jsonl", crossed), "nectar"),
         "ultrafeedback": (_write(folder / "uf.jsonl", [*_lines(uf), b"", *_lines(uf)]),
                           "ultrafeedback"),
     }
@@ -79,7 +85,7 @@ def _assert_same(got: Imported, want: Imported) -> None:
     assert got.counts == want.counts
 
 
-@pytest.mark.parametrize("name", ["hostile", "repeated", "ultrafeedback"])
+@pytest.mark.parametrize("name", ["hostile", "repeated", "crossed", "ultrafeedback"])
 @pytest.mark.parametrize("parts", [2, 7])
 def test_a_file_read_in_ranges_gives_what_one_read_gives(
         files: dict[str, tuple[Path, str]], name: str, parts: int) -> None:
@@ -94,6 +100,10 @@ def test_a_file_read_in_ranges_gives_what_one_read_gives(
     if name == "repeated":  # rows were read again: the cut separates prompts and repeats
         assert any("same prompt as row 1 " in r.reason for r in want.rejects)
         assert any("first seen at row 2 " in r.reason for r in want.rejects)
+    if name == "crossed":
+        assert [r.row for r in want.rejects] == [2, 4]
+        assert want.rejects[0].reason.startswith("duplicate prompt_id 'p' with a different")
+        assert want.rejects[1].reason.startswith("same prompt as row 3 ")
 
 
 def test_the_ranges_cut_between_lines_and_count_them(files: dict[str, tuple[Path, str]]
