@@ -1,7 +1,8 @@
 """A plain (uncompressed) JSON Lines file cut into ranges of whole lines, each read on its own
 as :func:`~grouppref.readers.rows.iter_rows` reads the whole file: the same rows, the same
-row numbers (a range knows the number of its first line), the same rejects. The import reads a
-large file's ranges on several cores (:mod:`grouppref.pipeline.imports.parallel`).
+row numbers (a range knows the number of its first line), the same rejects. ``import`` and
+``prompts`` read a large file's ranges on several cores (:mod:`grouppref.pipeline.imports.
+parallel`, :mod:`grouppref.pipeline.prompts.parallel`).
 
 Lines end at ``\\n`` as Python's binary file iteration cuts them (a ``\\r`` before it stays on
 the line), so a cut after a ``\\n`` is a cut between two rows.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grouppref.config import UTF8_BOM
-from grouppref.readers.rows import Decoding, Row, jsonl_rows
+from grouppref.readers.rows import Decoding, Row, check_head, jsonl_rows
 from grouppref.runs.processes import workers_for
 
 BLOCK = 1 << 20  # bytes read at once to count lines
@@ -64,7 +65,11 @@ def jsonl_ranges(source: str, workers: int, range_bytes: int | None = None
     """``source`` cut into one range per process (``workers``, 0: one per core; each range of
     at least ``range_bytes``, default :data:`RANGE_BYTES`), when it is a plain JSON Lines file
     (``.jsonl``/``.ndjson``, not compressed, not one JSON list) large enough for two; else
-    ``None``: read it in one process."""
+    ``None``: read it in one process.
+
+    Raises:
+        InputFileError: the file is binary or UTF-16/32 (:func:`~.rows.check_head`).
+    """
     range_bytes = RANGE_BYTES if range_bytes is None else range_bytes
     path = Path(source)
     if not path.is_file() or path.suffix.lower() not in SUFFIXES:
@@ -72,6 +77,7 @@ def jsonl_ranges(source: str, workers: int, range_bytes: int | None = None
     parts = workers_for(workers, path.stat().st_size // max(range_bytes, 1))
     if parts < 2:
         return None
+    check_head(path)  # a binary or UTF-16 file is refused as iter_rows refuses it
     with path.open("rb") as fh:  # a .jsonl file holding one JSON list is read as a list
         if fh.read(4096).removeprefix(UTF8_BOM).lstrip().startswith(b"["):
             return None

@@ -132,7 +132,7 @@ def _loads(text: str) -> Any:
         raise _JsonLimit("a number with more than 4300 digits", text) from e
 
 
-def _check_head(path: Path) -> None:
+def check_head(path: Path) -> None:
     """Refuse a binary or UTF-16/32 file from its first 64 KiB (one line, exit code 2)."""
     with open_binary(path) as fh:
         problem = text_problem(fh.read(65536))
@@ -142,7 +142,7 @@ def _check_head(path: Path) -> None:
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, Row]]:
     """JSONL rows, streamed line by line (``\n`` or ``\r\n``; :func:`jsonl_rows`)."""
-    _check_head(path)
+    check_head(path)
     decoding = Decoding(path)
     with open_binary(path) as fh:
         yield from jsonl_rows(fh, path, decoding)

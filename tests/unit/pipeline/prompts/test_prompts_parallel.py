@@ -72,6 +72,17 @@ def test_a_file_of_no_rows_or_no_text_is_refused_as_one_read_refuses_it(tmp_path
         assert str(in_parts.value) == str(whole.value)
 
 
+def test_a_utf16_file_is_refused_before_it_is_cut(tmp_path: Path) -> None:
+    utf16 = tmp_path / "utf16.jsonl"
+    utf16.write_bytes("".join(json.dumps({"prompt": f"Q{i}?"}) + "\n" for i in range(50))
+                      .encode("utf-16"))
+    with pytest.raises(InputFileError) as whole:
+        read_prompts(utf16)
+    with pytest.raises(InputFileError) as in_parts:
+        plan(PromptsConfig(source=str(utf16), workers=3), range_bytes=1)
+    assert str(in_parts.value) == str(whole.value) and "UTF-16" in str(whole.value)
+
+
 def test_a_limit_or_reject_all_reads_in_one_process(files: dict[str, Path]) -> None:
     source = str(files["twice"])
     assert plan(PromptsConfig(source=source, workers=3), range_bytes=1) is not None
