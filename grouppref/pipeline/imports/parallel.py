@@ -59,6 +59,7 @@ from grouppref.readers.lines import LineRange, jsonl_ranges, pick_rows, range_ro
 from grouppref.readers.rows import Decoding
 from grouppref.runs.collector import cycle_collection_paused
 from grouppref.runs.processes import forked_pool
+from grouppref.runs.stage_run import read_shard_file, write_shard_file
 from grouppref.schemas import Reject
 
 if TYPE_CHECKING:
@@ -91,7 +92,6 @@ class _Part:
 
 def _read_part(config: ImportConfig, layout: str, stage: str, part: LineRange,
                file: str) -> _Part:
-    import pyarrow as pa
 
     source = str(config.source)
     ctx = context(config, layout, source, stage)
@@ -99,8 +99,7 @@ def _read_part(config: ImportConfig, layout: str, stage: str, part: LineRange,
     decoding = Decoding(Path(source))
     with cycle_collection_paused():
         got = READERS[layout](range_rows(Path(source), part, decoding), ctx)
-    with pa.OSFile(file, "wb") as sink, pa.ipc.new_file(sink, got.table.schema) as writer:
-        writer.write_table(got.table)
+    write_shard_file(got.table, Path(file))
     return _Part(file=file, group_rows=got.group_rows, rejects=got.rejects,
                  reading=got.reading, rows=got.rows, blank=got.blank, counts=got.counts,
                  seen=ctx.seen, decoding=decoding)
@@ -116,7 +115,6 @@ def read_parallel(config: ImportConfig, layout: str, stage: str,
     Raises:
         InputFileError: no line of the file decodes as UTF-8.
     """
-    import pyarrow as pa
 
     source = str(config.source)
     if scratch is not None:
@@ -128,7 +126,7 @@ def read_parallel(config: ImportConfig, layout: str, stage: str,
                    for i, part in enumerate(ranges)]
         parts = [f.result() for f in futures]
         # mapped, the tables stay readable once their files are gone
-        tables = [pa.ipc.open_file(pa.memory_map(p.file)).read_all() for p in parts]
+        tables = [read_shard_file(Path(p.file)) for p in parts]
     decoding = Decoding(Path(source))
     for p in parts:
         decoding.add(p.decoding)

@@ -31,6 +31,7 @@ from grouppref.readers.prompts import Made, OnePerPrompt, make_prompts
 from grouppref.readers.rows import Decoding, ReadResult, to_reject
 from grouppref.runs.collector import cycle_collection_paused
 from grouppref.runs.processes import forked_pool
+from grouppref.runs.stage_run import read_shard_file, write_shard_file
 from grouppref.schemas import Prompt, Reject
 
 if TYPE_CHECKING:
@@ -68,7 +69,6 @@ class _Part:
 
 
 def _read_part(config: PromptsConfig, part: LineRange, file: str) -> _Part:
-    import pyarrow as pa
 
     from grouppref.schemas.arrow import to_table
 
@@ -87,8 +87,7 @@ def _read_part(config: PromptsConfig, part: LineRange, file: str) -> _Part:
             else:
                 rejects.append(got)
         table = to_table(prompts, Prompt)
-    with pa.OSFile(file, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
+    write_shard_file(table, Path(file))
     return _Part(file=file, made=made, rejects=rejects, counts=counts, decoding=decoding)
 
 
@@ -111,7 +110,7 @@ def read_parallel(config: PromptsConfig, ranges: Sequence[LineRange], scratch: P
                    for i, part in enumerate(ranges)]
         parts = [f.result() for f in futures]
         # mapped, the tables stay readable once their files are gone
-        tables = [pa.ipc.open_file(pa.memory_map(p.file)).read_all() for p in parts]
+        tables = [read_shard_file(Path(p.file)) for p in parts]
     decoding = Decoding(Path(source))
     counts: ReadResult[None] = ReadResult(source=source, items=[])
     for p in parts:
