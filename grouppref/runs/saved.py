@@ -13,7 +13,10 @@ tests/unit/runs/test_saved.py, which compares the bytes)::
 
 ``datasets`` writes the same bytes; it is not imported here because its import alone costs a
 stage about 1.6 CPU-s (a tenth of what ``validate`` spends on 50,000 groups), and ``data/`` is
-written once and read by the next stage of every run.
+written once and read by the next stage of every run. A stage's own ``data/`` is made of its
+shards (:meth:`~grouppref.runs.stage_run.StageRun.finish`: one stream file each, moved, with
+:func:`write_saved_state`'s two files), which ``load_from_disk`` reads as well;
+:func:`write_saved` writes a table whole, cut as ``save_to_disk`` cuts it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ BATCH_ROWS = 1000  # datasets' DEFAULT_MAX_BATCH_SIZE
 BATCH_BYTES = 100 * 10**6  # datasets' MAX_ROW_GROUP_SIZE, "100MB"
 
 
-def _file_name(index: int, files: int) -> str:
+def data_file_name(index: int, files: int) -> str:
+    """The name of file ``index`` of ``files`` in a ``save_to_disk`` folder."""
     return f"data-{index:05d}-of-{files:05d}.arrow"
 
 
@@ -63,13 +67,21 @@ def write_saved(table: pa.Table, schema: pa.Schema, folder: Path, fingerprint: s
         BATCH_ROWS, max(1, table.num_rows * BATCH_BYTES // nbytes))
     folder.mkdir(parents=True, exist_ok=True)
     for index, (start, length) in enumerate(_parts(table.num_rows, files)):
-        with pa.OSFile(str(folder / _file_name(index, files)), "wb") as sink, \
+        with pa.OSFile(str(folder / data_file_name(index, files)), "wb") as sink, \
                 pa.ipc.new_stream(sink, schema) as writer:
             for at in range(start, start + length, batch):
                 part = table.slice(at, min(batch, start + length - at)).combine_chunks()
                 writer.write_table(part, max_chunksize=batch)
+    write_saved_state(folder, [data_file_name(i, files) for i in range(files)], schema,
+                      fingerprint)
+
+
+def write_saved_state(folder: Path, names: list[str], schema: pa.Schema,
+                      fingerprint: str) -> None:
+    """``state.json`` and ``dataset_info.json`` of a ``save_to_disk`` folder whose data files
+    (Arrow streams, already in ``folder``) are ``names``, in order."""
     state: dict[str, object] = {
-        "_data_files": [{"filename": _file_name(i, files)} for i in range(files)],
+        "_data_files": [{"filename": name} for name in names],
         "_fingerprint": fingerprint, "_format_columns": None, "_format_kwargs": {},
         "_format_type": None, "_output_all_columns": False, "_split": None}
     (folder / STATE).write_text(json.dumps(state, indent=2, sort_keys=True), encoding="utf-8")

@@ -157,17 +157,14 @@ class StageRun(Generic[R]):
         write_rejects(self.dir / SHARDS / f"{name}.rejects.jsonl", rejects)
 
     def _write_data(self) -> int:
-        """Merge the shards into ``data/`` (atomically; a ``save_to_disk`` folder,
-        :mod:`grouppref.runs.saved`); returns the number of records."""
-        import pyarrow as pa
-
+        """The shards become ``data/`` (atomically): a ``save_to_disk`` folder
+        (:mod:`grouppref.runs.saved`) whose data files are the shards, Arrow streams moved
+        there, one file each, not copied; returns the number of records."""
         from grouppref.runs.hashing import sha256_text
-        from grouppref.runs.saved import write_saved
+        from grouppref.runs.saved import data_file_name, write_saved_state
 
         schema = self._schema()
         shards = self.shard_paths()
-        tables = [read_shard_file(p) for p in shards]
-        table = pa.concat_tables(tables) if tables else schema.empty_table()
         # The dataset's fingerprint (it names datasets' cache files) from what made the rows:
         # the stage's cache key and the shards' sizes, not a hash of every byte
         m = self.manifest
@@ -175,10 +172,23 @@ class StageRun(Generic[R]):
                                     *(str(p.stat().st_size) for p in shards)]))[:16]
         data_dir, tmp_dir = self.dir / DATA, self.dir / (DATA + ".tmp")
         shutil.rmtree(tmp_dir, ignore_errors=True)
-        write_saved(table, schema, tmp_dir, key)
+        tmp_dir.mkdir(parents=True)
+        names = [data_file_name(i, max(len(shards), 1)) for i in range(max(len(shards), 1))]
+        if not shards:  # no rows: one file of none, as save_to_disk writes it
+            write_shard_file(schema.empty_table(), tmp_dir / names[0])
+        rows = 0
+        for shard, name in zip(shards, names, strict=False):
+            table = read_shard_file(shard)
+            rows += table.num_rows
+            if _is_stream(shard):
+                del table  # its mapping, before the file moves
+                os.replace(shard, tmp_dir / name)
+            else:  # a shard of a version that wrote IPC files: written again as a stream
+                write_shard_file(table, tmp_dir / name)
+        write_saved_state(tmp_dir, names, schema, key)
         shutil.rmtree(data_dir, ignore_errors=True)
         os.replace(tmp_dir, data_dir)
-        return table.num_rows
+        return rows
 
     def finish(self, inputs: int, stats: dict[str, Any] | None = None, *,
                outputs: dict[str, str] | None = None, kept: int | None = None) -> StageRun[R]:
@@ -232,14 +242,14 @@ SHARD_BATCH = 1000  # rows per record batch of a shard file (as in data/)
 
 
 def write_shard_file(table: pa.Table, path: Path) -> None:
-    """Write ``table`` as one shard file (Arrow IPC, uncompressed), in record batches of
-    :data:`SHARD_BATCH` rows, each copied into buffers of its own: the file's bytes depend on
-    its rows alone, not on the table's chunks (a table read in parts and joined writes the file
-    a table read whole writes; IPC pads a buffer that is a slice of a larger one to 64 bytes,
-    and writes a buffer of its own as it is)."""
+    """Write ``table`` as one shard file: an Arrow IPC stream (uncompressed), as a data file
+    of ``data/`` is, in record batches of :data:`SHARD_BATCH` rows, each copied into buffers of
+    its own: the file's bytes depend on its rows alone, not on the table's chunks (a table read
+    in parts and joined writes the file a table read whole writes; IPC pads a buffer that is a
+    slice of a larger one to 64 bytes, and writes a buffer of its own as it is)."""
     import pyarrow as pa
 
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
         for start in range(0, table.num_rows, SHARD_BATCH):
             part = table.slice(start, SHARD_BATCH)
             writer.write_batch(pa.RecordBatch.from_arrays(
@@ -247,13 +257,24 @@ def write_shard_file(table: pa.Table, path: Path) -> None:
                 schema=part.schema))
 
 
+IPC_FILE_MAGIC = b"ARROW1"  # how an Arrow IPC file (not a stream) begins
+
+
+def _is_stream(path: Path) -> bool:
+    with path.open("rb") as fh:
+        return fh.read(len(IPC_FILE_MAGIC)) != IPC_FILE_MAGIC
+
+
 def read_shard_file(path: Path, columns: Sequence[str] | None = None) -> pa.Table:
     """A shard file's table (``columns``: only these), memory-mapped: its rows are read from
-    the page cache when used, not copied."""
+    the page cache when used, not copied. (A shard of a version that wrote IPC files, not
+    streams, is read too.)"""
     import pyarrow as pa
 
     # not closed here: the table's buffers are the mapping (unmapped when they are freed)
-    table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+    source = pa.memory_map(str(path))
+    reader = pa.ipc.open_stream(source) if _is_stream(path) else pa.ipc.open_file(source)
+    table = reader.read_all()
     return table.select(list(columns)) if columns is not None else table
 
 
