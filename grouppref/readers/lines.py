@@ -10,13 +10,20 @@ the line), so a cut after a ``\\n`` is a cut between two rows.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+import os
+import tempfile
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from grouppref.config import UTF8_BOM
 from grouppref.readers.rows import Decoding, Row, check_head, jsonl_rows
-from grouppref.runs.processes import workers_for
+from grouppref.runs.processes import forked_pool, workers_for
+from grouppref.runs.stage_run import read_shard_file
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 BLOCK = 1 << 20  # bytes read at once to count lines
 RANGE_BYTES = 16 << 20  # the least a process reads: below, starting it costs more than it saves
@@ -113,3 +120,40 @@ def pick_rows(path: Path, numbers: Collection[int]) -> list[tuple[int, Row]]:
             if number in numbers:
                 picked.extend(jsonl_rows([raw], path, decoding, number))
     return picked
+
+
+class PartRead(Protocol):
+    """What a process returns of its range: at least how its lines decoded."""
+
+    decoding: Decoding
+
+
+P = TypeVar("P", bound=PartRead)
+
+
+def read_in_parts(path: Path, ranges: Sequence[LineRange], work: Callable[[LineRange, Path], P],
+                  scratch: Path | None = None) -> list[tuple[P, pa.Table]]:
+    """``work(range, file)`` of each of ``ranges`` of ``path``, each in a forked process of
+    its own that leaves its table in ``file`` (:func:`~grouppref.runs.stage_run.
+    write_shard_file`; the files in a new folder in ``scratch``, default the system's
+    temporary folder, removed before this returns): the results in range order, each with its
+    table memory-mapped back.
+
+    Raises:
+        InputFileError: no line of the file decodes as UTF-8 (:meth:`Decoding.check`, on
+            the ranges' counts together).
+    """
+    if scratch is not None:
+        scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="grouppref-parts-", dir=scratch) as folder, \
+            forked_pool(len(ranges)) as pool:
+        futures = [pool.submit(work, part, Path(os.path.join(folder, f"{i}.arrow")))
+                   for i, part in enumerate(ranges)]
+        results = [f.result() for f in futures]
+        # mapped, the tables stay readable once their files are gone
+        tables = [read_shard_file(Path(folder) / f"{i}.arrow") for i in range(len(ranges))]
+    decoding = Decoding(path)
+    for result in results:
+        decoding.add(result.decoding)
+    decoding.check()
+    return list(zip(results, tables, strict=True))

@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -32,6 +33,7 @@ R = TypeVar("R", bound=BaseModel)
 
 DATA = "data"
 SHARDS = "shards"
+PARTS = "parts"  # the files of a stage's own work (StageRun.scratch)
 SHARD_GLOB = "shard-*.arrow"
 STOP_REASON_CHARS = 300
 _UNFINISHED: dict[int, StageRun[Any]] = {}  # stages this process opened and has not finished
@@ -150,6 +152,17 @@ class StageRun(Generic[R]):
         elapsed = self._seconds_before + time.perf_counter() - self._t0
         self.manifest = self.manifest.model_copy(update={"seconds": round(elapsed, 3)})
         self.store.write_manifest(self.manifest)  # a resumed run adds to this time
+
+    @contextmanager
+    def scratch(self) -> Iterator[Path]:
+        """``RUN/<stage>/parts``, a folder for the files of the stage's own work (a read in
+        processes): emptied of what a killed run left there, and removed after the block."""
+        folder = self.dir / PARTS
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def add_rejects(self, name: str, rejects: Sequence[Reject]) -> None:
         """Rejects found outside shards (e.g. while reading the input file), kept on resume."""

@@ -36,11 +36,10 @@ first (8,000 Nectar rows written twice, 83 MB) took 5.6-6.2 s in two processes a
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,11 +54,10 @@ from grouppref.pipeline.imports.layouts.raw_groups import (
     Seen,
     Stop,
 )
-from grouppref.readers.lines import LineRange, jsonl_ranges, pick_rows, range_rows
+from grouppref.readers.lines import LineRange, jsonl_ranges, pick_rows, range_rows, read_in_parts
 from grouppref.readers.rows import Decoding
 from grouppref.runs.collector import cycle_collection_paused
-from grouppref.runs.processes import forked_pool
-from grouppref.runs.stage_run import read_shard_file, write_shard_file
+from grouppref.runs.stage_run import write_shard_file
 from grouppref.schemas import Reject
 
 if TYPE_CHECKING:
@@ -77,9 +75,8 @@ def plan(config: ImportConfig, layout: str, range_bytes: int | None = None
 
 @dataclass
 class _Part:
-    """What one process read from its range; its groups are in the Arrow IPC file ``file``."""
+    """What one process read from its range (its groups' table in a file of its own)."""
 
-    file: str
     group_rows: list[int]
     rejects: list[Reject]
     reading: int
@@ -91,47 +88,33 @@ class _Part:
 
 
 def _read_part(config: ImportConfig, layout: str, stage: str, part: LineRange,
-               file: str) -> _Part:
-
+               file: Path) -> _Part:
     source = str(config.source)
     ctx = context(config, layout, source, stage)
     ctx.seen = []
     decoding = Decoding(Path(source))
     with cycle_collection_paused():
         got = READERS[layout](range_rows(Path(source), part, decoding), ctx)
-    write_shard_file(got.table, Path(file))
-    return _Part(file=file, group_rows=got.group_rows, rejects=got.rejects,
-                 reading=got.reading, rows=got.rows, blank=got.blank, counts=got.counts,
-                 seen=ctx.seen, decoding=decoding)
+    write_shard_file(got.table, file)
+    return _Part(group_rows=got.group_rows, rejects=got.rejects, reading=got.reading,
+                 rows=got.rows, blank=got.blank, counts=got.counts, seen=ctx.seen,
+                 decoding=decoding)
 
 
 def read_parallel(config: ImportConfig, layout: str, stage: str,
                   ranges: Sequence[LineRange], scratch: Path | None = None) -> Imported | None:
     """``config.source`` read by ``layout``, its ``ranges`` each in a process of its own
-    (``None``: the rows could not be put together as one read gives them; read it in one).
-    The processes' tables pass through files in a new folder in ``scratch`` (default: the
-    system's temporary folder), removed before this returns.
+    (:func:`~grouppref.readers.lines.read_in_parts`, its files in ``scratch``); ``None``: the
+    rows could not be put together as one read gives them (read the file in one).
 
     Raises:
         InputFileError: no line of the file decodes as UTF-8.
     """
-
     source = str(config.source)
-    if scratch is not None:
-        scratch.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="grouppref-import-", dir=scratch) as folder, \
-            forked_pool(len(ranges)) as pool:
-        futures = [pool.submit(_read_part, config, layout, stage, part,
-                               os.path.join(folder, f"{i}.arrow"))
-                   for i, part in enumerate(ranges)]
-        parts = [f.result() for f in futures]
-        # mapped, the tables stay readable once their files are gone
-        tables = [read_shard_file(Path(p.file)) for p in parts]
-    decoding = Decoding(Path(source))
-    for p in parts:
-        decoding.add(p.decoding)
-    decoding.check()
-    return _join(context(config, layout, source, stage), parts, tables)
+    got = read_in_parts(Path(source), ranges, partial(_read_part, config, layout, stage),
+                        scratch)
+    return _join(context(config, layout, source, stage), [p for p, _ in got],
+                 [t for _, t in got])
 
 
 def _changed(ctx: Context, parts: Sequence[_Part]) -> dict[int, Stop]:

@@ -11,9 +11,6 @@ blank lines, the rankings (partial ones too) and the annotators are in the manif
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,18 +66,6 @@ def read_import(config: ImportConfig, stage: str = STAGE, scratch: Path | None =
     return imported
 
 
-@contextmanager
-def _scratch(stage: StageRun[Any]) -> Iterator[Path]:
-    """The stage's folder for the files of a read in parts (:mod:`.parallel`): emptied of
-    what a killed run left there, and removed after the read."""
-    scratch = stage.dir / "parts"
-    shutil.rmtree(scratch, ignore_errors=True)
-    try:
-        yield scratch
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
 def _settings(config: ImportConfig) -> ImportConfig:
     return config.model_copy(update={"source": str(Path(config.source))})
 
@@ -99,7 +84,7 @@ def run_import(store: RunStore, config: ImportConfig,
     if stage.cached:
         return stage
     with cycle_collection_paused():  # while the groups are read, built and written
-        with _scratch(stage) as scratch:
+        with stage.scratch() as scratch:
             imported = read_import(config, scratch=scratch)
         stage.add_rejects("input", imported.rejects)
         _write_shards(stage, imported.table, config.shard_size)
@@ -126,7 +111,7 @@ def run_import_candidates(store: RunStore, config: ImportConfig,
                              force=context.force)
     if stage.cached:
         return stage
-    with cycle_collection_paused(), _scratch(stage) as scratch:
+    with cycle_collection_paused(), stage.scratch() as scratch:
         imported = read_import(config, stage=CANDIDATES_STAGE, scratch=scratch)
     with cycle_collection_paused():
         return _write_candidates(stage, config, imported)

@@ -17,21 +17,19 @@ a prompt repeated, or an id taken, in any earlier row is a reject.
 from __future__ import annotations
 
 import heapq
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grouppref.errors import RowError
 from grouppref.pipeline.prompts.config import STAGE, PromptsConfig
-from grouppref.readers.lines import LineRange, jsonl_ranges, range_rows
+from grouppref.readers.lines import LineRange, jsonl_ranges, range_rows, read_in_parts
 from grouppref.readers.prompts import Made, OnePerPrompt, make_prompts
 from grouppref.readers.rows import Decoding, ReadResult, to_reject
 from grouppref.runs.collector import cycle_collection_paused
-from grouppref.runs.processes import forked_pool
-from grouppref.runs.stage_run import read_shard_file, write_shard_file
+from grouppref.runs.stage_run import write_shard_file
 from grouppref.schemas import Prompt, Reject
 
 if TYPE_CHECKING:
@@ -59,16 +57,15 @@ class PromptsRead:
 @dataclass
 class _Part:
     """One process's range: each prompt made (row, id, content key), in order, with its row
-    in the Arrow IPC file ``file``; the rows that made none, as rejects."""
+    in the range's table; the rows that made none, as rejects."""
 
-    file: str
     made: list[tuple[int, str, str]]
     rejects: list[Reject]
     counts: ReadResult[None]
     decoding: Decoding
 
 
-def _read_part(config: PromptsConfig, part: LineRange, file: str) -> _Part:
+def _read_part(config: PromptsConfig, part: LineRange, file: Path) -> _Part:
 
     from grouppref.schemas.arrow import to_table
 
@@ -87,15 +84,14 @@ def _read_part(config: PromptsConfig, part: LineRange, file: str) -> _Part:
             else:
                 rejects.append(got)
         table = to_table(prompts, Prompt)
-    write_shard_file(table, Path(file))
-    return _Part(file=file, made=made, rejects=rejects, counts=counts, decoding=decoding)
+    write_shard_file(table, file)
+    return _Part(made=made, rejects=rejects, counts=counts, decoding=decoding)
 
 
 def read_parallel(config: PromptsConfig, ranges: Sequence[LineRange], scratch: Path
                   ) -> PromptsRead:
     """The prompts of ``config.source``, its ``ranges`` each read in a process of its own
-    (their tables pass through files in a new folder in ``scratch``, removed before this
-    returns).
+    (:func:`~grouppref.readers.lines.read_in_parts`, its files in ``scratch``).
 
     Raises:
         InputFileError: no line of the file decodes as UTF-8, or the file holds no rows.
@@ -103,23 +99,14 @@ def read_parallel(config: PromptsConfig, ranges: Sequence[LineRange], scratch: P
     import pyarrow as pa
 
     source = str(config.source)
-    scratch.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="grouppref-prompts-", dir=scratch) as folder, \
-            forked_pool(len(ranges)) as pool:
-        futures = [pool.submit(_read_part, config, part, os.path.join(folder, f"{i}.arrow"))
-                   for i, part in enumerate(ranges)]
-        parts = [f.result() for f in futures]
-        # mapped, the tables stay readable once their files are gone
-        tables = [read_shard_file(Path(p.file)) for p in parts]
-    decoding = Decoding(Path(source))
+    got = read_in_parts(Path(source), ranges, partial(_read_part, config), scratch)
+    parts = [p for p, _ in got]
     counts: ReadResult[None] = ReadResult(source=source, items=[])
     for p in parts:
-        decoding.add(p.decoding)
         counts.rows, counts.blank = counts.rows + p.counts.rows, counts.blank + p.counts.blank
-    decoding.check()
     counts.require_rows()
     kept, rejects = _in_row_order(config, parts)
-    table = pa.concat_tables(tables)
+    table = pa.concat_tables([t for _, t in got])
     if len(kept) < table.num_rows:
         table = table.take(pa.array(kept, pa.int64()))
     return PromptsRead(table=table, rejects=rejects, rows=counts.rows, blank=counts.blank)

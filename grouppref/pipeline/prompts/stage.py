@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from grouppref.pipeline.prompts.config import STAGE, STAGE_VERSION, PromptsConfig
@@ -39,14 +38,9 @@ def run_prompts(store: RunStore, config: PromptsConfig,
 
 def _read_in_parts(stage: StageRun[Prompt], config: PromptsConfig,
                    ranges: list[LineRange]) -> StageRun[Prompt]:
-    """The stage from :func:`.parallel.read_parallel` (its files in ``RUN/prompts/parts``,
-    emptied of what a killed run left there, removed after the read)."""
-    scratch = stage.dir / "parts"
-    shutil.rmtree(scratch, ignore_errors=True)
-    try:
+    """The stage from :func:`.parallel.read_parallel` (its files in :meth:`StageRun.scratch`)."""
+    with stage.scratch() as scratch:
         got = read_parallel(config, ranges, scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     stage.add_rejects("input", got.rejects)
     rows = range(got.table.num_rows)
     for shard in stage.pending_shards(rows, shard_size=max(len(rows), 1)):

@@ -202,7 +202,9 @@ def check_rows(ds: Rows, config: ValidateConfig, source: str, *, batch_check: bo
     record's own schema are checked on Arrow batches first (:mod:`.batch`); only the rows that
     check does not prove sound, and every row without ``batch_check``, are parsed."""
     plan = Checks(config, source, _repeated_ids(ds))
-    if isinstance(ds, pa.Table) and stored_as(ds.schema, ValidatedGroup) and batch_check:
+    stored = isinstance(ds, pa.Table) and stored_as(ds.schema, ValidatedGroup)
+    if stored and batch_check:
+        assert isinstance(ds, pa.Table)
         # the batches' processes start before the progress display's thread
         with checked_batches(ds, plan.repeated, config.split_by, config.workers) as checked, \
                 stage_progress() as bar:
@@ -211,7 +213,6 @@ def check_rows(ds: Rows, config: ValidateConfig, source: str, *, batch_check: bo
                 bar.advance(task, done)
         plan.finish_groups()
         return plan
-    stored = isinstance(ds, pa.Table) and stored_as(ds.schema, ValidatedGroup)
     with stage_progress() as bar:
         task = bar.add_task(f"{STAGE}: check", total=len(ds), unit="groups")
         rows = table_rows(ds) if isinstance(ds, pa.Table) else ds

@@ -34,9 +34,10 @@ READERS: dict[str, Callable[[Iterable[tuple[int, Row]], Context], Imported]] = {
     "nectar": nectar.read, "helpsteer2": helpsteer2.read, "scores": scores.read,
     "pairs": pairs.read, "hh": hh.read, "oasst": oasst.read, "helpsteer3": helpsteer3.read,
     "arena": arena.read}
-# the layouts of one row per group (read_groups with merge=False): a row's group depends on
-# no other row but through the grouper (a prompt read again, a prompt id taken)
-ONE_ROW_PER_GROUP = frozenset({"nectar", "ultrafeedback"})
+# the layouts of one row per group (their ONE_ROW_PER_GROUP, read_groups with merge=False): a
+# row's group depends on no other row but through the grouper (a prompt read again, an id taken)
+ONE_ROW_PER_GROUP = frozenset(name for name, module in {
+    "nectar": nectar, "ultrafeedback": ultrafeedback}.items() if module.ONE_ROW_PER_GROUP)
 DEFAULTS: dict[str, dict[str, Any]] = {
     "groups": groups.DEFAULTS, "responses": responses.DEFAULTS,
     "ultrafeedback": ultrafeedback.DEFAULTS, "nectar": nectar.DEFAULTS,

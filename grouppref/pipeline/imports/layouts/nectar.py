@@ -35,6 +35,7 @@ from grouppref.pipeline.imports.layouts.transcript import parse_hh
 from grouppref.readers.rows import Row
 from grouppref.schemas import Reject
 
+ONE_ROW_PER_GROUP = True  # a repeated prompt is a reject: no row merges into another's group
 DEFAULTS: dict[str, Any] = {"mapping": {"text": "prompt", "responses": "answers"},
                             "text_key": "answer", "kind": "llm_judge"}
 METADATA = ("turns", "num_responses", "good_natured")
@@ -94,4 +95,4 @@ def _plain_answers(items: list[dict[str, Any]], column: str, number: int, ctx: C
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
     """Rows -> groups with one ranking each (partial where an answer has no rank)."""
-    return read_groups(rows, ctx, _row, merge=False)
+    return read_groups(rows, ctx, _row, merge=not ONE_ROW_PER_GROUP)

@@ -30,6 +30,7 @@ from grouppref.readers.rows import Row
 from grouppref.schemas import Reject
 
 ASPECTS = ["helpfulness", "honesty", "instruction_following", "truthfulness"]
+ONE_ROW_PER_GROUP = True  # a repeated prompt is a reject: no row merges into another's group
 DEFAULTS: dict[str, Any] = {"mapping": {"text": "instruction", "responses": "completions"},
                             "text_key": "response", "scores": ASPECTS, "kind": "llm_judge"}
 
@@ -72,4 +73,4 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
     """Rows -> groups with one (partial where "N/A") ranking per score field, and rejects."""
-    return read_groups(rows, ctx, _row, merge=False)
+    return read_groups(rows, ctx, _row, merge=not ONE_ROW_PER_GROUP)

@@ -23,6 +23,7 @@ from grouppref.readers import lines
 from grouppref.runs.store import RunStore
 from tests.support.equivalence import hostile_files
 from tests.support.paths import REPO
+from tests.support.stage_files import assert_same_stage
 
 QUESTION = "\n\nHuman: {}\n\nAssistant:"
 
@@ -168,13 +169,4 @@ def test_the_stage_writes_the_same_bytes_in_ranges(files: dict[str, tuple[Path, 
         run_import(store, ImportConfig(source=str(path), layout="nectar", workers=workers,
                                        shard_size=4))
         runs[workers] = store.stage_dir(STAGE)
-    one, three = runs[1], runs[3]
-    names = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
-    assert names == sorted(p.relative_to(three) for p in three.rglob("*") if p.is_file())
-    for name in names:
-        if name.name != "manifest.json":
-            assert (one / name).read_bytes() == (three / name).read_bytes(), name
-    manifests = [json.loads((d / "manifest.json").read_text(encoding="utf-8"))
-                 for d in (one, three)]
-    for key in ("counts", "stats", "output_fingerprint", "config_hash"):
-        assert manifests[0][key] == manifests[1][key]
+    assert_same_stage(runs[1], runs[3])
