@@ -53,6 +53,11 @@ class Manifest(BaseModel):
     inputs: dict[str, str] = Field(default_factory=dict, description="Stages of the run this "
                                    "stage read -> their output fingerprint when it ran.")
     output_fingerprint: str | None = None
+    data_hash: Literal["stream", "files"] = Field(
+        default="stream", description="How output_fingerprint hashes data/: 'files' "
+        "(fingerprint_folder: each file's sha256, hashed on every core), or 'stream' "
+        "(fingerprint_file: one stream, as stages wrote before 'files'; kept so that their "
+        "runs still check).")
     outputs: dict[str, str] = Field(default_factory=dict, description="Non-record outputs: "
                                     "name -> location (a model folder, an export, a dataset).")
     record_type: str | None = None

@@ -15,11 +15,15 @@ import os
 import signal
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
+from typing import Protocol, TypeVar
 
 MAX_WORKERS = 8
+
+A = TypeVar("A")
+B = TypeVar("B")
 
 
 def default_workers() -> int:
@@ -58,3 +62,22 @@ def forked_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                              initializer=_start_worker, initargs=(os.getpid(),)) as pool:
         yield pool
+
+
+class MapFn(Protocol):
+    """``map(fn, items)``: ``fn`` of each item, in the items' order (the builtin, or a pool's
+    ``map``, whose ``fn`` must be a module-level function and whose items and results are
+    pickled: numpy arrays, not tensors)."""
+
+    def __call__(self, fn: Callable[[A], B], items: Iterable[A], /) -> Iterator[B]: ...
+
+
+@contextmanager
+def process_map(workers: int) -> Iterator[MapFn]:
+    """A :class:`MapFn` run by ``workers`` forked processes (:func:`forked_pool`, started by
+    the first call), or the builtin ``map`` in this process when ``workers`` is below 2."""
+    if workers < 2:
+        yield map
+        return
+    with forked_pool(workers) as pool:
+        yield pool.map

@@ -141,14 +141,24 @@ class StageRun(Generic[R]):
     def write_table(self, shard: Shard[Any], table: pa.Table, rejects: Sequence[Reject]) -> None:
         """:meth:`write_shard` for records already in Arrow form (rows :func:`to_row` would
         give, e.g. rows read back from another stage that a check proved valid)."""
+        self.commit_shard(shard, self.shard_files(shard, table, rejects))
+
+    def shard_files(self, shard: Shard[Any], table: pa.Table, rejects: Sequence[Reject]) -> Path:
+        """The first half of :meth:`write_table`, which another process of the stage may do:
+        write the shard's rejects, and its rows to a temporary file (returned) that
+        :meth:`commit_shard` makes the shard."""
         path = self._shard_path(shard.index)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_rejects(path.with_suffix(".rejects.jsonl"), rejects)
         schema = self._schema()
-        table = table.select(schema.names).cast(schema)
         tmp = path.with_name(path.name + ".tmp")
-        write_shard_file(table, tmp)
-        os.replace(tmp, path)  # the shard counts as done only from here on
+        write_shard_file(table.select(schema.names).cast(schema), tmp)
+        return tmp
+
+    def commit_shard(self, shard: Shard[Any], tmp: Path) -> None:
+        """The shard's file written by :meth:`shard_files` becomes the shard (done from here
+        on, on resume too), and the manifest records the time spent."""
+        os.replace(tmp, self._shard_path(shard.index))
         elapsed = self._seconds_before + time.perf_counter() - self._t0
         self.manifest = self.manifest.model_copy(update={"seconds": round(elapsed, 3)})
         self.store.write_manifest(self.manifest)  # a resumed run adds to this time

@@ -42,6 +42,7 @@ from grouppref.runs.hashing import (
     canonical_json,
     config_hash,
     fingerprint_file,
+    fingerprint_folder,
     fingerprint_inputs,
     sha256_text,
 )
@@ -161,7 +162,8 @@ class RunStore:
         non-record outputs (a model, an export) also its settings, input and locations, since
         the same records can give another model."""
         data = self.stage_dir(manifest.stage) / DATA
-        content = fingerprint_file(data) if data.is_dir() else ""
+        hashed = fingerprint_folder if manifest.data_hash == "files" else fingerprint_file
+        content = hashed(data) if data.is_dir() else ""
         if not manifest.outputs:
             return content
         return sha256_text(canonical_json({
@@ -264,7 +266,7 @@ class RunStore:
             stage=stage, run=self.name, status="running", stage_version=stage_version,
             config=config.model_dump(mode="json") if isinstance(config, BaseModel) else config,
             config_hash=chash, input_fingerprint=fingerprint, inputs=read,
-            record_type=record_type.__name__ if record_type else None,
+            record_type=record_type.__name__ if record_type else None, data_hash="files",
             started_at=resumed.started_at if resumed is not None else now(),
             seconds=resumed.seconds if resumed is not None else None,
             versions=package_versions())

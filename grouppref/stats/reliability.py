@@ -56,8 +56,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from grouppref.runs.processes import MapFn
 from grouppref.stats import bt, noise, rankstats
 
 UNMARKED, UNIFORM, TARGETED = 0, 1, 2  # how a ranking's group was chosen (``design`` codes)
@@ -178,17 +180,38 @@ def loo_concordance(ranks: torch.Tensor, slot_w: torch.Tensor, alpha: float, max
     return torch.where(slot, c, 0), torch.where(slot, d, 0)
 
 
+# one batch's leave-one-out problem: ranks (b, A, K), slot weights (b, A), alpha, max_iter,
+# tie_tol; numpy arrays, so that another process can be handed it
+LooBatch = tuple[np.ndarray, np.ndarray, float, int, float]
+
+
+def loo_batch(batch: LooBatch) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`loo_concordance` of one batch, as numpy arrays (a :class:`MapFn`'s task)."""
+    ranks, slot_w, alpha, max_iter, tie_tol = batch
+    c, d = loo_concordance(torch.from_numpy(ranks), torch.from_numpy(slot_w), alpha, max_iter,
+                           tie_tol)
+    return c.numpy(), d.numpy()
+
+
 def _tau_stats(ranks: torch.Tensor, ann: torch.Tensor, annotator_w: torch.Tensor, n: int,
                alpha: float, batch_size: int, max_iter: int, tie_tol: float,
-               masks: tuple[torch.Tensor, ...]) -> list[dict[str, torch.Tensor]]:
+               masks: tuple[torch.Tensor, ...], map_batches: MapFn = map
+               ) -> list[dict[str, torch.Tensor]]:
     """Per-annotator tau against the leave-one-out consensus, once over the slots of each
-    ``(B, A)`` mask (the leave-one-out fits are shared)."""
+    ``(B, A)`` mask (the leave-one-out fits are shared). The batches' fits are made by
+    ``map_batches`` (in other processes, say) and summed in batch order."""
     keys = ("sum", "sq", "groups", "c", "d")
     accs = [{key: torch.zeros(n, dtype=bt.DTYPE) for key in keys} for _ in masks]
-    for s in range(0, ranks.shape[0], batch_size):
-        r, idx = ranks[s : s + batch_size], ann[s : s + batch_size]
+    starts = range(0, ranks.shape[0], batch_size)
+
+    def batch(s: int) -> LooBatch:
+        idx = ann[s : s + batch_size]
         slot_w = torch.where(idx >= 0, annotator_w[idx.clamp(min=0)], 0)
-        c, d = loo_concordance(r, slot_w, alpha, max_iter, tie_tol)
+        return ranks[s : s + batch_size].numpy(), slot_w.numpy(), alpha, max_iter, tie_tol
+
+    for s, (c_np, d_np) in zip(starts, map_batches(loo_batch, map(batch, starts)), strict=True):
+        idx = ann[s : s + batch_size]
+        c, d = torch.from_numpy(c_np), torch.from_numpy(d_np)
         comparable = (idx >= 0) & (c + d > 0)
         tau = torch.where(comparable, (c - d) / (c + d).clamp(min=1), 0)
         for acc, mask in zip(accs, masks, strict=True):
@@ -285,7 +308,7 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
                          alpha: float, iterations: int, min_groups: int, unreliable_tau: float,
                          z: float, drop: bool, batch_size: int, max_iter: int,
                          tie_tol: float, design: torch.Tensor | None = None,
-                         weight: str = "tau") -> Reliability:
+                         weight: str = "tau", map_batches: MapFn = map) -> Reliability:
     """Iterate consensus -> tau -> weights, then estimate flip rates.
 
     Args:
@@ -299,6 +322,9 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
             of its votes against the leave-one-out consensus, on the same groups as tau).
         alpha, iterations, min_groups, unreliable_tau, z, drop, batch_size, max_iter, tie_tol:
             the :class:`~grouppref.pipeline.aggregate.config.AggregateConfig` settings.
+        map_batches (MapFn): what makes the leave-one-out fits of the batches (the builtin
+            ``map``, or processes': :func:`~grouppref.runs.processes.process_map`); the
+            result is the same.
 
     Returns:
         Reliability: per-annotator tensors.
@@ -319,7 +345,7 @@ def estimate_reliability(ranks: torch.Tensor, ann: torch.Tensor, kind_w: torch.T
     unreliable = torch.zeros(n, dtype=torch.bool)
     for _ in range(max(iterations, 1)):  # one pass even without weighting: tau is reported
         every, audit = _tau_stats(ranks, ann, annotator_w, n, alpha, batch_size, max_iter,
-                                  tie_tol, (slots, count))
+                                  tie_tol, (slots, count), map_batches)
         audit_only = targeted & (audit["groups"] >= min_groups)  # else: all groups, as before
         st = {key: torch.where(audit_only, audit[key], every[key]) for key in every}
         enough = st["groups"] >= min_groups

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from grouppref.pipeline.aggregate import config as aggregate_config
 from grouppref.pipeline.aggregate.config import AggregateConfig
 from grouppref.pipeline.aggregate.core import aggregate_groups
 from grouppref.pipeline.aggregate.stage import run_aggregate
@@ -27,6 +28,7 @@ from grouppref.schemas import AnnotatedGroup, Annotator, Ranking
 from grouppref.schemas.arrow import arrow_table, table_rows, to_row
 from tests.support.factories import make_group
 from tests.support.simulate import write_stage
+from tests.support.stage_files import assert_same_stage
 
 PANEL = ("h0", "h1", "h2", "rev")  # rev ranks every group backwards: unreliable
 
@@ -112,6 +114,27 @@ def test_stored_rows_give_what_the_records_give(tmp_path: Path, name: str) -> No
                "no ranking flagged, nobody dropped": {"no_rankings", "disconnected"}}
     assert reached[name] <= flags
     assert want.rejects or name == "no ranking flagged, nobody dropped"
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_stage_writes_the_same_bytes_with_its_fits_and_shards_in_processes(
+        tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of 7 groups (the leave-one-out fits of every reliability round and the final
+    fits) and shards of 9 made in 3 processes give the bytes of one process."""
+    monkeypatch.setattr(aggregate_config, "PARALLEL_GROUPS", 1)
+    groups = _corpus()
+    written = {}
+    for workers in (1, 3):
+        store = RunStore(tmp_path / f"w{workers}" / "run")
+        write_stage(store, "rank", groups)
+        config = CONFIGS[name].model_copy(update={"batch_size": 7, "shard_size": 9,
+                                                  "workers": workers})
+        written[workers] = run_aggregate(store, config, StageContext()).dir
+    assert (written[1] / "rejects.jsonl").stat().st_size or name == CONFIGS_WITHOUT_REJECTS
+    assert_same_stage(written[1], written[3], folders=(b"/w1/", b"/w3/"))
+
+
+CONFIGS_WITHOUT_REJECTS = "no ranking flagged, nobody dropped"
 
 
 def test_data_edited_after_writing_is_validated_again(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from grouppref.errors import StageError
-from grouppref.runs.hashing import fingerprint_file
+from grouppref.runs.hashing import fingerprint_file, fingerprint_folder
 from grouppref.runs.store import RunStore
 from grouppref.schemas import CandidateGroup, Reject
 from tests.support.cli import grouppref_here
@@ -117,8 +117,25 @@ def test_manifest_records_what_ran(tmp_path: Path) -> None:
     assert m.counts.inputs == 2 and m.counts.outputs == 2 and m.counts.rejected == 0
     assert m.seconds is not None and m.finished_at is not None and m.stats == {"note": "x"}
     assert {"python", "grouppref", "pydantic", "datasets"} <= set(m.versions)
-    assert m.output_fingerprint == fingerprint_file(store.stage_dir("s") / "data")
+    assert m.output_fingerprint == fingerprint_folder(store.stage_dir("s") / "data")
     assert not (store.stage_dir("s") / "shards").exists()
+
+
+def test_a_stage_hashed_as_one_stream_before_still_checks_intact(tmp_path: Path) -> None:
+    """A manifest written before ``data_hash`` (its data hashed as one stream) is checked
+    with that hash: the stage stays intact, and an edit of its data is still seen."""
+    store = RunStore(tmp_path / "run")
+    _write_stage(store, {"a": 1})
+    data = store.stage_dir("s") / "data"
+    path = store.stage_dir("s") / "manifest.json"
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    assert manifest.pop("data_hash") == "files" and store.intact("s")
+    manifest["output_fingerprint"] = fingerprint_file(data)
+    path.write_text(json.dumps(manifest), encoding="utf-8")
+    assert fingerprint_file(data) != fingerprint_folder(data) and store.intact("s")
+    shard = sorted(data.glob("*.arrow"))[0]
+    shard.write_bytes(shard.read_bytes() + b"\0")
+    assert not store.intact("s")
 
 
 def test_counts_that_do_not_add_up_are_refused(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from grouppref.runs.processes import workers_for
 from grouppref.runs.stage import StageSpec
 from grouppref.schemas.records import AnnotatorKind
 
@@ -21,6 +22,7 @@ TARGETED_SELECTIONS = ("uncertain",)  # chosen by the automatic rankings' uncert
 
 
 INPUT_STAGES = ("label", "simulate", "rank", "import")
+PARALLEL_GROUPS = 20_000  # the fewest groups worth fitting and writing in other processes
 
 
 Action = Literal["off", "flag", "drop"]
@@ -104,6 +106,10 @@ class AggregateConfig(BaseModel):
     batch_size: int = Field(default=4096, ge=1, description="Groups fitted together per batch.")
     max_iter: int = Field(default=100, ge=1, description="Newton iterations per fit.")
     shard_size: int = Field(default=5000, ge=1, description="Groups per resumable shard.")
+    workers: int = Field(default=0, ge=0, le=64, exclude=True, description="Processes that "
+                         "fit and write a large input's groups (20,000 or more), a batch or a "
+                         "shard each (0: one per CPU core, at most 8; 1: one process). The "
+                         "result is the same for any number.")
 
     @field_validator("kind_weights")
     @classmethod
@@ -112,6 +118,13 @@ class AggregateConfig(BaseModel):
         if bad:
             raise ValueError(f"kind weights must be >= 0, got {bad}")
         return {**_default_kind_weights(), **v}
+
+
+def workers_of(config: AggregateConfig, groups: int, tasks: int) -> int:
+    """Processes for ``tasks`` batches (or shards) of an input of ``groups`` groups: as
+    ``config.workers`` asks (:func:`~grouppref.runs.processes.workers_for`) from
+    :data:`PARALLEL_GROUPS` groups on, else 1."""
+    return workers_for(config.workers, tasks) if groups >= PARALLEL_GROUPS else 1
 
 
 def _reads(config: AggregateConfig) -> tuple[str, ...]:

@@ -9,7 +9,9 @@ call it, or its steps when they write shard by shard or read the fit itself:
 1. :func:`collect_groups` (typed groups) or :func:`parse_rows` (raw rows, salvaged) ->
    :class:`ParsedInput`;
 2. :func:`fit_parsed`: annotator reliability, the weighted per-group Bradley-Terry fit and
-   the noise rules' decisions, for all groups at once -> :class:`Aggregation`;
+   the noise rules' decisions, for all groups at once -> :class:`Aggregation` (the fits of
+   a large input, :data:`~.config.PARALLEL_GROUPS` groups or more, batch by batch in
+   ``config.workers`` forked processes: the same result);
 3. :func:`outcomes`: each group as a ``ValidatedGroup`` or a row ``Reject``;
 4. :func:`report_of`: the :class:`~grouppref.schemas.reports.AggregateReport`.
 
@@ -27,8 +29,8 @@ from typing import Literal
 import torch
 
 from grouppref.errors import ConfigError
-from grouppref.pipeline.aggregate.config import STAGE, AggregateConfig
-from grouppref.pipeline.aggregate.fit import BTFit, fit_groups, resolve_targets, with_targets
+from grouppref.pipeline.aggregate.config import STAGE, AggregateConfig, workers_of
+from grouppref.pipeline.aggregate.fit import BTFit, fit_groups, fit_in_batches, resolve_targets
 from grouppref.pipeline.aggregate.outcome import (
     Decisions,
     build_report,
@@ -43,6 +45,7 @@ from grouppref.pipeline.aggregate.parse import (
     encode_rankings,
     parse_rows,
 )
+from grouppref.runs.processes import process_map
 from grouppref.schemas import AnnotatedGroup, Reject, ValidatedGroup
 from grouppref.schemas.reports import AggregateReport
 from grouppref.stats import bt
@@ -97,18 +100,20 @@ def fit_parsed(parsed: ParsedInput, config: AggregateConfig) -> Aggregation:
     """
     ranks, ann, valid = encode_rankings(parsed)
     design = encode_design(parsed) if config.reliability_groups == "auto" else None
-    with bt.torch_threads(1):  # many tiny problems: threads only add contention
+    workers = workers_of(config, ranks.shape[0], -(-ranks.shape[0] // config.batch_size))
+    # many tiny problems: threads only add contention (and the processes are forked after this)
+    with bt.torch_threads(1), process_map(workers) as map_batches:
         rel = estimate_reliability(
             ranks, ann, _kind_weights(parsed, config), alpha=config.prior_strength,
             iterations=config.reliability_iterations, min_groups=config.min_groups_for_reliability,
             unreliable_tau=config.unreliable_tau, z=config.unreliable_z,
             drop=config.drop_unreliable, batch_size=config.batch_size, max_iter=config.max_iter,
-            tie_tol=config.tie_tolerance, design=design, weight=config.reliability_weight)
+            tie_tol=config.tie_tolerance, design=design, weight=config.reliability_weight,
+            map_batches=map_batches)
         slot_w = slot_weights(ann, rel.annotator_weight)
         targets = resolve_targets(config, noise_rate(rel))
-        fit = with_targets(fit_groups(ranks, slot_w, valid, config), targets)
-    fit_np = fit.numpy()
-    return Aggregation(rel=rel, fit=fit_np, dec=decide(ann, rel, fit_np, config), targets=targets)
+        fit = fit_in_batches(ranks, slot_w, valid, config, targets, map_batches)
+    return Aggregation(rel=rel, fit=fit, dec=decide(ann, rel, fit, config), targets=targets)
 
 
 def outcomes(parsed: ParsedInput, agg: Aggregation, config: AggregateConfig,

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from grouppref.pipeline.aggregate.config import AggregateConfig
+from grouppref.runs.processes import MapFn
 from grouppref.stats import bt, rankstats
 from grouppref.stats.reliability import fit_batches
 
@@ -65,6 +67,42 @@ def fit_groups(ranks: torch.Tensor, slot_w: torch.Tensor, valid: torch.Tensor,
         cycle=rankstats.majority_cycles(wins),
         tau=torch.where(used, rankstats.kendall_tau(ranks, tiers[:, None, :]), float("nan")),
         conc=torch.where(used, conc, 0), disc=torch.where(used, disc, 0))
+
+
+# one batch of groups to fit: ranks (b, A, K), slot weights (b, A), valid (b, K), the
+# settings and the pair targets; numpy arrays, so that another process can be handed it
+FitBatch = tuple[np.ndarray, np.ndarray, np.ndarray, AggregateConfig, Literal["soft", "hard"]]
+
+
+def fit_batch(batch: FitBatch) -> BTFit:
+    """:func:`fit_groups` of one batch with ``targets`` (:func:`with_targets`), as numpy
+    arrays (:meth:`BTFit.numpy`; a :class:`~grouppref.runs.processes.MapFn`'s task)."""
+    ranks, slot_w, valid, config, targets = batch
+    fit = fit_groups(torch.from_numpy(ranks), torch.from_numpy(slot_w), torch.from_numpy(valid),
+                     config)
+    return with_targets(fit, targets).numpy()
+
+
+def fit_in_batches(ranks: torch.Tensor, slot_w: torch.Tensor, valid: torch.Tensor,
+                   config: AggregateConfig, targets: Literal["soft", "hard"],
+                   map_batches: MapFn = map) -> BTFit:
+    """:func:`fit_groups` with ``targets``, as numpy arrays, made batch by batch
+    (``config.batch_size`` groups) by ``map_batches`` (in other processes, say) and joined in
+    batch order. A group's fit depends on its batch alone (the Newton iterations run until
+    the whole batch converges), and the batches are those :func:`fit_groups` makes, so the
+    result is the same as one :func:`fit_groups` over every group."""
+    bs = config.batch_size
+    starts = range(0, ranks.shape[0], bs)
+    if not starts:
+        return with_targets(fit_groups(ranks, slot_w, valid, config), targets).numpy()
+
+    def batch(s: int) -> FitBatch:
+        return (ranks[s : s + bs].numpy(), slot_w[s : s + bs].numpy(), valid[s : s + bs].numpy(),
+                config, targets)
+
+    parts = list(map_batches(fit_batch, map(batch, starts)))
+    return BTFit(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
+                    for f in fields(BTFit)})
 
 
 def resolve_targets(config: AggregateConfig, noise: float | None) -> Literal["soft", "hard"]:

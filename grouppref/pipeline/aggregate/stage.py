@@ -15,15 +15,23 @@ default) picks hard ones above ``hard_targets_above`` estimated noise (docs/evid
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from grouppref.errors import StageError
-from grouppref.pipeline.aggregate.config import INPUT_STAGES, STAGE, STAGE_VERSION, AggregateConfig
+from grouppref.pipeline.aggregate.config import (
+    INPUT_STAGES,
+    STAGE,
+    STAGE_VERSION,
+    AggregateConfig,
+    workers_of,
+)
 from grouppref.pipeline.aggregate.core import (
+    Aggregation,
     ParsedInput,
     check_kind_weights,
     collect_groups,
@@ -32,11 +40,17 @@ from grouppref.pipeline.aggregate.core import (
     parse_rows,
     report_of,
 )
-from grouppref.pipeline.aggregate.stored import annotated, stored_input, stored_outcomes
+from grouppref.pipeline.aggregate.stored import (
+    StoredWrite,
+    annotated,
+    stored_input,
+    written_shards,
+)
 from grouppref.readers.published import annotated_rows, open_published
 from grouppref.runs.collector import cycle_collection_paused
 from grouppref.runs.progress import stage_progress
 from grouppref.runs.stage import StageContext
+from grouppref.runs.stage_run import Shard
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject, ValidatedGroup
 from grouppref.schemas.arrow import (
@@ -166,16 +180,11 @@ def _aggregate(store: RunStore, stage: StageRun[ValidatedGroup], got: _Input,
     stage.add_rejects("input", got.rejects + parsed.rejects)
     agg = fit_parsed(parsed, config)
     indices = list(range(len(parsed.groups)))
-    with stage_progress() as bar:
+    shards = list(stage.pending_shards(indices, shard_size=config.shard_size))
+    with _written(stage, read, agg, config, shards) as written, stage_progress() as bar:
         task = bar.add_task(STAGE, total=len(indices), unit="groups",
                             completed=stage.done_items(indices, config.shard_size))
-        for shard in stage.pending_shards(indices, shard_size=config.shard_size):
-            if read.table is not None:
-                kept, dropped = stored_outcomes(parsed, read.table, agg.fit, agg.dec, config,
-                                                shard.items, STAGE)
-                stage.write_table(shard, kept, dropped)
-            else:
-                stage.write_shard(shard, *outcomes(parsed, agg, config, shard.items))
+        for shard in written:
             bar.advance(task, len(shard.items))
     report = report_of(parsed, agg, config, got.source)
     done = stage.finish(inputs=parsed.inputs + len(got.rejects),
@@ -183,6 +192,24 @@ def _aggregate(store: RunStore, stage: StageRun[ValidatedGroup], got: _Input,
     report.counts = done.counts.model_dump()
     (done.dir / REPORT).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return done
+
+
+@contextmanager
+def _written(stage: StageRun[ValidatedGroup], read: _Read, agg: Aggregation,
+             config: AggregateConfig, shards: list[Shard[int]]) -> Iterator[Iterator[Shard[int]]]:
+    """The pending ``shards``, each written as the caller takes it: from the stored rows
+    (:func:`written_shards`, in ``config.workers`` processes for a large input) or from the
+    records."""
+    if read.table is None:
+        def from_records(shard: Shard[int]) -> Shard[int]:
+            stage.write_shard(shard, *outcomes(read.parsed, agg, config, shard.items))
+            return shard
+        yield map(from_records, shards)
+        return
+    workers = workers_of(config, len(read.parsed.groups), len(shards))
+    stored = StoredWrite(stage, read.parsed, read.table, agg.fit, agg.dec, config)
+    with written_shards(stored, shards, workers) as written:
+        yield written
 
 
 def read_report(store: RunStore) -> AggregateReport:

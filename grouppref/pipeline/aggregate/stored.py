@@ -24,7 +24,10 @@ validation names it). ``tests/integration/test_data_equivalence.py``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, overload
 
 import numpy as np
@@ -42,6 +45,8 @@ from grouppref.pipeline.aggregate.outcome import (
     validated_group,
 )
 from grouppref.pipeline.aggregate.parse import Encoded, ParsedInput
+from grouppref.runs.processes import process_map
+from grouppref.runs.stage_run import Shard, StageRun
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject, ValidatedGroup
 from grouppref.schemas.arrow import (
     arrow_schema_for,
@@ -176,3 +181,52 @@ def stored_outcomes(parsed: ParsedInput, table: pa.Table, fit: BTFit, dec: Decis
             return to_row(validated_group(parsed, b, fit, dec.used, group_flags(b, dec, config)))
         out = with_records(out, ~holds, row_of)
     return out.combine_chunks(), rejects
+
+
+@dataclass(frozen=True)
+class StoredWrite:
+    """What writes a shard of the aggregate stage from its input's stored rows
+    (:func:`stored_outcomes`): the stage, the input and its fit."""
+
+    stage: StageRun[ValidatedGroup]
+    parsed: ParsedInput
+    table: pa.Table
+    fit: BTFit
+    dec: Decisions
+    config: AggregateConfig
+
+    def files(self, shard: Shard[int]) -> Path:
+        """The shard's rejects and rows written (:meth:`StageRun.shard_files`), not yet
+        committed; the temporary file of its rows."""
+        kept, dropped = stored_outcomes(self.parsed, self.table, self.fit, self.dec, self.config,
+                                        shard.items, self.stage.name)
+        return self.stage.shard_files(shard, kept, dropped)
+
+
+_SHARED: StoredWrite | None = None  # what the forked processes write from
+
+
+def _shared_files(shard: Shard[int]) -> Path:
+    assert _SHARED is not None
+    return _SHARED.files(shard)
+
+
+@contextmanager
+def written_shards(write: StoredWrite, shards: Sequence[Shard[int]], workers: int
+                   ) -> Iterator[Iterator[Shard[int]]]:
+    """``shards``, each committed as the caller takes it, in order; their files made in this
+    process, or by ``workers`` forked processes (2 or more: started on entering, before the
+    caller shows progress; they share the memory-mapped input and the fit)."""
+    global _SHARED
+    _SHARED = write
+    try:
+        with process_map(workers) as map_shards:
+            made = zip(shards, map_shards(_shared_files, shards), strict=True)
+            yield (_committed(write.stage, shard, tmp) for shard, tmp in made)
+    finally:
+        _SHARED = None
+
+
+def _committed(stage: StageRun[ValidatedGroup], shard: Shard[int], tmp: Path) -> Shard[int]:
+    stage.commit_shard(shard, tmp)
+    return shard
