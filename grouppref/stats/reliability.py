@@ -170,11 +170,14 @@ def loo_concordance(ranks: torch.Tensor, slot_w: torch.Tensor, alpha: float, max
     wins = torch.einsum("ba,baij->bij", slot_w, votes)
     loo = (wins[:, None] - slot_w[..., None, None] * votes).clamp(min=0)  # (B, A, K, K)
     slot = (ranks >= 0).any(-1)  # (B, A)
-    theta = torch.zeros(b, a, k, dtype=bt.DTYPE)
-    theta[slot] = bt.map_pairwise(loo[slot], alpha, max_iter=max_iter)
     # the leave-one-out consensus orders only candidates the other rankings compared (a
     # candidate only this ranking names, e.g. in a partial ranking, has no place in it)
     valid = ((loo + loo.transpose(-1, -2)) > 0).any(-1)  # (B, A, K)
+    # a ranking whose group has no other (weighted) vote has no consensus: nothing to fit,
+    # and no candidate of it is ordered, whatever theta holds (the fit of no votes is 0)
+    fitted = slot & valid.any(-1)
+    theta = torch.zeros(b, a, k, dtype=bt.DTYPE)
+    theta[fitted] = bt.map_pairwise(loo[fitted], alpha, max_iter=max_iter)
     cons = rankstats.tiers_strengths(theta.reshape(b * a, k), valid.reshape(b * a, k), tie_tol)
     c, d = rankstats.concordance(ranks, cons.reshape(b, a, k))
     return torch.where(slot, c, 0), torch.where(slot, d, 0)
