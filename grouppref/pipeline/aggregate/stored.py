@@ -13,6 +13,10 @@ input's group columns taken as they are (texts, metadata as their JSON text), th
 columns built for the whole shard from the fit's arrays (:mod:`.columns`). The validate stage
 after it checks every row in full, as it always does.
 
+For a large input the shards are written by forked processes (:func:`written_shards`: each
+makes a shard's table and files; the stage commits them in order), which share the
+memory-mapped input and the fit.
+
 Anything else goes through the records as before (validated, salvaged row by row): data
 edited after it was written, a repeated group id (merged or rejected by
 :func:`~.parse.collect_groups`), a row that breaks what the encoding relies on, a group a rule
