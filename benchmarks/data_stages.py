@@ -105,6 +105,7 @@ class Timed:
     cpu_seconds: float = 0.0  # user + system time of the child (all its threads)
     peak_anon_mb: float = 0.0  # largest RssAnon seen (sampled, its processes summed)
     peak_sum_rss_mb: float = 0.0  # largest RSS seen (sampled, its processes summed)
+    peak_pss_anon_mb: float = 0.0  # largest Pss_Anon seen (sampled, its processes summed)
 
 
 def _tree(pid: int) -> list[int]:
@@ -121,11 +122,13 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def _memory_mb(pid: int) -> tuple[float, float]:
-    """``(RSS, RssAnon)`` of ``pid`` and the processes under it, summed (Linux ``/proc``):
-    resident memory, and the part of it that no file backs (heap, Python objects, Arrow
-    buffers built), as against memory-mapped file pages."""
-    rss = anon = 0.0
+def _memory_mb(pid: int) -> tuple[float, float, float]:
+    """``(RSS, RssAnon, Pss_Anon)`` of ``pid`` and the processes under it, summed (Linux
+    ``/proc``): resident memory; the part of it that no file backs (heap, Python objects,
+    Arrow buffers built), as against memory-mapped file pages; and that part with each page
+    shared by forked processes (copy-on-write, not yet written) counted once over them,
+    where RssAnon counts it in each."""
+    rss = anon = pss_anon = 0.0
     for p in _tree(pid):
         try:
             with open(f"/proc/{p}/status", encoding="ascii") as fh:
@@ -134,9 +137,13 @@ def _memory_mb(pid: int) -> tuple[float, float]:
                         rss += int(line.split()[1]) / 1024
                     elif line.startswith("RssAnon:"):
                         anon += int(line.split()[1]) / 1024
+            with open(f"/proc/{p}/smaps_rollup", encoding="ascii") as fh:
+                for line in fh:
+                    if line.startswith("Pss_Anon:"):
+                        pss_anon += int(line.split()[1]) / 1024
         except OSError:
             pass
-    return rss, anon
+    return rss, anon, pss_anon
 
 
 def run_child(name: str, argv: list[str], cwd: Path, run: Path | None = None,
@@ -146,13 +153,13 @@ def run_child(name: str, argv: list[str], cwd: Path, run: Path | None = None,
     t = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
-    rss = anon = 0.0
+    rss = anon = pss_anon = 0.0
     while True:  # sample the memory of the child and its processes until it ends
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
-        now_rss, now_anon = _memory_mb(proc.pid)
-        rss, anon = max(rss, now_rss), max(anon, now_anon)
+        now_rss, now_anon, now_pss_anon = _memory_mb(proc.pid)
+        rss, anon, pss_anon = max(rss, now_rss), max(anon, now_anon), max(pss_anon, now_pss_anon)
         time.sleep(0.05)
     seconds = time.perf_counter() - t
     out = (proc.stdout.read() if proc.stdout else b"") + (proc.stderr.read() if proc.stderr
@@ -165,7 +172,7 @@ def run_child(name: str, argv: list[str], cwd: Path, run: Path | None = None,
         manifest = json.loads((run / stage / "manifest.json").read_text(encoding="utf-8"))
         stage_seconds = manifest.get("seconds")
     return Timed(name, seconds, usage.ru_maxrss / 1024, stage_seconds,
-                 usage.ru_utime + usage.ru_stime, anon, rss)
+                 usage.ru_utime + usage.ru_stime, anon, rss, pss_anon)
 
 
 def file_arguments(parser: argparse.ArgumentParser) -> None:
@@ -247,17 +254,18 @@ def main() -> None:
     print(f"load average (1/5/15 min) before and after each command: {' | '.join(loads)}")
     print(f"{'command':<10} {'seconds':>8} {'stage s':>8} {'groups/s':>9} {'x peer':>7} "
           f"{'cpu s':>8} {'x peer cpu':>10} {'peak RSS MB':>12} {'sum RSS MB':>11} "
-          f"{'anon MB':>8}")
+          f"{'anon MB':>8} {'anon PSS MB':>11}")
     for p in peers:
         print(f"{'peer':<10} {p.seconds:8.2f} {'':>8} {n / p.seconds:9.0f} {'':>7} "
               f"{p.cpu_seconds:8.2f} {'':>10} {p.peak_rss_mb:12.0f} {p.peak_sum_rss_mb:11.0f} "
-              f"{p.peak_anon_mb:8.0f}")
+              f"{p.peak_anon_mb:8.0f} {p.peak_pss_anon_mb:11.0f}")
     for timed, peer, peer_cpu in results:
         stage_s = f"{timed.stage_seconds:8.2f}" if timed.stage_seconds is not None else " " * 8
         print(f"{timed.name:<10} {timed.seconds:8.2f} {stage_s} {n / timed.seconds:9.0f} "
               f"{timed.seconds / peer:7.2f} {timed.cpu_seconds:8.2f} "
               f"{timed.cpu_seconds / peer_cpu:10.2f} {timed.peak_rss_mb:12.0f} "
-              f"{timed.peak_sum_rss_mb:11.0f} {timed.peak_anon_mb:8.0f}")
+              f"{timed.peak_sum_rss_mb:11.0f} {timed.peak_anon_mb:8.0f} "
+              f"{timed.peak_pss_anon_mb:11.0f}")
     wall_med = statistics.median(p.seconds for p in peers)
     cpu_med = statistics.median(p.cpu_seconds for p in peers)
     print(f"\nagainst the median peer run ({wall_med:.2f} s, {cpu_med:.2f} CPU-s; the peer's own "
@@ -270,7 +278,9 @@ def main() -> None:
           "machine stretches less than wall time; x peer cpu: the same ratio on CPU time; peak RSS: "
           "the largest of the child and the processes it waited for (os.wait4), memory-mapped file "
           "pages included; sum RSS MB: the largest sum of RSS over the child and its processes, "
-          "sampled every 50 ms; anon MB: the same for RssAnon, the memory no file backs)")
+          "sampled every 50 ms; anon MB: the same for RssAnon, the memory no file backs; anon "
+          "PSS MB: the same for Pss_Anon, which counts a page that forked processes still "
+          "share once over them, where RssAnon counts it in each)")
 
 
 def _export_stage(run: Path) -> str:

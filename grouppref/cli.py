@@ -6,28 +6,36 @@ library; this module only assembles them and turns user errors into one line and
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from grouppref.commands import (
-    aggregate,
-    core,
-    demo,
-    export,
-    generate,
-    imports,
-    label_data,
-    label_server,
-    rank,
-    run,
-    sweep,
-    train,
-    train_rm,
-)
 from grouppref.errors import GroupPrefError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+# the modules of grouppref/commands/, in the order of ``grouppref --help``, and the commands
+# each registers (tests/integration/test_cli.py holds these to what each one registers): a
+# command's run imports only its own module
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "core": ("schema", "prompts", "inspect"),
+    "generate": ("generate",),
+    "imports": ("import",),
+    "rank": ("rank",),
+    "aggregate": ("aggregate", "simulate"),
+    "export": ("validate", "export"),
+    "train": ("train", "eval"),
+    "train_rm": ("train-rm",),
+    "label_server": ("label",),
+    "sweep": ("sweep",),
+    "run": ("run", "report"),
+    "demo": ("demo",),
+}
 
 
 def _usage_name(self: typer.core.TyperArgument) -> str:
@@ -39,20 +47,43 @@ def _usage_name(self: typer.core.TyperArgument) -> str:
 
 typer.core.TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
 
-app = typer.Typer(
-    name="grouppref",
-    help="Group-wise preference data and training: generate, rank, label, aggregate, "
-    "validate, export, train (GSPO).",
-    no_args_is_help=True,
-    rich_markup_mode=None,  # plain help: never cuts option names, no <bool> metavars
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
 
-label_data.register(label_server.label_app)  # push/pull/status join serve/stop/users
-for module in (core, generate, imports, rank, aggregate, export, train, train_rm, label_server,
-               sweep, run, demo):
-    module.register(app)
+def make_app(command: str | None = None) -> typer.Typer:
+    """The ``grouppref`` app: every command, or only the module that registers ``command``
+    (one of :data:`COMMANDS`'; another name: every command, so that the help or the error
+    names them all)."""
+    app = typer.Typer(
+        name="grouppref",
+        help="Group-wise preference data and training: generate, rank, label, aggregate, "
+        "validate, export, train (GSPO).",
+        no_args_is_help=True,
+        rich_markup_mode=None,  # plain help: never cuts option names, no <bool> metavars
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+
+    @app.callback()
+    def _commands() -> None:
+        """(A group of commands even when one is registered: typer would run a lone
+        command without its name.)"""
+
+    modules = [m for m, names in COMMANDS.items() if command in names] or list(COMMANDS)
+    for module in modules:
+        importlib.import_module(f"grouppref.commands.{module}").register(app)
+    return app
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word after the program (the app's own options
+    are only ``--help``)."""
+    return argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """``grouppref.cli.app``: the app with every command (for ``typer.testing.CliRunner``)."""
+    if name == "app":
+        return make_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _quiet_libraries() -> None:
@@ -69,6 +100,7 @@ def main() -> None:
     from grouppref.runs.stage_run import record_stops
 
     _quiet_libraries()
+    app = make_app(_command_of(sys.argv))
     try:
         app()
     except KeyboardInterrupt:

@@ -1,7 +1,7 @@
 """``grouppref label serve / stop / users add``: the embedded Argilla server.
 
 ``label_app`` is the ``label`` sub-app; ``grouppref.commands.label_data`` adds ``push``,
-``pull`` and ``status`` to it (``label_data.register(label_server.label_app)``).
+``pull`` and ``status`` to it (``label_data.register(label_app)``, below, once).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Annotated, TypedDict
 
 import typer
 
+from grouppref.commands import label_data
 from grouppref.commands.options import Extra, config_command, help_of
 from grouppref.commands.output import err, out
 from grouppref.labeling.server.accounts import create_user
@@ -137,8 +138,10 @@ def users_add(
 label_app.command()(serve)
 label_app.command()(stop)
 users_app.command("add")(users_add)
+label_data.register(label_app)  # push/pull/status join serve/stop/users
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``label`` sub-app (``serve``, ``stop``, ``users add``) to ``app``."""
+    """Add the ``label`` sub-app (``serve``, ``stop``, ``users add``, ``push``, ``pull``,
+    ``status``) to ``app``."""
     app.add_typer(label_app)

@@ -88,9 +88,10 @@ def fit_in_batches(ranks: torch.Tensor, slot_w: torch.Tensor, valid: torch.Tenso
                    map_batches: MapFn = map) -> BTFit:
     """:func:`fit_groups` with ``targets``, as numpy arrays, made batch by batch
     (``config.batch_size`` groups) by ``map_batches`` (in other processes, say) and joined in
-    batch order. A group's fit depends on its batch alone (the Newton iterations run until
-    the whole batch converges), and the batches are those :func:`fit_groups` makes, so the
-    result is the same as one :func:`fit_groups` over every group."""
+    batch order. The batches are the ones :func:`fit_groups` fits over every group (its
+    Newton fits and covariances go batch by batch); only its per-group statistics after the
+    fit are now made batch by batch too, element-wise the same numbers, so the result is
+    the same (the stage's bytes: ``tests/integration/test_aggregate_stored.py``)."""
     bs = config.batch_size
     starts = range(0, ranks.shape[0], bs)
     if not starts:
