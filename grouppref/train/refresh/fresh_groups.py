@@ -49,8 +49,10 @@ from grouppref.schemas import (
 from grouppref.train.settings.policy import TrainConfig
 
 STAGE = "refresh"
-# One ranking per group is the rule here (often a single automatic ranker): not a flag.
-AGGREGATE = AggregateConfig(min_rankings=1)
+# One ranking per group is the rule here (often a single automatic ranker): not a flag. The
+# fits stay in the training process (workers=1): it may hold a GPU and run next to other ranks,
+# where forking helpers is no gain and a risk.
+AGGREGATE = AggregateConfig(min_rankings=1, workers=1)
 _SAMPLERS_NEED_WHOLE_WEIGHTS = ("FSDP", "DEEPSPEED", "MEGATRON_LM")
 
 
