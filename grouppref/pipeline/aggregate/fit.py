@@ -102,12 +102,8 @@ def fit_in_batches(ranks: torch.Tensor, slot_w: torch.Tensor, valid: torch.Tenso
                 config, targets)
 
     parts = list(map_batches(fit_batch, map(batch, starts)))
-    joined = {}
-    for f in fields(BTFit):  # each field joined, then let go of: one field held twice at most
-        joined[f.name] = np.concatenate([getattr(p, f.name) for p in parts])
-        for p in parts:
-            setattr(p, f.name, None)
-    return BTFit(**joined)
+    return BTFit(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
+                    for f in fields(BTFit)})
 
 
 def resolve_targets(config: AggregateConfig, noise: float | None) -> Literal["soft", "hard"]:
