@@ -58,6 +58,10 @@ class Manifest(BaseModel):
         "(fingerprint_folder: each file's sha256, hashed on every core), or 'stream' "
         "(fingerprint_file: one stream, as stages wrote before 'files'; kept so that their "
         "runs still check).")
+    data_files: dict[str, list[int]] = Field(
+        default_factory=dict, description="data/'s files when the stage completed: relative "
+        "name -> [size, mtime_ns]. While they are unchanged, data/ counts as the stage wrote it "
+        "without being hashed again (RunStore.intact).")
     outputs: dict[str, str] = Field(default_factory=dict, description="Non-record outputs: "
                                     "name -> location (a model folder, an export, a dataset).")
     record_type: str | None = None

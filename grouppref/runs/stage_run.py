@@ -48,6 +48,8 @@ class StageFolders(Protocol):
 
     def output_fingerprint(self, manifest: Manifest) -> str: ...
 
+    def data_files(self, stage: str) -> dict[str, list[int]]: ...
+
     def load_dataset(self, stage: str) -> datasets.Dataset: ...
 
     def load_records(self, stage: str, record_type: type[R]) -> list[R]: ...
@@ -245,6 +247,7 @@ class StageRun(Generic[R]):
             "seconds": round(self._seconds_before + time.perf_counter() - self._t0, 3),
             "stats": stats or {}})
         self.manifest.output_fingerprint = self.store.output_fingerprint(self.manifest)
+        self.manifest.data_files = self.store.data_files(self.manifest.stage)
         self.store.write_manifest(self.manifest)
         shutil.rmtree(shard_dir, ignore_errors=True)
         _UNFINISHED.pop(id(self), None)

@@ -170,12 +170,25 @@ class RunStore:
             "data": content, "outputs": manifest.outputs, "config": manifest.config_hash,
             "input": manifest.input_fingerprint}))
 
+    def data_files(self, stage: str) -> dict[str, list[int]]:
+        """The files of ``RUN/<stage>/data``: relative name -> ``[size, mtime_ns]``."""
+        data = self.stage_dir(stage) / DATA
+        if not data.is_dir():
+            return {}
+        return {str(p.relative_to(data)): [(st := p.stat()).st_size, st.st_mtime_ns]
+                for p in sorted(data.rglob("*")) if p.is_file()}
+
     def intact(self, stage: str) -> bool:
-        """Stage ``stage`` is complete and its ``data/`` is byte for byte what it wrote (its
-        output fingerprint): rows it wrote from validated records, not edited since."""
+        """Stage ``stage`` is complete and its ``data/`` is byte for byte what it wrote: rows it
+        wrote from validated records, not edited since. Its files' sizes and modification
+        times as the manifest recorded them say so without reading them (as ``git status``
+        trusts its index); else the content must give the output fingerprint again."""
         m = self.manifest(stage)
-        return (m is not None and m.status == "complete" and bool(m.output_fingerprint)
-                and self.output_fingerprint(m) == m.output_fingerprint)
+        if m is None or m.status != "complete" or not m.output_fingerprint:
+            return False
+        if m.data_files and self.data_files(stage) == m.data_files:
+            return True
+        return self.output_fingerprint(m) == m.output_fingerprint
 
     def stale_inputs(self, stage: str) -> list[str]:
         """The stages this stage read that changed (re-run with other settings or results,

@@ -130,12 +130,35 @@ def test_a_stage_hashed_as_one_stream_before_still_checks_intact(tmp_path: Path)
     path = store.stage_dir("s") / "manifest.json"
     manifest = json.loads(path.read_text(encoding="utf-8"))
     assert manifest.pop("data_hash") == "files" and store.intact("s")
+    del manifest["data_files"]  # nor did such a manifest record the files' times
     manifest["output_fingerprint"] = fingerprint_file(data)
     path.write_text(json.dumps(manifest), encoding="utf-8")
     assert fingerprint_file(data) != fingerprint_folder(data) and store.intact("s")
     shard = sorted(data.glob("*.arrow"))[0]
     shard.write_bytes(shard.read_bytes() + b"\0")
     assert not store.intact("s")
+
+
+def test_intact_trusts_unchanged_file_times_and_hashes_changed_ones(tmp_path: Path) -> None:
+    """``intact`` reads no byte while data/'s files keep the sizes and modification times the
+    manifest recorded; a file with another time is hashed: the same bytes (a copy that did
+    not keep times) are still intact, other bytes are not. An edit that keeps both the size
+    and the time is not seen, as with ``git status``'s index."""
+    store = RunStore(tmp_path / "run")
+    _write_stage(store, {"a": 1})
+    m = store.manifest("s")
+    assert m is not None and m.data_files == store.data_files("s") and store.intact("s")
+    shard = sorted((store.stage_dir("s") / "data").glob("*.arrow"))[0]
+    kept = shard.read_bytes()
+    stat = shard.stat()
+    edited = kept[:-1] + bytes([kept[-1] ^ 1])
+    shard.write_bytes(edited)
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert store.intact("s")  # size and time as recorded: trusted unread
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert not store.intact("s")  # another time: hashed, and the bytes differ
+    shard.write_bytes(kept)
+    assert store.data_files("s") != m.data_files and store.intact("s")  # same bytes, new time
 
 
 def test_counts_that_do_not_add_up_are_refused(tmp_path: Path) -> None:
