@@ -50,7 +50,7 @@ typer.core.TyperArgument._usage_display_name = _usage_name  # type: ignore[metho
 
 def make_app(command: str | None = None) -> typer.Typer:
     """The ``grouppref`` app: every command, or only the module that registers ``command``
-    (one of :data:`COMMANDS`'; another name: every command, so that the help or the error
+    (one of :data:`COMMANDS`'s; another name: every command, so that the help or the error
     names them all)."""
     app = typer.Typer(
         name="grouppref",
