@@ -10,16 +10,19 @@ the line), so a cut after a ``\\n`` is a cut between two rows.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import tempfile
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, MutableSequence, Sequence
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from grouppref.config import UTF8_BOM
 from grouppref.readers.rows import Decoding, Row, check_head, jsonl_rows
 from grouppref.runs.processes import forked_pool, workers_for
+from grouppref.runs.progress import REFRESH_PER_SECOND, bytes_progress
 from grouppref.runs.stage_run import read_shard_file
 
 if TYPE_CHECKING:
@@ -92,15 +95,28 @@ def jsonl_ranges(source: str, workers: int, range_bytes: int | None = None
     return ranges if len(ranges) > 1 else None
 
 
+# what a forked process of read_in_parts reports: the bytes of each range read so far
+# (shared memory, one slot per range, each written by its own process), a range's slot
+# found by its start
+_READ: tuple[MutableSequence[int], dict[int, int]] | None = None
+REPORT_BYTES = 1 << 20  # a process reports its progress each time it has read this much more
+
+
 def _lines(path: Path, part: LineRange) -> Iterator[bytes]:
+    done, slot = (_READ[0], _READ[1].get(part.start)) if _READ is not None else (None, None)
+    size = part.end - part.start
     with path.open("rb") as fh:
         fh.seek(part.start)
-        left = part.end - part.start
+        left = reported = size
         for raw in fh:
             if left <= 0:
-                return
+                break
             left -= len(raw)
             yield raw
+            if reported - left >= REPORT_BYTES and done is not None and slot is not None:
+                done[slot], reported = size - left, left
+    if done is not None and slot is not None:
+        done[slot] = size
 
 
 def range_rows(path: Path, part: LineRange, decoding: Decoding) -> Iterator[tuple[int, Row]]:
@@ -132,28 +148,49 @@ P = TypeVar("P", bound=PartRead)
 
 
 def read_in_parts(path: Path, ranges: Sequence[LineRange], work: Callable[[LineRange, Path], P],
-                  scratch: Path | None = None) -> list[tuple[P, pa.Table]]:
+                  scratch: Path | None = None, progress: str | None = None
+                  ) -> list[tuple[P, pa.Table]]:
     """``work(range, file)`` of each of ``ranges`` of ``path``, each in a forked process of
     its own that leaves its table in ``file`` (:func:`~grouppref.runs.stage_run.
     write_shard_file`; the files in a new folder in ``scratch``, default the system's
     temporary folder, removed before this returns): the results in range order, each with its
-    table memory-mapped back.
+    table memory-mapped back. With ``progress`` (a stage's name) a bar on stderr shows the
+    bytes the processes have read (each reports after every :data:`REPORT_BYTES`).
 
     Raises:
         InputFileError: no line of the file decodes as UTF-8 (:meth:`Decoding.check`, on
             the ranges' counts together).
     """
+    global _READ
     if scratch is not None:
         scratch.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="grouppref-parts-", dir=scratch) as folder, \
-            forked_pool(len(ranges)) as pool:
-        futures = [pool.submit(work, part, Path(os.path.join(folder, f"{i}.arrow")))
-                   for i, part in enumerate(ranges)]
-        results = [f.result() for f in futures]
+    done = multiprocessing.get_context("fork").Array("q", len(ranges), lock=False)
+    _READ = (done, {part.start: i for i, part in enumerate(ranges)})
+    try:
+        with tempfile.TemporaryDirectory(prefix="grouppref-parts-", dir=scratch) as folder, \
+                forked_pool(len(ranges)) as pool:
+            futures = [pool.submit(work, part, Path(os.path.join(folder, f"{i}.arrow")))
+                       for i, part in enumerate(ranges)]  # the processes start at the first
+            if progress is not None:
+                _follow(futures, done, sum(p.end - p.start for p in ranges), progress)
+            results = [f.result() for f in futures]
         # mapped, the tables stay readable once their files are gone
-        tables = [read_shard_file(Path(folder) / f"{i}.arrow") for i in range(len(ranges))]
+            tables = [read_shard_file(Path(folder) / f"{i}.arrow") for i in range(len(ranges))]
+    finally:
+        _READ = None
     decoding = Decoding(path)
     for result in results:
         decoding.add(result.decoding)
     decoding.check()
     return list(zip(results, tables, strict=True))
+
+
+def _follow(futures: Sequence[Future[Any]], done: Sequence[int], total: int, name: str) -> None:
+    """A bar of the bytes ``done`` of ``total`` (:func:`~grouppref.runs.progress.
+    bytes_progress`, started after the processes were forked) until every future is done."""
+    with bytes_progress() as bar:
+        task = bar.add_task(name, total=total)
+        pending: Collection[Future[Any]] = futures
+        while pending:
+            pending = wait(pending, timeout=1 / REFRESH_PER_SECOND).not_done
+            bar.update(task, completed=sum(done))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import (
     BarColumn,
+    DownloadColumn,
     MofNCompleteColumn,
     Progress,
     ProgressColumn,
@@ -14,6 +15,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
+    TransferSpeedColumn,
 )
 from rich.text import Text
 
@@ -73,5 +75,20 @@ def stage_progress(console: Console | None = None, disable: bool = False) -> Pro
         # rich redraws 10 times a second by default: ~27 ms of CPU per second on a terminal,
         # taken from an inference server sharing the cores (docs/benchmarks.md, generate
         # through a server); twice a second is enough for stages that take minutes
+        refresh_per_second=REFRESH_PER_SECOND,
+    )
+
+
+def bytes_progress(console: Console | None = None) -> Progress:
+    """:func:`stage_progress` for a file read by its bytes (a large file read in parts): bytes
+    read of the total (``12.5/260.1 MB``), their rate, elapsed and remaining time."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console or stderr_console(),
         refresh_per_second=REFRESH_PER_SECOND,
     )

@@ -104,15 +104,16 @@ def _read_part(config: ImportConfig, layout: str, stage: str, part: LineRange,
 def read_parallel(config: ImportConfig, layout: str, stage: str,
                   ranges: Sequence[LineRange], scratch: Path | None = None) -> Imported | None:
     """``config.source`` read by ``layout``, its ``ranges`` each in a process of its own
-    (:func:`~grouppref.readers.lines.read_in_parts`, its files in ``scratch``); ``None``: the
-    rows could not be put together as one read gives them (read the file in one).
+    (:func:`~grouppref.readers.lines.read_in_parts`, its files in ``scratch``, a bar of the
+    bytes read on stderr); ``None``: the rows could not be put together as one read gives
+    them (read the file in one).
 
     Raises:
         InputFileError: no line of the file decodes as UTF-8.
     """
     source = str(config.source)
     got = read_in_parts(Path(source), ranges, partial(_read_part, config, layout, stage),
-                        scratch)
+                        scratch, progress=stage)
     return _join(context(config, layout, source, stage), [p for p, _ in got],
                  [t for _, t in got])
 

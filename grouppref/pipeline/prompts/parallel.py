@@ -91,7 +91,8 @@ def _read_part(config: PromptsConfig, part: LineRange, file: Path) -> _Part:
 def read_parallel(config: PromptsConfig, ranges: Sequence[LineRange], scratch: Path
                   ) -> PromptsRead:
     """The prompts of ``config.source``, its ``ranges`` each read in a process of its own
-    (:func:`~grouppref.readers.lines.read_in_parts`, its files in ``scratch``).
+    (:func:`~grouppref.readers.lines.read_in_parts`, its files in ``scratch``, a bar of the
+    bytes read on stderr).
 
     Raises:
         InputFileError: no line of the file decodes as UTF-8, or the file holds no rows.
@@ -99,7 +100,8 @@ def read_parallel(config: PromptsConfig, ranges: Sequence[LineRange], scratch: P
     import pyarrow as pa
 
     source = str(config.source)
-    got = read_in_parts(Path(source), ranges, partial(_read_part, config), scratch)
+    got = read_in_parts(Path(source), ranges, partial(_read_part, config), scratch,
+                        progress="prompts")
     parts = [p for p, _ in got]
     counts: ReadResult[None] = ReadResult(source=source, items=[])
     for p in parts:

@@ -170,3 +170,28 @@ def test_the_stage_writes_the_same_bytes_in_ranges(files: dict[str, tuple[Path, 
                                        shard_size=4))
         runs[workers] = store.stage_dir(STAGE)
     assert_same_stage(runs[1], runs[3])
+
+
+def test_the_ranges_report_the_bytes_they_read(files: dict[str, tuple[Path, str]],
+                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Each process reports its range's bytes as it reads (here after every 64 bytes) and at
+    its end; the stage's bar, printed once where stderr is not a terminal, ends at the whole
+    file."""
+    path, _ = files["repeated"]
+    monkeypatch.setattr(lines, "RANGE_BYTES", 1)
+    monkeypatch.setattr(lines, "REPORT_BYTES", 64)
+    seen: list[int] = []
+    follow = lines._follow
+
+    def spy(futures: Any, done: Any, total: int, name: str) -> None:
+        follow(futures, done, total, name)
+        seen.extend([total, sum(done)])
+
+    monkeypatch.setattr(lines, "_follow", spy)
+    run_import(RunStore(tmp_path / "run"), ImportConfig(source=str(path), layout="nectar",
+                                                         workers=3))
+    assert seen == [path.stat().st_size] * 2
+    bar = [line for line in capsys.readouterr().err.splitlines() if line.startswith(STAGE)]
+    size = f"{path.stat().st_size / 1000:.1f}/{path.stat().st_size / 1000:.1f} kB"
+    assert len(bar) == 1 and size in bar[0], bar
