@@ -170,11 +170,11 @@ def read_in_parts(path: Path, ranges: Sequence[LineRange], work: Callable[[LineR
         with tempfile.TemporaryDirectory(prefix="grouppref-parts-", dir=scratch) as folder, \
                 forked_pool(len(ranges)) as pool:
             futures = [pool.submit(work, part, Path(os.path.join(folder, f"{i}.arrow")))
-                       for i, part in enumerate(ranges)]  # the processes start at the first
+                       for i, part in enumerate(ranges)]  # the pool forks at the first
             if progress is not None:
                 _follow(futures, done, sum(p.end - p.start for p in ranges), progress)
             results = [f.result() for f in futures]
-        # mapped, the tables stay readable once their files are gone
+            # mapped, the tables stay readable once their files are gone
             tables = [read_shard_file(Path(folder) / f"{i}.arrow") for i in range(len(ranges))]
     finally:
         _READ = None
