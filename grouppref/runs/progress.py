@@ -4,6 +4,10 @@ live bar; the finished bars are printed once, when the progress stops."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -92,3 +96,37 @@ def bytes_progress(console: Console | None = None) -> Progress:
         console=console or stderr_console(),
         refresh_per_second=REFRESH_PER_SECOND,
     )
+
+
+T = TypeVar("T")
+COUNT_EVERY = 1000  # items between two updates of a live count
+
+
+@contextmanager
+def live_count(name: str, unit: str, console: Console | None = None
+               ) -> Iterator[Callable[[Iterable[T]], Iterator[T]]]:
+    """A live count, with its rate, of the items a stage takes from an iterable whose length
+    is not known (the rows of a file read in one process): the block gets a function that
+    passes an iterable through, counted every :data:`COUNT_EVERY` items. Shown only where
+    ``console`` (default: stderr) is a terminal: a count without a total tells a log nothing
+    once it is over, and an error that ends the read stays the one line on stderr."""
+    console = console or stderr_console()
+    if not console.is_terminal:
+        yield _passed
+        return
+    with stage_progress(console) as bar:
+        task = bar.add_task(name, total=None, unit=unit)
+
+        def counted(items: Iterable[T]) -> Iterator[T]:
+            n = 0
+            for n, item in enumerate(items, start=1):
+                yield item
+                if n % COUNT_EVERY == 0:
+                    bar.update(task, completed=n)
+            bar.update(task, completed=n)
+
+        yield counted
+
+
+def _passed(items: Iterable[T]) -> Iterator[T]:
+    return iter(items)

@@ -27,6 +27,7 @@ from grouppref.pipeline.imports.layouts.raw_groups import Imported
 from grouppref.pipeline.imports.parallel import plan, read_parallel
 from grouppref.readers.rows import iter_rows, source_fingerprint, source_kind
 from grouppref.runs.collector import cycle_collection_paused
+from grouppref.runs.progress import live_count
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
 from grouppref.schemas import AnnotatedGroup, CandidateGroup, Reject
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
 def read_import(config: ImportConfig, stage: str = STAGE, scratch: Path | None = None
                 ) -> Imported:
     """Read ``config.source`` with its layout (told from the first row when ``auto``); a large
-    file in parts on several cores (:mod:`.parallel`, its files in ``scratch``).
+    file in parts on several cores (:mod:`.parallel`, its files in ``scratch``, a bar of the
+    bytes read on stderr), else in this process (a live count of the rows on a terminal).
 
     Raises:
         InputFileError: the source is missing, unreadable, not UTF-8 text, holds no rows, or
@@ -58,8 +60,8 @@ def read_import(config: ImportConfig, stage: str = STAGE, scratch: Path | None =
         if imported is None:
             rows = iter_rows(source, config.split)
     if imported is None:
-        with cycle_collection_paused():
-            imported = READERS[layout](rows, context(config, layout, source, stage))
+        with cycle_collection_paused(), live_count(stage, "rows") as counted:
+            imported = READERS[layout](counted(rows), context(config, layout, source, stage))
     if imported.rows - imported.blank == 0:
         extra = f" (only {imported.blank} blank lines)" if imported.blank else ""
         raise InputFileError(f"{source}: no rows{extra}")
