@@ -28,6 +28,7 @@ from grouppref.readers.rows import (
     to_reject,
     validation_reason,
 )
+from grouppref.runs.progress import live_count
 from grouppref.schemas.records import (
     Prompt,
     Reject,
@@ -318,17 +319,19 @@ def read_prompts(source: str | Path, mapping: ColumnMapping | None = None, stage
     text = str(source)
     result: ReadResult[Prompt] = ReadResult(source=text, items=[])
     admitted = OnePerPrompt(mapping, text, stage)
-    for made in make_prompts(iter_rows(source, split), mapping, text, stage, result, limit):
-        if isinstance(made, Reject):
-            result.rejects.append(made)
-            continue
-        try:
-            admitted.admit(made.prompt.prompt_id, made.content, made.row)
-        except RowError as err:
-            result.rejects.append(to_reject(stage, err))
-            continue
-        result.items.append(made.prompt)
-        result.item_rows.append(made.row)
+    with live_count(stage, "rows") as counted:  # on a terminal
+        for made in make_prompts(counted(iter_rows(source, split)), mapping, text, stage, result,
+                                 limit):
+            if isinstance(made, Reject):
+                result.rejects.append(made)
+                continue
+            try:
+                admitted.admit(made.prompt.prompt_id, made.content, made.row)
+            except RowError as err:
+                result.rejects.append(to_reject(stage, err))
+                continue
+            result.items.append(made.prompt)
+            result.item_rows.append(made.row)
     result.require_rows()
     drop_retracted(result, admitted.ids.retracted())
     result.fingerprint = fingerprint or source_fingerprint(text)
