@@ -86,6 +86,17 @@ def __getattr__(name: str) -> typer.Typer:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _interrupted(stop: SystemExit) -> bool:
+    """``stop`` is how typer ends a command that a ``KeyboardInterrupt`` stopped (its cause,
+    under the ``typer.Exit(130)`` it raises instead)."""
+    seen: BaseException | None = stop
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _quiet_libraries() -> None:
     """Our own progress bars report each stage: silence the libraries' bars (only if the
     command already imported them; ``--help`` imports neither)."""
@@ -105,6 +116,10 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         record_stops("interrupted")
+        raise
+    except SystemExit as e:  # typer ends a command that Ctrl-C stops with exit code 130
+        if _interrupted(e):
+            record_stops("interrupted")
         raise
     except GroupPrefError as e:
         record_stops(f"error: {e}")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ast
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +81,27 @@ def test_a_command_runs_without_the_other_commands_modules(tmp_path: Path) -> No
     assert "grouppref.commands.core" in loaded
     assert not {f"grouppref.commands.{m}" for m in ("train", "rank", "aggregate", "imports",
                                                      "label_server")} & set(loaded), loaded
+
+
+def test_ctrl_c_records_in_the_manifest_that_the_stage_was_interrupted(tmp_path: Path) -> None:
+    """Typer turns Ctrl-C into exit code 130; the stage it stopped says ``interrupted`` (and
+    stays resumable), as ``grouppref inspect`` shows."""
+    src = tmp_path / "prompts.jsonl"
+    with src.open("w", encoding="utf-8") as fh:  # ~20 MB: read in one process, for seconds
+        for i in range(40_000):
+            fh.write(json.dumps({"prompt": f"Question {i}: " + "word " * 100}) + "\n")
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grouppref", "prompts", str(src), "--out", str(run)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    manifest = run / "prompts" / "manifest.json"
+    while not manifest.exists() and proc.poll() is None:  # the stage opens, then reads
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    written = json.loads(manifest.read_text(encoding="utf-8"))
+    assert (written["status"], written["stopped"]) == ("running", "interrupted")
+    shown = grouppref("inspect", str(run))
+    assert "interrupted" in shown.stdout + shown.stderr
