@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from grouppref.commands.core import RunArg, RunExtras
+from grouppref.commands.arguments import RunArg, RunExtras
 from grouppref.commands.options import Custom, Extra, config_command, help_of
 from grouppref.commands.output import esc, out, print_stage
 from grouppref.errors import ConfigError

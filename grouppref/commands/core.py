@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from grouppref.commands.arguments import OutExtras, OutOpt, RunArg
 from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out, print_stage
 from grouppref.errors import ConfigError
@@ -16,27 +16,6 @@ from grouppref.pipeline.prompts.config import PromptsConfig
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore
 from grouppref.stages import position
-
-RunArg = Annotated[Path, typer.Argument(help="Run directory, e.g. runs/demo.", metavar="RUN",
-                                       show_default=False)]
-OutOpt = Annotated[Path, typer.Option("--out", help="Run directory to write into.",
-                                      show_default=False)]
-AllowStale = Annotated[bool, typer.Option(
-    "--allow-stale", help="Use a stage's output even when it is stale (an upstream stage "
-    "changed after it ran); what is written says so.")]
-
-
-# A command's parameters that are not settings (its Extras), as its run function reads them
-class RunExtras(TypedDict):
-    run: Path  # RunArg
-
-
-class StaleRunExtras(RunExtras):
-    allow_stale: bool  # AllowStale
-
-
-class OutExtras(TypedDict):
-    out: Path  # --out
 
 
 def schema(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from grouppref.commands.core import AllowStale, RunArg, RunExtras, StaleRunExtras
+from grouppref.commands.arguments import AllowStale, RunArg, RunExtras, StaleRunExtras
 from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out, print_stage
 from grouppref.pipeline.export.config import ExportConfig

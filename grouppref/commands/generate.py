@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from grouppref.commands.core import OutExtras
+from grouppref.commands.arguments import OutExtras
 from grouppref.commands.options import Custom, Extra, config_command, help_of
 from grouppref.commands.output import print_server_usage, print_stage
 from grouppref.config import validate

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from grouppref.commands.core import OutExtras
+from grouppref.commands.arguments import OutExtras
 from grouppref.commands.options import Extra, config_command, help_of
 from grouppref.commands.output import err, print_stage
 from grouppref.pipeline.imports.config import ImportConfig

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from grouppref.commands.core import RunArg, RunExtras
+from grouppref.commands.arguments import RunArg, RunExtras
 from grouppref.commands.options import Custom, Extra, config_command, help_of
 from grouppref.commands.output import esc, out, print_server_usage, print_stage
 from grouppref.errors import ConfigError

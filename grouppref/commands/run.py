@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from grouppref.commands.core import AllowStale, RunArg, StaleRunExtras
+from grouppref.commands.arguments import AllowStale, RunArg, StaleRunExtras
 from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out
 from grouppref.errors import StageError

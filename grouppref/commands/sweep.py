@@ -10,7 +10,7 @@ from typing import Annotated, Any, TypedDict
 import typer
 from rich.table import Table
 
-from grouppref.commands.core import AllowStale
+from grouppref.commands.arguments import AllowStale
 from grouppref.commands.options import Custom, Extra, config_command, help_of
 from grouppref.commands.output import err, esc, out
 from grouppref.commands.train import DataArg

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from grouppref.commands.core import AllowStale
+from grouppref.commands.arguments import AllowStale
 from grouppref.commands.options import Extra, config_command
 from grouppref.commands.output import err, esc, out, print_counts, print_stage
 from grouppref.commands.train import DataArg, TrainingExtras, _fmt, _lora_switch, metrics_table
