@@ -121,10 +121,15 @@ def launch(run: Callable[[str, str, int, int], list[float]]) -> None:
     if rank == 0:
         Path(out_dir, "losses.json").write_text(json.dumps(losses))
     # every rank's collectives (FSDP's async all-gathers and reduce-scatters included) finish
-    # before any rank tears gloo down: one CI run aborted in rank 1's exit ("terminate called
-    # without an active exception", SIGABRT) while rank 0 was still saving the model
+    # before any rank leaves. Then each rank leaves without tearing gloo down: two CI runs
+    # (2026-12-03, 2026-12-05) aborted in rank 1 after the last collective, when rank 0 had
+    # saved the model ("terminate called without an active exception", SIGABRT), the second
+    # with this barrier in place; the outputs are written by then, and an exit without
+    # finalisation runs no destructor of gloo's threads.
     torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
