@@ -164,15 +164,16 @@ def read_in_parts(path: Path, ranges: Sequence[LineRange], work: Callable[[LineR
     global _READ
     if scratch is not None:
         scratch.mkdir(parents=True, exist_ok=True)
-    done = multiprocessing.get_context("fork").Array("q", len(ranges), lock=False)
-    _READ = (done, {part.start: i for i, part in enumerate(ranges)})
+    if progress is not None:  # each process counts its range's bytes in its own slot
+        done = multiprocessing.get_context("fork").Array("q", len(ranges), lock=False)
+        _READ = (done, {part.start: i for i, part in enumerate(ranges)})
     try:
         with tempfile.TemporaryDirectory(prefix="grouppref-parts-", dir=scratch) as folder, \
                 forked_pool(len(ranges)) as pool:
             futures = [pool.submit(work, part, Path(os.path.join(folder, f"{i}.arrow")))
                        for i, part in enumerate(ranges)]  # the pool forks at the first
-            if progress is not None:
-                _follow(futures, done, sum(p.end - p.start for p in ranges), progress)
+            if progress is not None and _READ is not None:
+                _follow(futures, _READ[0], sum(p.end - p.start for p in ranges), progress)
             results = [f.result() for f in futures]
             # mapped, the tables stay readable once their files are gone
             tables = [read_shard_file(Path(folder) / f"{i}.arrow") for i in range(len(ranges))]

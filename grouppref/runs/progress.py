@@ -66,34 +66,26 @@ def stage_progress(console: Console | None = None, disable: bool = False) -> Pro
         ...     task = bar.add_task("generate", total=10, unit="prompts")
         ...     bar.advance(task, 1)
     """
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        RateColumn(),
-        ExtraColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console or stderr_console(),
-        disable=disable,
-        # rich redraws 10 times a second by default: ~27 ms of CPU per second on a terminal,
-        # taken from an inference server sharing the cores (docs/benchmarks.md, generate
-        # through a server); twice a second is enough for stages that take minutes
-        refresh_per_second=REFRESH_PER_SECOND,
-    )
+    return _progress(MofNCompleteColumn(), RateColumn(), ExtraColumn(), console=console,
+                     disable=disable)
 
 
 def bytes_progress(console: Console | None = None) -> Progress:
     """:func:`stage_progress` for a file read by its bytes (a large file read in parts): bytes
     read of the total (``12.5/260.1 MB``), their rate, elapsed and remaining time."""
+    return _progress(DownloadColumn(), TransferSpeedColumn(), console=console)
+
+
+def _progress(*counts: ProgressColumn, console: Console | None, disable: bool = False
+              ) -> Progress:
+    """Description, bar, ``counts``, elapsed and remaining time, on ``console`` (default: a
+    console on stderr)."""
     return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console or stderr_console(),
+        TextColumn("[bold]{task.description}"), BarColumn(), *counts, TimeElapsedColumn(),
+        TimeRemainingColumn(), console=console or stderr_console(), disable=disable,
+        # rich redraws 10 times a second by default: ~27 ms of CPU per second on a terminal,
+        # taken from an inference server sharing the cores (docs/benchmarks.md, generate
+        # through a server); twice a second is enough for stages that take minutes
         refresh_per_second=REFRESH_PER_SECOND,
     )
 
