@@ -103,7 +103,7 @@ REPORT_BYTES = 1 << 20  # a process reports its progress each time it has read t
 
 
 def _lines(path: Path, part: LineRange) -> Iterator[bytes]:
-    done, slot = (_READ[0], _READ[1].get(part.start)) if _READ is not None else (None, None)
+    report = _reporter(part)
     size = part.end - part.start
     with path.open("rb") as fh:
         fh.seek(part.start)
@@ -113,10 +113,53 @@ def _lines(path: Path, part: LineRange) -> Iterator[bytes]:
                 break
             left -= len(raw)
             yield raw
-            if reported - left >= REPORT_BYTES and done is not None and slot is not None:
-                done[slot], reported = size - left, left
-    if done is not None and slot is not None:
-        done[slot] = size
+            if reported - left >= REPORT_BYTES:
+                report(size - left)
+                reported = left
+    report(size)
+
+
+def _reporter(part: LineRange) -> Callable[[int], None]:
+    """What a process of :func:`read_in_parts` calls with the bytes of ``part`` it has read
+    so far (nothing outside such a process)."""
+    if _READ is None or part.start not in _READ[1]:
+        return lambda read: None
+    done, slot = _READ[0], _READ[1][part.start]
+
+    def report(read: int) -> None:
+        done[slot] = read
+    return report
+
+
+BLOCK_BYTES = 4 << 20  # about the bytes of whole lines :func:`line_blocks` hands on at once
+
+
+def line_blocks(path: Path, part: LineRange, size: int = BLOCK_BYTES
+                ) -> Iterator[tuple[int, bytes]]:
+    """The lines of ``part`` in blocks of whole lines (each line with its ``\\n``, the file's
+    last line perhaps without), of about ``size`` bytes (a longer line makes a longer block):
+    ``(number of the block's first line, block)``, lines numbered as :func:`range_rows`
+    numbers rows."""
+    report = _reporter(part)
+    total = part.end - part.start
+    row, read, tail = part.first_row, 0, b""
+    with path.open("rb") as fh:
+        fh.seek(part.start)
+        while read < total:
+            chunk = fh.read(min(size, total - read))
+            if not chunk:  # the file is shorter than when it was cut
+                break
+            read += len(chunk)
+            data = tail + chunk
+            cut = len(data) if read >= total else data.rfind(b"\n") + 1
+            block, tail = data[:cut], data[cut:]
+            if block:
+                yield row, block
+                row += block.count(b"\n")
+                report(read - len(tail))
+        if tail:
+            yield row, tail
+    report(total)
 
 
 def range_rows(path: Path, part: LineRange, decoding: Decoding) -> Iterator[tuple[int, Row]]:

@@ -19,14 +19,14 @@ def normalise_text(text: str) -> str:
 
 # the ASCII characters str.split() splits at (the same as re's \s): a text's non-whitespace
 # characters are what its normal form keeps
-_ASCII_SPACE = bytes(c for c in range(128) if chr(c).isspace())
+ASCII_SPACE = bytes(c for c in range(128) if chr(c).isspace())
 
 
-def _kept_chars(text: str) -> int:
+def kept_chars(text: str) -> int:
     """How many characters of ``normalise_text(text)`` are not spaces: for ASCII text (which
     case-folds character for character) its own count of non-whitespace characters."""
     if text.isascii():
-        return len(text.encode("ascii").translate(None, _ASCII_SPACE))
+        return len(text.encode("ascii").translate(None, ASCII_SPACE))
     norm = normalise_text(text)
     return len(norm) - norm.count(" ")
 
@@ -40,7 +40,7 @@ def duplicate_keys(texts: Sequence[str]) -> list[str | int] | None:
     non-whitespace character, or as many as another text of ``texts``. Texts whose counts
     differ cannot be equal, so each other text's key is its index, an int no text equals.
     """
-    counts = [_kept_chars(text) for text in texts]
+    counts = [kept_chars(text) for text in texts]
     if len(set(counts)) == len(counts) and 0 not in counts:
         return None
     shared = {c for c, n in Counter(counts).items() if n > 1} | {0}

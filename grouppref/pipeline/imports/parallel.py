@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grouppref.pipeline.imports.config import ImportConfig
-from grouppref.pipeline.imports.layouts import ONE_ROW_PER_GROUP, READERS, context
+from grouppref.pipeline.imports.layouts import ONE_ROW_PER_GROUP, READERS, context, read_range
 from grouppref.pipeline.imports.layouts.raw_groups import (
     Context,
     Counts,
@@ -54,7 +54,7 @@ from grouppref.pipeline.imports.layouts.raw_groups import (
     Seen,
     Stop,
 )
-from grouppref.readers.lines import LineRange, jsonl_ranges, pick_rows, range_rows, read_in_parts
+from grouppref.readers.lines import LineRange, jsonl_ranges, pick_rows, read_in_parts
 from grouppref.readers.rows import Decoding
 from grouppref.runs.collector import cycle_collection_paused
 from grouppref.runs.stage_run import write_shard_file
@@ -94,7 +94,7 @@ def _read_part(config: ImportConfig, layout: str, stage: str, part: LineRange,
     ctx.seen = []
     decoding = Decoding(Path(source))
     with cycle_collection_paused():
-        got = READERS[layout](range_rows(Path(source), part, decoding), ctx)
+        got = read_range(Path(source), part, decoding, ctx)
     write_shard_file(got.table, file)
     return _Part(group_rows=got.group_rows, rejects=got.rejects, reading=got.reading,
                  rows=got.rows, blank=got.blank, counts=got.counts, seen=ctx.seen,

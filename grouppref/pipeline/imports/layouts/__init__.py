@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
+from pathlib import Path
 from typing import Any
 
 from grouppref.errors import InputFileError
@@ -20,6 +21,7 @@ from grouppref.pipeline.imports.layouts import (
     helpsteer3,
     hh,
     nectar,
+    nectar_columns,
     oasst,
     pairs,
     responses,
@@ -27,7 +29,8 @@ from grouppref.pipeline.imports.layouts import (
     ultrafeedback,
 )
 from grouppref.pipeline.imports.layouts.raw_groups import Context, Imported
-from grouppref.readers.rows import Row, maybe_json
+from grouppref.readers.lines import LineRange, range_rows
+from grouppref.readers.rows import Decoding, Row, maybe_json
 
 READERS: dict[str, Callable[[Iterable[tuple[int, Row]], Context], Imported]] = {
     "groups": groups.read, "responses": responses.read, "ultrafeedback": ultrafeedback.read,
@@ -44,6 +47,15 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "helpsteer2": helpsteer2.DEFAULTS, "scores": scores.DEFAULTS, "pairs": pairs.DEFAULTS,
     "hh": hh.DEFAULTS, "oasst": oasst.DEFAULTS, "helpsteer3": helpsteer3.DEFAULTS,
     "arena": arena.DEFAULTS}
+
+
+def read_range(path: Path, part: LineRange, decoding: Decoding, ctx: Context) -> Imported:
+    """The lines ``part`` of the JSON Lines file ``path`` read by ``ctx``'s layout, their
+    decoding counted in ``decoding``: over columns where the layout and settings allow
+    (:func:`.nectar_columns.applies`), else row by row."""
+    if nectar_columns.applies(ctx):
+        return nectar_columns.read_range(path, part, decoding, ctx)
+    return READERS[ctx.layout](range_rows(path, part, decoding), ctx)
 
 
 def detect(row: dict[str, Any], config: ImportConfig, source: str) -> str:

@@ -51,6 +51,10 @@ from grouppref.schemas import (
 from grouppref.schemas.texts import duplicate_keys
 
 if TYPE_CHECKING:
+    from collections import Counter
+
+    import pyarrow as pa
+
     from grouppref.readers.rows import Row
 
 # Imported data carries no time for its rankings; a fixed one keeps an import's output (and so
@@ -240,6 +244,13 @@ class Built:
         self.rejects.extend(more)
         self.split += made > 1
         self.group_rows.extend([raw.row] * made)
+
+    def add_table(self, table: pa.Table, rows: list[int], annotators: Counter[str],
+                  candidates: int, models: set[str]) -> None:
+        """Groups already in their stored table (read from ``rows``; none split, none of their
+        rankings partial), in their place."""
+        self.out.add_table(table, annotators, candidates, models)
+        self.group_rows.extend(rows)
 
     def imported(self, collected: Collected) -> Imported:
         """What the layout read: these groups, the rejects of reading (first) and building."""

@@ -41,8 +41,9 @@ DEFAULTS: dict[str, Any] = {"mapping": {"text": "prompt", "responses": "answers"
 METADATA = ("turns", "num_responses", "good_natured")
 
 
-def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
-         rejects: list[Reject]) -> None:
+def read_row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
+             rejects: list[Reject]) -> None:
+    """One row's group into ``grouper`` (its rejects into ``rejects``)."""
     column = ctx.mapping.responses
     items = row.get(column) if column else None
     plain = type(items) is list and all(type(a) is dict and ctx.text_key in a for a in items)
@@ -71,7 +72,7 @@ def _row(row: dict[str, Any], number: int, ctx: Context, grouper: Grouper,
 def _plain_answers(items: list[dict[str, Any]], column: str, number: int, ctx: Context,
                    group: RawGroup, rejects: list[Reject]) -> None:
     """The answers of a row whose every answer is an object with a text: what the general loop
-    in :func:`_row` does with them (:meth:`Context.add_response`, :meth:`Context.number`),
+    in :func:`read_row` does with them (:meth:`Context.add_response`, :meth:`Context.number`),
     with the checks those make that such answers pass left out."""
     rank_key, text_key, model_key = ctx.config.rank_key, ctx.text_key, ctx.config.model_key
     responses = group.responses
@@ -95,4 +96,4 @@ def _plain_answers(items: list[dict[str, Any]], column: str, number: int, ctx: C
 
 def read(rows: Iterable[tuple[int, Row]], ctx: Context) -> Imported:
     """Rows -> groups with one ranking each (partial where an answer has no rank)."""
-    return read_groups(rows, ctx, _row, merge=not ONE_ROW_PER_GROUP)
+    return read_groups(rows, ctx, read_row, merge=not ONE_ROW_PER_GROUP)

@@ -426,6 +426,22 @@ class Grouper:
             out.append(None)
         return out
 
+    def claim(self, seen: Seen) -> bool:
+        """Make the group of a row of a layout of one row per group that is read without a
+        :class:`RawGroup` (its group built elsewhere, in its place), after every group made
+        before it was released: ``True`` where :meth:`group` would make it (it is noted as
+        made, and in ``ctx.seen``); ``False`` where :meth:`group` would stop it (nothing is
+        noted: read the row through :meth:`group` for its reject)."""
+        if not self.streams or self.fresh or self.earlier:
+            raise AssertionError("claim is for rows of one row per group, after a release")
+        if seen.key in self.released or self.ids.taken(seen.prompt_id, seen.content) is not None:
+            return False
+        if self.ctx.seen is not None:
+            self.ctx.seen.append(seen)
+        self.ids.check_id(seen.prompt_id, seen.row, seen.content)
+        self.released[seen.key] = seen.row
+        return True
+
     def release(self) -> list[RawGroup]:
         """Where groups are final once their row is read (:attr:`streams`): the groups made
         since the last call, in order, handed on and no longer held (their keys are kept, to
@@ -446,26 +462,31 @@ RELEASE_EVERY = 1000  # groups handed on together (build them in runs, not one p
 RowFn = Callable[[dict[str, Any], int, Context, Grouper, list[Reject]], None]
 
 
-def collect_rows(rows: Iterable[tuple[int, Row]], ctx: Context, add: RowFn, *,
-                 merge: bool, final: Callable[[RawGroup], None] | None = None) -> Collected:
-    """The driver every layout shares: each row goes to ``add`` (which fills the grouper) or
-    becomes a reject with its file, row and reason. With ``final``, groups that no later row
-    can change (one row per group, :meth:`Grouper.release`) go to ``final`` instead of into
-    ``Collected.raw``, in runs of :data:`RELEASE_EVERY` (handing each on alone, between two
-    rows, cost 13 % more user CPU on 50,000 Nectar rows and 22 % on 200,000; in runs, none at
-    50,000 and 8 % at 200,000)."""
-    out = Collected()
-    grouper = Grouper(ctx, merge)
-    for number, row in rows:
-        if final is not None and len(grouper.fresh) >= RELEASE_EVERY:
-            for group in grouper.release():
-                final(group)
+class RowReader:
+    """The row driver every layout shares (:func:`collect_rows`), a row at a time: each row
+    goes to ``add`` (which fills the grouper) or becomes a reject with its file, row and
+    reason. With ``final``, groups that no later row can change (one row per group,
+    :meth:`Grouper.release`) go to ``final`` instead of into ``Collected.raw``, in runs of
+    :data:`RELEASE_EVERY` (handing each on alone, between two rows, cost 13 % more user CPU on
+    50,000 Nectar rows and 22 % on 200,000; in runs, none at 50,000 and 8 % at 200,000)."""
+
+    def __init__(self, ctx: Context, add: RowFn, *, merge: bool,
+                 final: Callable[[RawGroup], None] | None = None) -> None:
+        self.ctx, self.add, self.final = ctx, add, final
+        self.out = Collected()
+        self.grouper = Grouper(ctx, merge)
+
+    def take(self, number: int, row: Row) -> None:
+        """Read one row (its number in the file)."""
+        ctx, out = self.ctx, self.out
+        if self.final is not None and len(self.grouper.fresh) >= RELEASE_EVERY:
+            self.release()
         out.rows += 1
         try:
             if isinstance(row, RowError):
                 out.blank += isinstance(row, BlankLine)
                 raise row
-            add(row, number, ctx, grouper, out.rejects)
+            self.add(row, number, ctx, self.grouper, out.rejects)
         except RowError as err:
             err.source, err.row = err.source or ctx.source, err.row or number
             out.rejects.append(to_reject(ctx.stage, err))
@@ -474,7 +495,23 @@ def collect_rows(rows: Iterable[tuple[int, Row]], ctx: Context, add: RowFn, *,
             out.rejects.append(ctx.reject(
                 f"unexpected shape for layout {ctx.layout!r} ({type(e).__name__}: {e}); see "
                 "docs/import.md for its schema", number, scope="row"))
-    if final is not None:
-        for group in grouper.release():
-            final(group)
-    return grouper.collected(out)
+
+    def release(self) -> None:
+        """With ``final``: the groups made since the last release handed on to it."""
+        if self.final is not None:
+            for group in self.grouper.release():
+                self.final(group)
+
+    def collected(self) -> Collected:
+        """What the rows made (after the last release)."""
+        self.release()
+        return self.grouper.collected(self.out)
+
+
+def collect_rows(rows: Iterable[tuple[int, Row]], ctx: Context, add: RowFn, *,
+                 merge: bool, final: Callable[[RawGroup], None] | None = None) -> Collected:
+    """Every row read by a :class:`RowReader`: what they made."""
+    reader = RowReader(ctx, add, merge=merge, final=final)
+    for number, row in rows:
+        reader.take(number, row)
+    return reader.collected()

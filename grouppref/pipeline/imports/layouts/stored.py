@@ -32,7 +32,7 @@ from grouppref.schemas.records import AnnotatorKind, Scalar
 KINDS = frozenset(typing.get_args(AnnotatorKind))
 # printable ASCII without space: a sure match of the Id pattern (^\S+$); anything else is
 # left to pydantic
-_PLAIN_ID = re.compile(r"[!-~]{1,256}")
+PLAIN_ID = re.compile(r"[!-~]{1,256}")
 
 
 class SourceRow(TypedDict):
@@ -122,7 +122,7 @@ def sure_values(candidates: Sequence[tuple[str, str, str | None]],
         return False
     annotators = [r[0] for r in rankings]
     if len(set(annotators)) != len(annotators) or not all(
-            type(a) is str and _PLAIN_ID.fullmatch(a) for a in annotators):
+            type(a) is str and PLAIN_ID.fullmatch(a) for a in annotators):
         return False
     return all(_sure_scores(r[2]) and _sure_notes(r[3]) for r in rankings)
 

@@ -65,63 +65,92 @@ class _Columns:
     def table(self) -> pa.Table:
         import pyarrow as pa
 
-        schema = arrow_schema_for(AnnotatedGroup)
-        prompt_type = schema.field("prompt").type
-        message_type = prompt_type.field("messages").type
-        messages = pa.ListArray.from_arrays(
-            pa.array(self.message_offsets, pa.int32()),
-            pa.StructArray.from_arrays([pa.array(self.roles, pa.string()),
-                                        pa.array(self.contents, pa.string())],
-                                       fields=list(message_type.value_type)),
-            type=message_type, mask=pa.array(self.no_messages, pa.bool_()))
-        prompt = pa.StructArray.from_arrays([
-            pa.array(self.prompt_ids, pa.string()), messages, pa.array(self.texts, pa.string()),
-            pa.array(self.references, pa.string()),
-            pa.array(self.prompt_metadata, pa.string())], fields=list(prompt_type))
-        return pa.Table.from_arrays([pa.array(self.group_ids, pa.string()), prompt,
-                                     self._candidates(schema), self._rankings(schema)],
-                                    schema=schema)
+        def text(values: Sequence[str | None]) -> pa.Array:
+            return pa.array(values, pa.string())
 
-    def _candidates(self, schema: pa.Schema) -> pa.Array:
-        import pyarrow as pa
+        def offsets(values: list[int]) -> pa.Array:
+            return pa.array(values, pa.int32())
 
-        list_type = schema.field("candidates").type
-        item = list_type.value_type
-        source = item.field("source").type
-        n = len(self.candidate_ids)
-        sources = pa.StructArray.from_arrays([
-            pa.repeat("import", n), pa.array(self.models, pa.string()),
-            pa.repeat("{}", n), pa.nulls(n, source.field("seed").type)],
-            fields=list(source))
-        items = pa.StructArray.from_arrays([
-            pa.array(self.candidate_ids, pa.string()), pa.array(self.candidate_texts, pa.string()),
-            sources, pa.nulls(n, item.field("num_tokens").type),
-            pa.nulls(n, item.field("behavior_logp").type)], fields=list(item))
-        return pa.ListArray.from_arrays(pa.array(self.candidate_offsets, pa.int32()), items,
-                                        type=list_type)
+        return stored_table(
+            text(self.group_ids),
+            prompts_array(text(self.prompt_ids), offsets(self.message_offsets),
+                          text(self.roles), text(self.contents),
+                          pa.array(self.no_messages, pa.bool_()), text(self.texts),
+                          text(self.references), text(self.prompt_metadata)),
+            candidates_array(offsets(self.candidate_offsets), text(self.candidate_ids),
+                             text(self.candidate_texts), text(self.models)),
+            rankings_array(offsets(self.ranking_offsets), text(self.annotators),
+                           text(self.kinds), text(self.ranking_groups),
+                           offsets(self.tier_offsets), offsets(self.tier_ids_offsets),
+                           text(self.tier_ids), text(self.scores), text(self.notes),
+                           text(self.created)))
 
-    def _rankings(self, schema: pa.Schema) -> pa.Array:
-        import pyarrow as pa
 
-        list_type = schema.field("rankings").type
-        item = list_type.value_type
-        annotator = item.field("annotator").type
-        tiers_type = item.field("tiers").type
-        n = len(self.annotators)
-        annotators = pa.StructArray.from_arrays([
-            pa.array(self.annotators, pa.string()), pa.array(self.kinds, pa.string()),
-            pa.nulls(n, pa.string()), pa.nulls(n, pa.string())], fields=list(annotator))
-        tiers = pa.ListArray.from_arrays(
-            pa.array(self.tier_offsets, pa.int32()),
-            pa.ListArray.from_arrays(pa.array(self.tier_ids_offsets, pa.int32()),
-                                     pa.array(self.tier_ids, pa.string()),
-                                     type=tiers_type.value_type), type=tiers_type)
-        items = pa.StructArray.from_arrays([
-            annotators, pa.array(self.ranking_groups, pa.string()), tiers,
-            pa.array(self.scores, pa.string()), pa.array(self.notes, pa.string()),
-            pa.array(self.created, pa.string())], fields=list(item))
-        return pa.ListArray.from_arrays(pa.array(self.ranking_offsets, pa.int32()), items,
-                                        type=list_type)
+# The stored table's columns from Arrow arrays (:class:`_Columns` from its lists, the columnar
+# Nectar read from its input's columns): list columns as int32 offsets into their values.
+def prompts_array(prompt_ids: pa.Array, message_offsets: pa.Array, roles: pa.Array,
+                  contents: pa.Array, no_messages: pa.Array | None, texts: pa.Array,
+                  references: pa.Array, metadata: pa.Array) -> pa.Array:
+    """The ``prompt`` column (``no_messages``: the prompts given as text; ``None``: none)."""
+    import pyarrow as pa
+
+    prompt_type = arrow_schema_for(AnnotatedGroup).field("prompt").type
+    message_type = prompt_type.field("messages").type
+    messages = pa.ListArray.from_arrays(
+        message_offsets, pa.StructArray.from_arrays([roles, contents],
+                                                    fields=list(message_type.value_type)),
+        type=message_type, mask=no_messages)
+    return pa.StructArray.from_arrays([prompt_ids, messages, texts, references, metadata],
+                                      fields=list(prompt_type))
+
+
+def candidates_array(offsets: pa.Array, ids: pa.Array, texts: pa.Array,
+                     models: pa.Array) -> pa.Array:
+    """The ``candidates`` column of imported candidates (source ``import``, the model)."""
+    import pyarrow as pa
+
+    list_type = arrow_schema_for(AnnotatedGroup).field("candidates").type
+    item = list_type.value_type
+    source = item.field("source").type
+    n = len(ids)
+    sources = pa.StructArray.from_arrays([
+        pa.repeat("import", n), models, pa.repeat("{}", n),
+        pa.nulls(n, source.field("seed").type)], fields=list(source))
+    items = pa.StructArray.from_arrays([
+        ids, texts, sources, pa.nulls(n, item.field("num_tokens").type),
+        pa.nulls(n, item.field("behavior_logp").type)], fields=list(item))
+    return pa.ListArray.from_arrays(offsets, items, type=list_type)
+
+
+def rankings_array(offsets: pa.Array, annotators: pa.Array, kinds: pa.Array,
+                   groups: pa.Array, tier_offsets: pa.Array, tier_ids_offsets: pa.Array,
+                   tier_ids: pa.Array, scores: pa.Array, notes: pa.Array,
+                   created: pa.Array) -> pa.Array:
+    """The ``rankings`` column (annotators by id and kind; tiers as offsets of offsets)."""
+    import pyarrow as pa
+
+    list_type = arrow_schema_for(AnnotatedGroup).field("rankings").type
+    item = list_type.value_type
+    tiers_type = item.field("tiers").type
+    n = len(annotators)
+    annotator = pa.StructArray.from_arrays([annotators, kinds, pa.nulls(n, pa.string()),
+                                            pa.nulls(n, pa.string())],
+                                           fields=list(item.field("annotator").type))
+    tiers = pa.ListArray.from_arrays(
+        tier_offsets, pa.ListArray.from_arrays(tier_ids_offsets, tier_ids,
+                                               type=tiers_type.value_type), type=tiers_type)
+    items = pa.StructArray.from_arrays([annotator, groups, tiers, scores, notes, created],
+                                       fields=list(item))
+    return pa.ListArray.from_arrays(offsets, items, type=list_type)
+
+
+def stored_table(group_ids: pa.Array, prompts: pa.Array, candidates: pa.Array,
+                 rankings: pa.Array) -> pa.Table:
+    """The stored rows' table of these columns."""
+    import pyarrow as pa
+
+    return pa.Table.from_arrays([group_ids, prompts, candidates, rankings],
+                                schema=arrow_schema_for(AnnotatedGroup))
 
 
 class GroupTable:
@@ -193,6 +222,16 @@ class GroupTable:
         self._rows.append(row)
         if len(self._rows) >= self.chunk:
             self.flush()
+
+    def add_table(self, table: pa.Table, annotators: Counter[str], candidates: int,
+                  models: set[str]) -> None:
+        """Add groups already in their stored table (and their counts: rankings per annotator,
+        candidates, models; none of the rankings partial), in their place."""
+        self.flush()
+        self.tables.append(table)
+        self.annotators.update(annotators)
+        self.candidates += candidates
+        self.models |= models
 
     def flush(self) -> None:
         """The groups added since the last table as one more table."""

@@ -14,6 +14,7 @@ Turn = dict[str, str]
 _HH = re.compile(r"(?:^|\n\n)(Human|Assistant):[ \t]?")
 _HELPSTEER = re.compile(r"\n?<extra_id_1>(User|Assistant)\n?")
 _ROLE = {"Human": "user", "User": "user", "Assistant": "assistant"}
+_USER, _CUE = "\n\nHuman:", "\n\nAssistant:"  # a one-turn prompt's two markers
 
 
 def _turns(parts: list[str], lead: str) -> list[Turn]:
@@ -36,6 +37,9 @@ def parse_hh(text: str, cue: bool = True) -> list[Turn] | None:
         >>> parse_hh("\\n\\nHuman: Hi\\n\\nAssistant: Hello!")
         [{'role': 'user', 'content': 'Hi'}, {'role': 'assistant', 'content': 'Hello!'}]
     """
+    if cue and text.startswith(_USER) and text.endswith(_CUE) and text.count(_USER) == 1 \
+            and text.count(_CUE) == 1:  # one user turn and the cue: the split, without it
+        return [{"role": "user", "content": text[len(_USER):-len(_CUE)].strip()}]
     parts = _HH.split(text)
     if len(parts) < 3:
         return None

@@ -11,7 +11,7 @@ import pytest
 
 from grouppref.pipeline.imports.layouts.keys import candidate_ids
 from grouppref.schemas import make_candidate_id, normalise_text
-from grouppref.schemas.texts import _ASCII_SPACE, duplicate_keys
+from grouppref.schemas.texts import ASCII_SPACE, duplicate_keys
 
 TRICKY = ["Seven.", "seven.", " SEVEN. ", "seven.\n", "se ven.", "seven!", "", " ", "\t\n",
           "\x1c", "a\x1fb", "a b", "A  B", "a\x85b", "a\u00a0b", "a b\u2028", "Straße",
@@ -29,7 +29,7 @@ def _same(texts: list[str]) -> None:
 
 
 def test_the_ascii_whitespace_is_what_str_split_splits_at() -> None:
-    assert set(_ASCII_SPACE) == {c for c in range(128) if len(f"a{chr(c)}b".split()) == 2}
+    assert set(ASCII_SPACE) == {c for c in range(128) if len(f"a{chr(c)}b".split()) == 2}
 
 
 @pytest.mark.parametrize("size", [2, 3])
