@@ -38,6 +38,11 @@ def config_hash(config: BaseModel | dict[str, Any], stage_version: str) -> str:
     return sha256_text(canonical_json({"config": data, "stage_version": stage_version}))
 
 
+# bytes hashed at once: hashing lets other threads run, and a thread that waits for the
+# interpreter again between two blocks waits its switch interval (5 ms), so few large blocks
+HASH_BLOCK = 16 << 20
+
+
 def fingerprint_file(path: Path) -> str:
     """sha256 of a file's name and bytes, or of every file under a directory (relative names
     included), in name order, as one stream."""
@@ -46,7 +51,7 @@ def fingerprint_file(path: Path) -> str:
     for file in files:
         digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
         with file.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
+            for block in iter(lambda: fh.read(HASH_BLOCK), b""):
                 digest.update(block)
     return digest.hexdigest()
 

@@ -11,6 +11,7 @@ blank lines, the rankings (partial ones too) and the annotators are in the manif
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +82,7 @@ def run_import(store: RunStore, config: ImportConfig,
     """
     source_kind(config.source)  # a missing file or unknown format: before the run is touched
     stage = store.open_stage(STAGE, _settings(config),
-                             input_fingerprint=source_fingerprint(str(config.source)),
+                             input_fingerprint=_fingerprint(config.source),
                              record_type=AnnotatedGroup, stage_version=STAGE_VERSION, force=context.force)
     if stage.cached:
         return stage
@@ -93,6 +94,20 @@ def run_import(store: RunStore, config: ImportConfig,
         inputs, stats = imported.units, imported.stats
         del imported  # the groups' table goes before the shards are merged into data/
         return stage.finish(inputs=inputs, stats=stats)
+
+
+def _fingerprint(source: str) -> str:
+    """The source's fingerprint, hashed in a thread while this one imports the Arrow modules
+    every read needs (pyarrow's JSON reader, and the pandas pyarrow imports when it first makes
+    an array of a list, 0.2 s here): they are imported once, before the read's processes fork,
+    and the hashing, which lets other threads run, hides their time."""
+    with ThreadPoolExecutor(1) as pool:
+        digest = pool.submit(source_fingerprint, str(source))
+        import pyarrow as pa
+        import pyarrow.json  # noqa: F401
+
+        pa.array(["one"])
+        return digest.result()
 
 
 def _write_shards(stage: StageRun[Any], table: pa.Table, shard_size: int) -> None:

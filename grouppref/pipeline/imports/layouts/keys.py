@@ -31,3 +31,17 @@ def candidate_ids(group_id: str, texts: Sequence[str]) -> list[str]:
     if not _SAME_IDS:
         return [make_candidate_id(group_id, text) for text in texts]
     return _hashed_ids(group_id, texts)
+
+
+def candidate_ids_of_utf8(group_id: str, texts: Sequence[bytes | memoryview]) -> list[str]:
+    """:func:`candidate_ids` of texts given as their UTF-8 bytes (a column's buffer: no text
+    made a ``str``)."""
+    if not _SAME_IDS:
+        return [make_candidate_id(group_id, bytes(t).decode("utf-8")) for t in texts]
+    head = sha256((group_id + "\x1f").encode("utf-8"))
+    out = []
+    for text in texts:
+        digest = head.copy()
+        digest.update(text)
+        out.append("c-" + digest.hexdigest()[:16])
+    return out

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from grouppref.config import UTF8_BOM
 from grouppref.pipeline.imports.layouts import nectar
 from grouppref.pipeline.imports.layouts.build import UNKNOWN_TIME, Built
-from grouppref.pipeline.imports.layouts.keys import candidate_ids
+from grouppref.pipeline.imports.layouts.keys import candidate_ids_of_utf8
 from grouppref.pipeline.imports.layouts.raw_groups import Context, Imported, RowReader, Seen
 from grouppref.pipeline.imports.layouts.stored import (
     KINDS,
@@ -172,11 +172,12 @@ def _per_text(body: bytes, table: bytes, ends: np.ndarray) -> np.ndarray:
     """How many bytes of each text (``body[ends[i]:ends[i + 1]]``) ``table`` marks."""
     import numpy as np
 
-    marked = np.cumsum(np.frombuffer(body.translate(table), np.uint8), dtype=np.int32)
-    if not len(marked):
-        return np.zeros(len(ends) - 1, np.int64)
-    at = np.where(ends > 0, marked[np.maximum(ends - 1, 0)], 0)  # marked before each end
-    return np.diff(at).astype(np.int64)
+    marked = np.frombuffer(body.translate(table), np.uint8)
+    out = np.zeros(len(ends) - 1, np.int64)
+    filled = np.flatnonzero(np.diff(ends) > 0)  # the segments of the others are empty
+    if len(filled):
+        out[filled] = np.add.reduceat(marked, ends[filled], dtype=np.int32)
+    return out
 
 
 def _kept(texts: pa.Array) -> np.ndarray:
@@ -280,7 +281,16 @@ class _Made:
     metadata: list[str]
 
 
-def _python_rows(ok: np.ndarray, prompts: list[str], texts: list[str], starts: list[int],
+def _utf8(texts: pa.Array) -> tuple[memoryview, list[int]]:
+    """A string column's bytes and the offset of each text in them (one more than texts)."""
+    import numpy as np
+
+    _, offsets, data = texts.buffers()
+    spans = np.frombuffer(offsets, np.int32)[texts.offset:texts.offset + len(texts) + 1]
+    return (memoryview(data) if data is not None else memoryview(b"")), spans.tolist()
+
+
+def _python_rows(ok: np.ndarray, prompts: list[str], texts: pa.Array, starts: list[int],
                  collide: set[int], metadata: dict[str, list[object]]) -> _Made:
     """Each ``ok`` row's turns, content key, ids and metadata; a row whose transcript has an
     empty turn (or none), two texts one after folding or two ids alike is no longer ``ok``."""
@@ -288,21 +298,22 @@ def _python_rows(ok: np.ndarray, prompts: list[str], texts: list[str], starts: l
 
     made = _Made([], [], [], [], [], [], [0], [])
     names = sorted(metadata)
+    data, spans = _utf8(texts)
     for i in np.flatnonzero(ok).tolist():
         turns = parse_hh(prompts[i])
         if not turns or not all(t["content"] for t in turns):
             ok[i] = False
             continue
-        mine = texts[starts[i]:starts[i + 1]]
+        first, end = starts[i], starts[i + 1]
         if i in collide:
-            keys = duplicate_keys(mine)
+            keys = duplicate_keys(texts.slice(first, end - first).to_pylist())
             if keys is not None and ("" in keys or len(set(keys)) != len(keys)):
                 ok[i] = False
                 continue
         pairs = [(t["role"], t["content"]) for t in turns]
         key = prompt_content_key(None, pairs)
         gid = group_id_of(key)
-        ids = candidate_ids(gid, mine)
+        ids = candidate_ids_of_utf8(gid, [data[spans[j]:spans[j + 1]] for j in range(first, end)])
         if len(set(ids)) != len(ids):
             ok[i] = False
             continue
@@ -337,8 +348,8 @@ def _lane(table: pa.Table, ctx: Context) -> _Lane | None:
     ok = _sure_rows(table, answers, ctx.config.min_k)
     collide = _collide(answers.row, _kept(answers.texts), ok)
     starts = np.concatenate([[0], np.cumsum(np.maximum(answers.count, 0))]).tolist()
-    made = _python_rows(ok, table.column("prompt").to_pylist(), answers.texts.to_pylist(),
-                        starts, collide, metadata)
+    made = _python_rows(ok, table.column("prompt").to_pylist(), answers.texts, starts, collide,
+                        metadata)
     if not made.rows:
         return None
     n = len(made.rows)
@@ -349,15 +360,17 @@ def _lane(table: pa.Table, ctx: Context) -> _Lane | None:
     ids = pa.array(made.ids, pa.string())
     group_ids = pa.array(["g-" + p[2:] for p in made.prompt_ids], pa.string())
     none = pa.nulls(n, pa.string())
-    selected = pa.array(mask)
+    selected = None if mask.all() else pa.array(mask)  # all rows: the columns as parsed
     return _Lane(stored_table(
         group_ids,
         prompts_array(pa.array(made.prompt_ids, pa.string()),
                       pa.array(made.message_offsets, pa.int32()),
                       pa.array(made.roles, pa.string()), pa.array(made.contents, pa.string()),
                       None, none, none, pa.array(made.metadata, pa.string())),
-        candidates_array(offsets, ids, pc.filter(answers.texts, selected),
-                         pc.filter(answers.models, selected)),
+        candidates_array(offsets, ids,
+                         answers.texts if selected is None else pc.filter(answers.texts, selected),
+                         answers.models if selected is None else pc.filter(answers.models,
+                                                                           selected)),
         rankings_array(pa.array(np.arange(n + 1), pa.int32()), pa.repeat(ctx.annotator, n),
                        pa.repeat(ctx.kind, n), group_ids, offsets,
                        pa.array(np.arange(len(made.ids) + 1), pa.int32()), ids.take(order),
