@@ -89,12 +89,25 @@ def _line_ends(path: Path, start: int, end: int) -> int:
     return count
 
 
+def _plain_jsonl(path: Path) -> bool:
+    """Whether ``path`` is a plain JSON Lines file: ``.jsonl``/``.ndjson``, not compressed,
+    not one JSON list.
+
+    Raises:
+        InputFileError: the file is binary or UTF-16/32 (:func:`~.rows.check_head`).
+    """
+    if not path.is_file() or path.suffix.lower() not in SUFFIXES:
+        return False
+    check_head(path)  # a binary or UTF-16 file is refused as iter_rows refuses it
+    with path.open("rb") as fh:  # a .jsonl file holding one JSON list is read as a list
+        return not fh.read(4096).removeprefix(UTF8_BOM).lstrip().startswith(b"[")
+
+
 def jsonl_ranges(source: str, workers: int, range_bytes: int | None = None
                  ) -> list[LineRange] | None:
     """``source`` cut into one range per process (``workers``, 0: one per core; each range of
     at least ``range_bytes``, default :data:`RANGE_BYTES`), when it is a plain JSON Lines file
-    (``.jsonl``/``.ndjson``, not compressed, not one JSON list) large enough for two; else
-    ``None``: read it in one process.
+    (:func:`_plain_jsonl`) large enough for two; else ``None``: read it in one process.
 
     Raises:
         InputFileError: the file is binary or UTF-16/32 (:func:`~.rows.check_head`).
@@ -104,14 +117,21 @@ def jsonl_ranges(source: str, workers: int, range_bytes: int | None = None
     if not path.is_file() or path.suffix.lower() not in SUFFIXES:
         return None
     parts = workers_for(workers, path.stat().st_size // max(range_bytes, 1))
-    if parts < 2:
+    if parts < 2 or not _plain_jsonl(path):
         return None
-    check_head(path)  # a binary or UTF-16 file is refused as iter_rows refuses it
-    with path.open("rb") as fh:  # a .jsonl file holding one JSON list is read as a list
-        if fh.read(4096).removeprefix(UTF8_BOM).lstrip().startswith(b"["):
-            return None
     ranges = split_lines(path, parts)
     return ranges if len(ranges) > 1 else None
+
+
+def jsonl_file(source: str) -> LineRange | None:
+    """The whole of ``source`` as one range, when it is a plain JSON Lines file
+    (:func:`_plain_jsonl`); else ``None``.
+
+    Raises:
+        InputFileError: the file is binary or UTF-16/32 (:func:`~.rows.check_head`).
+    """
+    path = Path(source)
+    return LineRange(0, path.stat().st_size, 1) if _plain_jsonl(path) else None
 
 
 # what a forked process of read_in_parts reports: the bytes of each range read so far

@@ -23,10 +23,11 @@ from grouppref.pipeline.imports.config import (
     STAGE_VERSION,
     ImportConfig,
 )
-from grouppref.pipeline.imports.layouts import READERS, context, detect, peek
+from grouppref.pipeline.imports.layouts import READERS, context, detect, nectar_columns, peek
 from grouppref.pipeline.imports.layouts.raw_groups import Imported
 from grouppref.pipeline.imports.parallel import plan, read_parallel
-from grouppref.readers.rows import iter_rows, source_fingerprint, source_kind
+from grouppref.readers.lines import jsonl_file
+from grouppref.readers.rows import Decoding, iter_rows, source_fingerprint, source_kind
 from grouppref.runs.collector import cycle_collection_paused
 from grouppref.runs.progress import live_count
 from grouppref.runs.stage import StageContext
@@ -60,9 +61,17 @@ def read_import(config: ImportConfig, stage: str = STAGE, scratch: Path | None =
         imported = read_parallel(config, layout, stage, ranges, scratch)
         if imported is None:
             rows = iter_rows(source, config.split)
-    if imported is None:
+    ctx = context(config, layout, source, stage)
+    whole = jsonl_file(source) if imported is None and nectar_columns.applies(ctx) else None
+    if whole is not None:  # over columns, in this process
+        read.close()
+        decoding = Decoding(Path(source))
+        with cycle_collection_paused():
+            imported = nectar_columns.read_range(Path(source), whole, decoding, ctx)
+        decoding.check()
+    elif imported is None:
         with cycle_collection_paused(), live_count(stage, "rows") as counted:
-            imported = READERS[layout](counted(rows), context(config, layout, source, stage))
+            imported = READERS[layout](counted(rows), ctx)
     if imported.rows - imported.blank == 0:
         extra = f" (only {imported.blank} blank lines)" if imported.blank else ""
         raise InputFileError(f"{source}: no rows{extra}")
