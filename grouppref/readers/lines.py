@@ -234,7 +234,7 @@ def read_in_parts(path: Path, ranges: Sequence[LineRange], work: Callable[[LineR
                   ) -> list[tuple[P, pa.Table]]:
     """``work(range, file)`` of each of ``ranges`` of ``path``, each in a forked process of
     its own that leaves its table in ``file`` (:func:`~grouppref.runs.stage_run.
-    write_shard_file`; the files in a new folder in ``scratch``, default the system's
+    write_part_file`; the files in a new folder in ``scratch``, default the system's
     temporary folder, removed before this returns): the results in range order, each with its
     table memory-mapped back. With ``progress`` (a stage's name) a bar on stderr shows the
     bytes the processes have read (each reports after every :data:`REPORT_BYTES`).

@@ -283,6 +283,16 @@ def write_shard_file(table: pa.Table, path: Path) -> None:
                 schema=part.schema))
 
 
+def write_part_file(table: pa.Table, path: Path) -> None:
+    """Write ``table`` as an Arrow IPC stream with its chunks as they are: a process's part of
+    a read, which the parent maps back whole (:func:`read_shard_file`); unlike
+    :func:`write_shard_file` no column is copied first, so its bytes depend on the chunks."""
+    import pyarrow as pa
+
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
 IPC_FILE_MAGIC = b"ARROW1"  # how an Arrow IPC file (not a stream) begins
 
 

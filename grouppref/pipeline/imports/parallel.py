@@ -57,7 +57,7 @@ from grouppref.pipeline.imports.layouts.raw_groups import (
 from grouppref.readers.lines import LineRange, jsonl_ranges, pick_rows, read_in_parts
 from grouppref.readers.rows import Decoding
 from grouppref.runs.collector import cycle_collection_paused
-from grouppref.runs.stage_run import write_shard_file
+from grouppref.runs.stage_run import write_part_file
 from grouppref.schemas import Reject
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def _read_part(config: ImportConfig, layout: str, stage: str, part: LineRange,
     decoding = Decoding(Path(source))
     with cycle_collection_paused():
         got = read_range(Path(source), part, decoding, ctx)
-    write_shard_file(got.table, file)
+    write_part_file(got.table, file)
     return _Part(group_rows=got.group_rows, rejects=got.rejects, reading=got.reading,
                  rows=got.rows, blank=got.blank, counts=got.counts, seen=ctx.seen,
                  decoding=decoding)

@@ -29,7 +29,7 @@ from grouppref.readers.lines import LineRange, jsonl_ranges, range_rows, read_in
 from grouppref.readers.prompts import Made, OnePerPrompt, make_prompts
 from grouppref.readers.rows import Decoding, ReadResult, to_reject
 from grouppref.runs.collector import cycle_collection_paused
-from grouppref.runs.stage_run import write_shard_file
+from grouppref.runs.stage_run import write_part_file
 from grouppref.schemas import Prompt, Reject
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def _read_part(config: PromptsConfig, part: LineRange, file: Path) -> _Part:
             else:
                 rejects.append(got)
         table = to_table(prompts, Prompt)
-    write_shard_file(table, file)
+    write_part_file(table, file)
     return _Part(made=made, rejects=rejects, counts=counts, decoding=decoding)
 
 

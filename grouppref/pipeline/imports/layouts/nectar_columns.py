@@ -52,7 +52,7 @@ from grouppref.pipeline.imports.layouts.table import (
     rankings_array,
     stored_table,
 )
-from grouppref.pipeline.imports.layouts.transcript import parse_hh
+from grouppref.pipeline.imports.layouts.transcript import hh_pairs
 from grouppref.readers.lines import BLOCK_BYTES, LineRange, line_blocks
 from grouppref.readers.mapping import ColumnMapping
 from grouppref.readers.rows import Decoding, jsonl_rows
@@ -259,12 +259,27 @@ def _metadata_text(values: dict[str, object]) -> str:
     parts = []
     for name in sorted(values):
         value = values[name]
-        if value is None:
-            continue
-        shown = ("true" if value else "false") if type(value) is bool else \
-            str(value) if type(value) is int else json_text({"": value})[5:-1]  # type: ignore[index]
-        parts.append(f'"{name}": {shown}')
+        if value is not None:
+            parts.append(f'"{name}": {_json_value(value)}')
     return "{" + ", ".join(parts) + "}"
+
+
+def _json_value(value: object) -> str:
+    """An int, bool or string as JSON (``json_text`` writes it so)."""
+    if type(value) is bool:
+        return "true" if value else "false"
+    return str(value) if type(value) is int else json_text({"": value})[5:-1]  # type: ignore[index]
+
+
+def _metadata_texts(metadata: dict[str, list[object]], n: int) -> list[str]:
+    """:func:`_metadata_text` of each of the block's ``n`` rows: column by column where no
+    value is null, else row by row."""
+    names = sorted(metadata)
+    if any(None in metadata[name] for name in names):
+        return [_metadata_text({name: metadata[name][i] for name in names}) for i in range(n)]
+    columns = [[f'"{name}": {_json_value(v)}' for v in metadata[name]] for name in names]
+    return ["{" + ", ".join(row) + "}" for row in zip(*columns, strict=True)] if columns \
+        else ["{}"] * n
 
 
 @dataclass
@@ -297,11 +312,11 @@ def _python_rows(ok: np.ndarray, prompts: list[str], texts: pa.Array, starts: li
     import numpy as np
 
     made = _Made([], [], [], [], [], [], [0], [])
-    names = sorted(metadata)
+    meta = _metadata_texts(metadata, len(prompts))
     data, spans = _utf8(texts)
     for i in np.flatnonzero(ok).tolist():
-        turns = parse_hh(prompts[i])
-        if not turns or not all(t["content"] for t in turns):
+        pairs = hh_pairs(prompts[i])
+        if not pairs or not all(content for _, content in pairs):
             ok[i] = False
             continue
         first, end = starts[i], starts[i + 1]
@@ -310,7 +325,6 @@ def _python_rows(ok: np.ndarray, prompts: list[str], texts: pa.Array, starts: li
             if keys is not None and ("" in keys or len(set(keys)) != len(keys)):
                 ok[i] = False
                 continue
-        pairs = [(t["role"], t["content"]) for t in turns]
         key = prompt_content_key(None, pairs)
         gid = group_id_of(key)
         ids = candidate_ids_of_utf8(gid, [data[spans[j]:spans[j + 1]] for j in range(first, end)])
@@ -322,7 +336,7 @@ def _python_rows(ok: np.ndarray, prompts: list[str], texts: pa.Array, starts: li
             made.roles.append(role)
             made.contents.append(content)
         made.message_offsets.append(len(made.roles))
-        made.metadata.append(_metadata_text({name: metadata[name][i] for name in names}))
+        made.metadata.append(meta[i])
         made.rows.append(i)
         made.keys.append(key)
         made.prompt_ids.append("p-" + gid[2:])

@@ -28,6 +28,21 @@ def _turns(parts: list[str], lead: str) -> list[Turn]:
     return turns
 
 
+def hh_pairs(text: str, cue: bool = True) -> list[tuple[str, str]] | None:
+    """:func:`parse_hh`'s turns as ``(role, content)`` pairs."""
+    if cue and text.startswith(_USER) and text.endswith(_CUE) and text.count(_USER) == 1 \
+            and text.count(_CUE) == 1:  # one user turn and the cue: the split, without it
+        return [("user", text[len(_USER):-len(_CUE)].strip())]
+    parts = _HH.split(text)
+    if len(parts) < 3:
+        return None
+    turns = [(_ROLE[marker], content.strip())
+             for marker, content in zip(parts[1::2], parts[2::2], strict=True)]
+    if cue and turns and turns[-1][0] == "assistant" and not turns[-1][1]:
+        turns.pop()
+    return turns
+
+
 def parse_hh(text: str, cue: bool = True) -> list[Turn] | None:
     """The turns of a ``Human: / Assistant:`` transcript, or ``None`` when ``text`` has no
     such marker. With ``cue``, a last assistant turn with no text (the cue a prompt ends with)
@@ -37,16 +52,9 @@ def parse_hh(text: str, cue: bool = True) -> list[Turn] | None:
         >>> parse_hh("\\n\\nHuman: Hi\\n\\nAssistant: Hello!")
         [{'role': 'user', 'content': 'Hi'}, {'role': 'assistant', 'content': 'Hello!'}]
     """
-    if cue and text.startswith(_USER) and text.endswith(_CUE) and text.count(_USER) == 1 \
-            and text.count(_CUE) == 1:  # one user turn and the cue: the split, without it
-        return [{"role": "user", "content": text[len(_USER):-len(_CUE)].strip()}]
-    parts = _HH.split(text)
-    if len(parts) < 3:
-        return None
-    turns = _turns(parts, lead="")
-    if cue and turns and turns[-1]["role"] == "assistant" and not turns[-1]["content"]:
-        turns.pop()
-    return turns
+    pairs = hh_pairs(text, cue)
+    return None if pairs is None else [{"role": role, "content": content}
+                                       for role, content in pairs]
 
 
 def parse_helpsteer(text: str) -> list[Turn] | None:
