@@ -29,6 +29,7 @@ from grouppref.pipeline.imports.parallel import plan, read_parallel
 from grouppref.readers.lines import jsonl_file
 from grouppref.readers.rows import Decoding, iter_rows, source_fingerprint, source_kind
 from grouppref.runs.collector import cycle_collection_paused
+from grouppref.runs.processes import default_workers
 from grouppref.runs.progress import live_count
 from grouppref.runs.stage import StageContext
 from grouppref.runs.store import RunStore, StageRun
@@ -120,9 +121,15 @@ def _fingerprint(source: str) -> str:
 
 
 def _write_shards(stage: StageRun[Any], table: pa.Table, shard_size: int) -> None:
-    """The rows of ``table`` as the stage's shards (those not written yet)."""
-    for shard in stage.pending_shards(range(table.num_rows), shard_size=shard_size):
-        stage.write_table(shard, table.slice(shard.start, len(shard.items)), [])
+    """The rows of ``table`` as the stage's shards (those not written yet): their files
+    written in threads, one per core (Arrow lets the others run while it copies and writes),
+    each made a shard in order."""
+    shards = list(stage.pending_shards(range(table.num_rows), shard_size=shard_size))
+    with ThreadPoolExecutor(max(1, min(default_workers(), len(shards)))) as pool:
+        files = pool.map(lambda shard: stage.shard_files(
+            shard, table.slice(shard.start, len(shard.items)), []), shards)
+        for shard, file in zip(shards, files, strict=True):
+            stage.commit_shard(shard, file)
 
 
 def run_import_candidates(store: RunStore, config: ImportConfig,
