@@ -52,6 +52,7 @@ from grouppref.pipeline.imports.layouts.raw_groups import (
     Grouper,
     Imported,
     Seen,
+    SeenRows,
     Stop,
 )
 from grouppref.readers.lines import LineRange, jsonl_ranges, pick_rows, read_in_parts
@@ -83,7 +84,7 @@ class _Part:
     rows: int
     blank: int
     counts: Counts
-    seen: list[Seen]
+    seen: SeenRows
     decoding: Decoding
 
 
@@ -97,7 +98,7 @@ def _read_part(config: ImportConfig, layout: str, stage: str, part: LineRange,
         got = read_range(Path(source), part, decoding, ctx)
     write_part_file(got.table, file)
     return _Part(group_rows=got.group_rows, rejects=got.rejects, reading=got.reading,
-                 rows=got.rows, blank=got.blank, counts=got.counts, seen=ctx.seen,
+                 rows=got.rows, blank=got.blank, counts=got.counts, seen=SeenRows.of(ctx.seen),
                  decoding=decoding)
 
 
@@ -120,14 +121,16 @@ def read_parallel(config: ImportConfig, layout: str, stage: str,
 
 def _changed(ctx: Context, parts: Sequence[_Part]) -> dict[int, Stop]:
     """The rows whose fate in the whole file differs from their range's: row -> that fate."""
-    whole = Grouper(ctx, merge=False).replay(chain.from_iterable(p.seen for p in parts))
+    whole = Grouper(ctx, merge=False).replay(chain.from_iterable(p.seen.tuples()
+                                                                 for p in parts))
     out: dict[int, Stop] = {}
     at = len(parts[0].seen)  # the first range's rows meet no earlier row
     for p in parts[1:]:
-        alone = Grouper(ctx, merge=False).replay(p.seen)
-        for seen, mine, fate in zip(p.seen, alone, whole[at : at + len(p.seen)], strict=True):
+        alone = Grouper(ctx, merge=False).replay(p.seen.tuples())
+        for row, mine, fate in zip(p.seen.rows, alone, whole[at : at + len(p.seen)],
+                                   strict=True):
             if mine != fate:
-                out[seen.row] = fate
+                out[row] = fate
         at += len(p.seen)
     return out
 
