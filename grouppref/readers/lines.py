@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from grouppref.config import UTF8_BOM
 from grouppref.readers.rows import Decoding, Row, check_head, jsonl_rows
@@ -173,12 +173,18 @@ def _reporter(part: LineRange) -> Callable[[int], None]:
 BLOCK_BYTES = 4 << 20  # about the bytes of whole lines :func:`line_blocks` hands on at once
 
 
-def line_blocks(path: Path, part: LineRange, size: int = BLOCK_BYTES
-                ) -> Iterator[tuple[int, bytes]]:
-    """The lines of ``part`` in blocks of whole lines (each line with its ``\\n``, the file's
-    last line perhaps without), of about ``size`` bytes (a longer line makes a longer block):
-    ``(number of the block's first line, block)``, lines numbered as :func:`range_rows`
-    numbers rows."""
+class LineBlock(NamedTuple):
+    """Whole lines of a file (each with its ``\\n``, the file's last perhaps without): the
+    number of the first, their bytes, how many."""
+
+    first: int
+    data: bytes
+    lines: int
+
+
+def line_blocks(path: Path, part: LineRange, size: int = BLOCK_BYTES) -> Iterator[LineBlock]:
+    """The lines of ``part`` in blocks of about ``size`` bytes (a longer line makes a longer
+    block), numbered as :func:`range_rows` numbers rows."""
     report = _reporter(part)
     total = part.end - part.start
     row, read, tail = part.first_row, 0, b""
@@ -193,11 +199,12 @@ def line_blocks(path: Path, part: LineRange, size: int = BLOCK_BYTES
             cut = len(data) if read >= total else data.rfind(b"\n") + 1
             block, tail = data[:cut], data[cut:]
             if block:
-                yield row, block
-                row += block.count(b"\n")
+                ends = block.count(b"\n")
+                yield LineBlock(row, block, ends + (not block.endswith(b"\n")))
+                row += ends
                 report(read - len(tail))
         if tail:
-            yield row, tail
+            yield LineBlock(row, tail, tail.count(b"\n") + (not tail.endswith(b"\n")))
     report(total)
 
 

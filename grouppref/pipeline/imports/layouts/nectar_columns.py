@@ -53,7 +53,7 @@ from grouppref.pipeline.imports.layouts.table import (
     stored_table,
 )
 from grouppref.pipeline.imports.layouts.transcript import hh_pairs
-from grouppref.readers.lines import BLOCK_BYTES, LineRange, line_blocks
+from grouppref.readers.lines import BLOCK_BYTES, LineBlock, LineRange, line_blocks
 from grouppref.readers.mapping import ColumnMapping
 from grouppref.readers.rows import Decoding, jsonl_rows
 from grouppref.schemas import MAX_K
@@ -80,23 +80,25 @@ def applies(ctx: Context) -> bool:
             and ctx.kind in KINDS and PLAIN_ID.fullmatch(ctx.annotator) is not None)
 
 
-def _parse(block: bytes) -> pa.Table | None:
+def _parse(block: LineBlock) -> pa.Table | None:
     """The block's rows as ``pyarrow.json`` reads them, where that is one row per line and
-    the values ``json.loads`` gives (``None``: read the lines as ever)."""
+    the values ``json.loads`` gives (``None``: read the lines as ever). pyarrow skips a blank
+    line and a byte-order mark that starts its input (elsewhere a mark fails the parse), so
+    a block with either is read as ever."""
     import pyarrow as pa
     import pyarrow.json as pj
 
-    head, last = block[:block.find(b"\n") + 1] or block, block[block.rfind(b"\n") + 1:]
-    if UTF8_BOM in block or _BLANK.search(block) or not head.strip() or (
+    data = block.data
+    head, last = data[:data.find(b"\n") + 1] or data, data[data.rfind(b"\n") + 1:]
+    if data.startswith(UTF8_BOM) or _BLANK.search(data) or not head.strip() or (
             last and not last.strip()):
         return None
     try:
-        table = pj.read_json(pa.BufferReader(block), read_options=pj.ReadOptions(
-            use_threads=False, block_size=len(block) + 1))
+        table = pj.read_json(pa.BufferReader(data), read_options=pj.ReadOptions(
+            use_threads=False, block_size=len(data) + 1))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    lines = block.count(b"\n") + (not block.endswith(b"\n"))
-    return table if table.num_rows == lines else None
+    return table if table.num_rows == block.lines else None
 
 
 @dataclass
@@ -415,9 +417,10 @@ class _Reader:
         for number, row in jsonl_rows(lines, self.path, self.decoding, first):
             self.reader.take(number, row)
 
-    def block(self, block: bytes, first: int) -> None:
-        """A block of whole lines, its first line numbered ``first``."""
-        table = _parse(block)
+    def block(self, whole: LineBlock) -> None:
+        """A block of whole lines."""
+        block, first = whole.data, whole.first
+        table = _parse(whole)
         lane = _lane(table, self.ctx) if table is not None else None
         if lane is None:
             self.lines(_newline_lines(block), first)
@@ -468,6 +471,6 @@ def read_range(path: Path, part: LineRange, decoding: Decoding, ctx: Context,
     their rows (``ctx``: :func:`applies`), their decoding counted in ``decoding``, in blocks of
     about ``block_bytes``."""
     reader = _Reader(path, decoding, ctx)
-    for first, block in line_blocks(path, part, block_bytes):
-        reader.block(block, first)
+    for block in line_blocks(path, part, block_bytes):
+        reader.block(block)
     return reader.built.imported(reader.reader.collected())
