@@ -153,8 +153,7 @@ def _answers(table: pa.Table) -> _Answers | None:
 
 
 def _floats(values: pa.Array) -> np.ndarray:
-    """A numeric column as float64, NaN for a null (its buffers read as they are: pyarrow's
-    own conversion imports pandas)."""
+    """A numeric column as float64, NaN for a null."""
     import numpy as np
     import pyarrow as pa
 
@@ -170,11 +169,11 @@ def _floats(values: pa.Array) -> np.ndarray:
 _SPACES = bytes(int(c in ASCII_SPACE) for c in range(256))
 
 
-def _per_text(body: bytes, table: bytes, ends: np.ndarray) -> np.ndarray:
-    """How many bytes of each text (``body[ends[i]:ends[i + 1]]``) ``table`` marks."""
+def _spaces(body: bytes, ends: np.ndarray) -> np.ndarray:
+    """How many ASCII whitespace bytes each text (``body[ends[i]:ends[i + 1]]``) holds."""
     import numpy as np
 
-    marked = np.frombuffer(body.translate(table), np.uint8)
+    marked = np.frombuffer(body.translate(_SPACES), np.uint8)
     out = np.zeros(len(ends) - 1, np.int64)
     filled = np.flatnonzero(np.diff(ends) > 0)  # the segments of the others are empty
     if len(filled):
@@ -192,7 +191,7 @@ def _kept(texts: pa.Array) -> np.ndarray:
     start, end = int(offsets[0]), int(offsets[-1])
     body = memoryview(data_buffer)[start:end].tobytes() if data_buffer is not None else b""
     ends = (offsets - start).astype(np.int64)
-    counts = np.diff(ends) - _per_text(body, _SPACES, ends)
+    counts = np.diff(ends) - _spaces(body, ends)
     if not body.isascii():
         import pyarrow.compute as pc
 
@@ -229,9 +228,8 @@ def _metadata_columns(table: pa.Table) -> dict[str, list[object]] | None:
 
 
 def _sure_rows(table: pa.Table, answers: _Answers, min_k: int) -> np.ndarray:
-    """Rows whose columns alone are sure to make a group: a prompt, ``min_k`` to 16 answers,
-    each a text of non-space characters and a finite rank, no two ranks within
-    :data:`TIED`."""
+    """Rows whose columns are sure to make a group so far: a prompt, ``min_k`` to 16
+    answers, each with a text and a finite rank, no two ranks within :data:`TIED`."""
     import numpy as np
 
     row, ranks, count = answers.row, answers.ranks, answers.count

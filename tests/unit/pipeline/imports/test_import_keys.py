@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from grouppref.pipeline.imports.layouts.keys import candidate_ids
+from grouppref.pipeline.imports.layouts.keys import candidate_ids, candidate_ids_of_utf8
 from grouppref.schemas import make_candidate_id, normalise_text
 from grouppref.schemas.texts import ASCII_SPACE, duplicate_keys
 
@@ -63,3 +63,14 @@ def test_a_lone_surrogate_fails_as_make_candidate_id_fails() -> None:
         make_candidate_id("g-1", "a\ud800")
     with pytest.raises(UnicodeEncodeError):
         candidate_ids("g-1", ["a", "a\ud800"])
+
+
+def test_ids_of_utf8_bytes_are_the_ids_of_the_texts() -> None:
+    texts = list(TRICKY)
+    data = "".join(texts).encode("utf-8")
+    spans = list(itertools.accumulate((len(t.encode("utf-8")) for t in texts), initial=0))
+    view = memoryview(data)
+    assert candidate_ids_of_utf8("g-0123456789abcdef", [
+        view[a:b] for a, b in itertools.pairwise(spans)]) == candidate_ids(
+        "g-0123456789abcdef", texts) == [make_candidate_id("g-0123456789abcdef", t)
+                                          for t in texts]
