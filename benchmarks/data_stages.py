@@ -299,9 +299,9 @@ def main() -> None:
           "machine stretches less than wall time; x peer cpu: the same ratio on CPU time; peak RSS: "
           "the largest of the child and the processes it waited for (os.wait4), memory-mapped file "
           "pages included; sum RSS MB: the largest sum of RSS over the child and its processes, "
-          "sampled every 250 ms (Pss_Anon every 1 s); anon MB: the same for RssAnon, the memory no file backs; anon "
-          "PSS MB: the same for Pss_Anon, which counts a page that forked processes still "
-          "share once over them, where RssAnon counts it in each)")
+          "sampled every 250 ms (Pss_Anon every 1 s); anon MB: the same for RssAnon, the "
+          "memory no file backs; anon PSS MB: the same for Pss_Anon, which counts a page that "
+          "forked processes still share once over them, where RssAnon counts it in each)")
 
 
 def _export_stage(run: Path) -> str:
