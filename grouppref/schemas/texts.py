@@ -31,7 +31,8 @@ def kept_chars(text: str) -> int:
     return len(norm) - norm.count(" ")
 
 
-def duplicate_keys(texts: Sequence[str]) -> list[str | int] | None:
+def duplicate_keys(texts: Sequence[str], counts: Sequence[int] | None = None
+                   ) -> list[str | int] | None:
     """A key per text: two texts' keys are equal exactly when their
     :func:`~grouppref.schemas.normalise_text` forms are, and the key is ``""`` exactly when
     that form is empty; ``None`` when no two texts are equal and none is empty (most groups).
@@ -39,8 +40,9 @@ def duplicate_keys(texts: Sequence[str]) -> list[str | int] | None:
     The normal form itself is the key of a text that could have a twin: one with no
     non-whitespace character, or as many as another text of ``texts``. Texts whose counts
     differ cannot be equal, so each other text's key is its index, an int no text equals.
+    ``counts``: the texts' :func:`kept_chars`, where the caller has them.
     """
-    counts = [kept_chars(text) for text in texts]
+    counts = [kept_chars(text) for text in texts] if counts is None else list(counts)
     if len(set(counts)) == len(counts) and 0 not in counts:
         return None
     shared = {c for c, n in Counter(counts).items() if n > 1} | {0}

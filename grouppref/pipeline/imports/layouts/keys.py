@@ -10,6 +10,7 @@ should they ever differ (a changed id scheme).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from hashlib import sha256
 
@@ -33,15 +34,18 @@ def candidate_ids(group_id: str, texts: Sequence[str]) -> list[str]:
     return _hashed_ids(group_id, texts)
 
 
-def candidate_ids_of_utf8(group_id: str, texts: Sequence[bytes | memoryview]) -> list[str]:
-    """:func:`candidate_ids` of texts given as their UTF-8 bytes (a column's buffer: no text
-    made a ``str``)."""
+def candidate_ids_of_utf8(group_id: str, data: memoryview, spans: Sequence[int]
+                          ) -> list[str]:
+    """:func:`candidate_ids` of texts given as their UTF-8 bytes: ``data[spans[i]:spans[i +
+    1]]`` for each ``i`` (a column's buffer: no text made a ``str``)."""
+
     if not _SAME_IDS:
-        return [make_candidate_id(group_id, bytes(t).decode("utf-8")) for t in texts]
-    head = sha256((group_id + "\x1f").encode("utf-8"))
+        return [make_candidate_id(group_id, bytes(data[a:b]).decode("utf-8"))
+                for a, b in itertools.pairwise(spans)]
+    copy = sha256((group_id + "\x1f").encode("utf-8")).copy
     out = []
-    for text in texts:
-        digest = head.copy()
-        digest.update(text)
+    for a, b in itertools.pairwise(spans):
+        digest = copy()
+        digest.update(data[a:b])
         out.append("c-" + digest.hexdigest()[:16])
     return out

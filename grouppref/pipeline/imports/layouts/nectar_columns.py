@@ -305,8 +305,9 @@ def _utf8(texts: pa.Array) -> tuple[memoryview, list[int]]:
     return (memoryview(data) if data is not None else memoryview(b"")), spans.tolist()
 
 
-def _python_rows(ok: np.ndarray, prompts: list[str], texts: pa.Array, starts: list[int],
-                 collide: set[int], metadata: dict[str, list[object]]) -> _Made:
+def _python_rows(ok: np.ndarray, prompts: list[str], texts: pa.Array, kept: np.ndarray,
+                 starts: list[int], collide: set[int], metadata: dict[str, list[object]]
+                 ) -> _Made:
     """Each ``ok`` row's turns, content key, ids and metadata; a row whose transcript has an
     empty turn (or none), two texts one after folding or two ids alike is no longer ``ok``."""
     import numpy as np
@@ -321,13 +322,14 @@ def _python_rows(ok: np.ndarray, prompts: list[str], texts: pa.Array, starts: li
             continue
         first, end = starts[i], starts[i + 1]
         if i in collide:
-            keys = duplicate_keys(texts.slice(first, end - first).to_pylist())
+            keys = duplicate_keys(texts.slice(first, end - first).to_pylist(),
+                                  kept[first:end].tolist())
             if keys is not None and ("" in keys or len(set(keys)) != len(keys)):
                 ok[i] = False
                 continue
         key = prompt_content_key(None, pairs)
         gid = group_id_of(key)
-        ids = candidate_ids_of_utf8(gid, [data[spans[j]:spans[j + 1]] for j in range(first, end)])
+        ids = candidate_ids_of_utf8(gid, data, spans[first:end + 1])
         if len(set(ids)) != len(ids):
             ok[i] = False
             continue
@@ -360,10 +362,11 @@ def _lane(table: pa.Table, ctx: Context) -> _Lane | None:
     if answers is None or metadata is None:
         return None
     ok = _sure_rows(table, answers, ctx.config.min_k)
-    collide = _collide(answers.row, _kept(answers.texts), ok)
+    kept = _kept(answers.texts)
+    collide = _collide(answers.row, kept, ok)
     starts = np.concatenate([[0], np.cumsum(np.maximum(answers.count, 0))]).tolist()
-    made = _python_rows(ok, table.column("prompt").to_pylist(), answers.texts, starts, collide,
-                        metadata)
+    made = _python_rows(ok, table.column("prompt").to_pylist(), answers.texts, kept, starts,
+                        collide, metadata)
     if not made.rows:
         return None
     n = len(made.rows)
