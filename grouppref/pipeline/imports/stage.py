@@ -43,7 +43,8 @@ def read_import(config: ImportConfig, stage: str = STAGE, scratch: Path | None =
                 ) -> Imported:
     """Read ``config.source`` with its layout (told from the first row when ``auto``); a large
     file in parts on several cores (:mod:`.parallel`, its files in ``scratch``, a bar of the
-    bytes read on stderr), else in this process (a live count of the rows on a terminal).
+    bytes read on stderr), else in this process: a JSON Lines file of Nectar rows over columns
+    (:mod:`.layouts.nectar_columns`), any other with a live count of the rows on a terminal.
 
     Raises:
         InputFileError: the source is missing, unreadable, not UTF-8 text, holds no rows, or
