@@ -55,6 +55,7 @@ from grouppref.pipeline.imports.layouts.raw_groups import (
     SeenRows,
     Stop,
 )
+from grouppref.pipeline.imports.layouts.table import stored_models
 from grouppref.readers.lines import LineRange, jsonl_ranges, pick_rows, read_in_parts
 from grouppref.readers.rows import Decoding
 from grouppref.runs.collector import cycle_collection_paused
@@ -184,14 +185,6 @@ def _counts(piece: _Piece) -> Counts:
                   split=sum(n > 1 for n in Counter(piece.group_rows).values()))
 
 
-def _models(table: pa.Table) -> set[str]:
-    import pyarrow.compute as pc
-
-    candidates = pc.list_flatten(table.column("candidates"))
-    models = pc.struct_field(pc.struct_field(candidates, "source"), "model")
-    return {m for m in pc.unique(models).to_pylist() if m}
-
-
 def _join(ctx: Context, parts: Sequence[_Part], tables: Sequence[pa.Table]) -> Imported | None:
     """The parts put together as one read of the whole file makes them."""
     import numpy as np
@@ -219,7 +212,7 @@ def _join(ctx: Context, parts: Sequence[_Part], tables: Sequence[pa.Table]) -> I
         order = np.argsort(np.asarray(group_rows, dtype=np.int64), kind="stable")
         table, group_rows = table.take(pa.array(order)), [group_rows[i] for i in order]
     if changed:
-        counts.models = _models(table)
+        counts.models = stored_models(table)
 
     def in_order(rejects: list[Reject]) -> list[Reject]:
         return sorted(rejects, key=lambda r: r.row or 0) if changed else rejects

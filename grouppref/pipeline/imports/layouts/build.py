@@ -100,12 +100,16 @@ def _merge_responses(raw: RawGroup, ctx: Context, gid: str, rejects: list[Reject
     return kept, index
 
 
+TIED = 1e-9  # scores this close are equal: one tier
+
+
 def tiers_from_scores(scores: dict[int, float]) -> list[list[int]]:
-    """Indices ordered by score, best first; equal scores share a tier (a tie)."""
+    """Indices ordered by score, best first; equal scores (within :data:`TIED`) share a tier
+    (a tie)."""
     order = sorted(scores, key=lambda i: (-scores[i], i))
     tiers: list[list[int]] = []
     for i in order:
-        if tiers and math.isclose(scores[tiers[-1][0]], scores[i], rel_tol=0, abs_tol=1e-9):
+        if tiers and math.isclose(scores[tiers[-1][0]], scores[i], rel_tol=0, abs_tol=TIED):
             tiers[-1].append(i)
         else:
             tiers.append([i])

@@ -28,16 +28,18 @@ When: the settings are Nectar's own (:func:`applies`); the source is a plain JSO
 
 from __future__ import annotations
 
+import io
 import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from json.encoder import encode_basestring  # json.dumps's, not ASCII-only
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grouppref.config import UTF8_BOM
 from grouppref.pipeline.imports.layouts import nectar
-from grouppref.pipeline.imports.layouts.build import UNKNOWN_TIME, Built
+from grouppref.pipeline.imports.layouts.build import TIED, UNKNOWN_TIME, Built
 from grouppref.pipeline.imports.layouts.keys import candidate_ids_of_utf8
 from grouppref.pipeline.imports.layouts.raw_groups import Context, Imported, RowReader, Seen
 from grouppref.pipeline.imports.layouts.stored import (
@@ -50,6 +52,7 @@ from grouppref.pipeline.imports.layouts.table import (
     candidates_array,
     prompts_array,
     rankings_array,
+    stored_models,
     stored_table,
 )
 from grouppref.pipeline.imports.layouts.transcript import hh_pairs
@@ -57,7 +60,6 @@ from grouppref.readers.lines import BLOCK_BYTES, LineBlock, LineRange, line_bloc
 from grouppref.readers.mapping import ColumnMapping
 from grouppref.readers.rows import Decoding, jsonl_rows
 from grouppref.schemas import MAX_K
-from grouppref.schemas.arrow import json_text
 from grouppref.schemas.records import group_id_of, prompt_content_key
 from grouppref.schemas.texts import ASCII_SPACE, duplicate_keys, kept_chars
 
@@ -66,7 +68,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 _BLANK = re.compile(rb"\n[ \t\r]*\n")  # a line of JSON whitespace (pyarrow skips it)
-TIED = 1e-9  # ranks this close are one tier (build.tiers_from_scores)
 
 
 def applies(ctx: Context) -> bool:
@@ -96,8 +97,8 @@ def _parse(block: LineBlock) -> pa.Table | None:
     try:
         table = pj.read_json(pa.BufferReader(data), read_options=pj.ReadOptions(
             use_threads=False, block_size=len(data) + 1))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # not JSON pyarrow reads (an
+        return None  # error, or a value it has no conversion for): the rows read as ever
     return table if table.num_rows == block.lines else None
 
 
@@ -254,32 +255,22 @@ def _collide(row: np.ndarray, kept: np.ndarray, ok: np.ndarray) -> set[int]:
     return set(row[order][1:][same].tolist())
 
 
-def _metadata_text(values: dict[str, object]) -> str:
-    """``json_text`` of a prompt's metadata of ints, bools and strings (``None`` left out)."""
-    parts = []
-    for name in sorted(values):
-        value = values[name]
-        if value is not None:
-            parts.append(f'"{name}": {_json_value(value)}')
-    return "{" + ", ".join(parts) + "}"
-
-
 def _json_value(value: object) -> str:
-    """An int, bool or string as JSON (``json_text`` writes it so)."""
+    """An int, bool or string as ``json_text`` writes it."""
     if type(value) is bool:
         return "true" if value else "false"
-    return str(value) if type(value) is int else json_text({"": value})[5:-1]  # type: ignore[index]
+    return str(value) if type(value) is int else encode_basestring(value)  # type: ignore[arg-type]
 
 
 def _metadata_texts(metadata: dict[str, list[object]], n: int) -> list[str]:
-    """:func:`_metadata_text` of each of the block's ``n`` rows: column by column where no
-    value is null, else row by row."""
-    names = sorted(metadata)
-    if any(None in metadata[name] for name in names):
-        return [_metadata_text({name: metadata[name][i] for name in names}) for i in range(n)]
-    columns = [[f'"{name}": {_json_value(v)}' for v in metadata[name]] for name in names]
-    return ["{" + ", ".join(row) + "}" for row in zip(*columns, strict=True)] if columns \
-        else ["{}"] * n
+    """``json_text`` of each of the block's ``n`` rows' metadata (ints, bools and strings;
+    a null left out), made column by column."""
+    columns = [[None if v is None else f'"{name}": {_json_value(v)}' for v in metadata[name]]
+               for name in sorted(metadata)]
+    if not columns:
+        return ["{}"] * n
+    return ["{" + ", ".join(p for p in row if p is not None) + "}"
+            for row in zip(*columns, strict=True)]
 
 
 @dataclass
@@ -395,15 +386,6 @@ def _lane(table: pa.Table, ctx: Context) -> _Lane | None:
         made.rows, made.keys, made.prompt_ids)
 
 
-def _models(table: pa.Table) -> set[str]:
-    """The models the candidates of stored rows name."""
-    import pyarrow.compute as pc
-
-    candidates = pc.list_flatten(table.column("candidates"))
-    models = pc.struct_field(pc.struct_field(candidates, "source"), "model")
-    return {m for m in pc.unique(models).to_pylist() if m}
-
-
 class _Reader:
     """Blocks of lines read into ``built``: over columns where the block allows, each other
     row by ``reader`` in its place."""
@@ -424,10 +406,10 @@ class _Reader:
         table = _parse(whole)
         lane = _lane(table, self.ctx) if table is not None else None
         if lane is None:
-            self.lines(_newline_lines(block), first)
+            self.lines(io.BytesIO(block), first)
             return
         assert table is not None
-        lines: list[bytes] = []  # the block's lines, cut when a row is read as ever
+        lines: list[bytes] = []  # the block's lines (as a file gives them), cut when needed
         grouper, run, at = self.reader.grouper, 0, 0  # lane rows [run, at) not added yet
         for i in range(table.num_rows):
             if at < len(lane.rows) and lane.rows[at] == i:
@@ -440,7 +422,7 @@ class _Reader:
             else:
                 self._add(lane, run, at, first)
             run = at
-            lines = lines or _newline_lines(block)
+            lines = lines or io.BytesIO(block).readlines()
             self.lines([lines[i]], first + i)
         self._add(lane, run, at, first)
 
@@ -454,16 +436,9 @@ class _Reader:
         self.built.add_table(table, [first + r for r in lane.rows[start:end]],
                              Counter({self.ctx.annotator: end - start}),
                              int(pc.sum(pc.list_value_length(table.column("candidates")))
-                                 .as_py()), _models(table))
+                                 .as_py()), stored_models(table))
         self.reader.out.rows += end - start
         self.decoding.good += end - start
-
-
-def _newline_lines(block: bytes) -> list[bytes]:
-    """The lines of ``block`` as a binary file gives them (cut after each ``\\n`` only)."""
-    parts = block.split(b"\n")
-    lines = [p + b"\n" for p in parts[:-1]]
-    return [*lines, parts[-1]] if parts[-1] else lines
 
 
 def read_range(path: Path, part: LineRange, decoding: Decoding, ctx: Context,

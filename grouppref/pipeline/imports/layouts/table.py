@@ -144,6 +144,15 @@ def rankings_array(offsets: pa.Array, annotators: pa.Array, kinds: pa.Array,
     return pa.ListArray.from_arrays(offsets, items, type=list_type)
 
 
+def stored_models(table: pa.Table) -> set[str]:
+    """The models the candidates of stored rows name."""
+    import pyarrow.compute as pc
+
+    candidates = pc.list_flatten(table.column("candidates"))
+    models = pc.struct_field(pc.struct_field(candidates, "source"), "model")
+    return {m for m in pc.unique(models).to_pylist() if m}
+
+
 def stored_table(group_ids: pa.Array, prompts: pa.Array, candidates: pa.Array,
                  rankings: pa.Array) -> pa.Table:
     """The stored rows' table of these columns."""

@@ -8,7 +8,6 @@ as ever sit side by side in every way."""
 from __future__ import annotations
 
 import json
-import math
 import random
 from pathlib import Path
 from typing import Any
@@ -83,6 +82,10 @@ def _edge_lines() -> list[bytes]:
         _row("\n\nHuman: Null prompt?\n\nAssistant:", None),
         {"answers": _answers("A.", "B.")},
         _row(None, _answers("A.", "B.")),
+        # texts pyarrow reads as timestamps where a block holds no others: the block is read
+        # as ever (a mixed column keeps the texts as written)
+        _row("\n\nHuman: Dates?\n\nAssistant:", _answers("2020-01-01 10:00:00",
+                                                          "2021-02-02 11:00:00")),
     ]
     raw = [
         b"", b"   ", b"\t\r", b"{not json", b'["a list"]', b'{"prompt": "x\\ud800"}',
@@ -194,8 +197,3 @@ def test_other_settings_read_row_by_row(settings: dict[str, Any]) -> None:
     assert not nectar_columns.applies(context(config, "nectar", "x.jsonl", "import"))
     assert nectar_columns.applies(context(ImportConfig(source="x.jsonl", layout="nectar"),
                                           "nectar", "x.jsonl", "import"))
-
-
-def test_a_tie_is_the_ranks_own_tolerance() -> None:
-    assert nectar_columns.TIED == 1e-9 and math.isclose(1.0, 1.0 + 1e-10, rel_tol=0,
-                                                         abs_tol=nectar_columns.TIED)
